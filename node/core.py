@@ -1,0 +1,231 @@
+"""A node's learning state and its synchronous steps: generate, mix, train, checkpoint.
+
+Everything here is plain blocking code; the daemon runs the torch parts in a worker thread,
+and the experiment harness calls the same methods directly for many nodes in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from sapo.node.metrics import MetricsLog, RoundRecord
+from sapo.node.settings import NodeSettings
+from sapo.sampling.inbox import Inbox
+from sapo.sampling.mixer import TrainingSet, mix
+from sapo.sampling.strategies import get_sampler
+from sapo.training.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
+from sapo.training.config import default_learning_rate
+from sapo.training.generation import GenerationResult, generate_groups
+from sapo.training.policy import LoraOptions, Policy, load_policy
+from sapo.training.rewards import has_answer_tag
+from sapo.training.tasks import TaskSampler
+from sapo.training.tiny import is_tiny
+from sapo.training.update import UpdateStats, grpo_update, make_optimizer
+from sapo.training.warmstart import WarmStartSettings, cached_warm_start
+
+log = logging.getLogger("sapo.node")
+
+
+@dataclass
+class NodeCounters:
+    received: int = 0
+    accepted: int = 0
+    published: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    transport: dict[str, int] = field(default_factory=dict)  # the gossip layer's own counts
+    accepted_from: Counter = field(default_factory=Counter)  # verified groups per sending peer
+
+
+def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
+    m = settings.model
+    steps = m.warm_start_steps if m.warm_start_steps is not None else (200 if is_tiny(m.model) else 0)
+    if steps == 0:
+        return None
+    if m.lora:
+        raise ValueError("--warm-start-steps trains the full model; it cannot be combined with --lora")
+    return WarmStartSettings(steps=steps, seed=settings.run.seed, tag_rate=m.warm_start_tag_rate)
+
+
+class Node:
+    def __init__(self, settings: NodeSettings, peer_id: str = "local"):
+        self.settings = settings
+        self.peer_id = peer_id
+        run = settings.run
+        self.data_dir = run.data_dir
+        self.checkpoints_dir = self.data_dir / "checkpoints"
+        self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
+        self.counters = NodeCounters()
+        if settings.model.torch_threads:
+            torch.set_num_threads(settings.model.torch_threads)
+        self.models_dir = settings.model.models_dir or self.data_dir / "models"
+        self.warm_start = warm_start_settings(settings)
+        checkpoint = latest_checkpoint(self.checkpoints_dir)
+        self.policy = self._load_policy(checkpoint)
+        train = settings.training
+        if train.lr is None:
+            train = train.model_copy(update={"lr": default_learning_rate(settings.model.model, settings.model.lora)})
+        self.training = train
+        self.optimizer = None if run.generate_only else make_optimizer(self.policy, train)
+        self.tasks = TaskSampler(settings.tasks.specs(), dataset_seed=run.seed, rng_seed=run.seed)
+        self.mix_rng = random.Random(run.seed + 1)
+        self.update_rng = random.Random(run.seed + 2)
+        s = settings.sampling
+        self.inbox = Inbox(s.inbox_max_groups, s.inbox_max_bytes, s.inbox_max_age_seconds, s.inbox_peer_share)
+        self.sampler = get_sampler(s.sampler)
+        self.round = 0
+        self.cumulative_reward = 0.0
+        if checkpoint is not None:
+            self._restore(checkpoint)
+
+    def _load_policy(self, checkpoint: Checkpoint | None) -> Policy:
+        m = self.settings.model
+        weights_from = adapter_from = None
+        if checkpoint is not None:
+            if m.lora:
+                adapter_from = checkpoint.model_dir
+            else:
+                weights_from = checkpoint.model_dir
+        elif self.warm_start is not None:
+            weights_from = cached_warm_start(
+                m.model,
+                model_seed=self.settings.run.seed,
+                tasks=self.settings.tasks.specs(),
+                settings=self.warm_start,
+                models_dir=self.models_dir,
+                device=m.device,
+            )
+        return load_policy(
+            m.model,
+            device=m.device,
+            lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank) if m.lora else None,
+            seed=self.settings.run.seed,
+            models_dir=self.models_dir,
+            prompt_style=m.prompt_style,
+            one_shot=m.one_shot,
+            weights_from=weights_from,
+            adapter_from=adapter_from,
+        )
+
+    # --- one round's steps, in data-flow order -------------------------------------------
+
+    def generate(self, round_index: int) -> GenerationResult:
+        problems = self.tasks.sample(self.settings.sampling.local)
+        t = self.training
+        return generate_groups(
+            self.policy,
+            problems,
+            num_generations=t.generations,
+            max_new_tokens=t.max_new_tokens,
+            temperature=t.temperature,
+            seed=self.settings.run.seed * 1_000_003 + round_index,
+            sender_round=round_index,
+        )
+
+    def mix(self, local: GenerationResult) -> TrainingSet:
+        return mix(local.groups, self.inbox, self.settings.sampling.external, self.sampler, self.mix_rng, time.time())
+
+    def train(self, training_set: TrainingSet) -> UpdateStats | None:
+        if self.optimizer is None:
+            return None
+        return grpo_update(self.policy, self.optimizer, training_set.groups, self.training, self.update_rng)
+
+    def record(
+        self,
+        round_index: int,
+        generation: GenerationResult,
+        training_set: TrainingSet,
+        update: UpdateStats | None,
+        round_seconds: float,
+        peers: list[str],
+    ) -> RoundRecord:
+        rewards = [r for g in generation.groups for r in g.rewards]
+        completions = [c for g in generation.groups for c in g.completions]
+        reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
+        self.round = round_index
+        self.cumulative_reward += reward_mean
+        by_task: dict[str, list[float]] = {}
+        for g in generation.groups:
+            by_task.setdefault(g.problem.spec.dataset, []).extend(g.rewards)
+        external = [r for g in training_set.external for r in g.rewards]
+        record = RoundRecord(
+            round=round_index,
+            time=time.time(),
+            reward_mean=reward_mean,
+            cumulative_reward=self.cumulative_reward,
+            format_rate=sum(map(has_answer_tag, completions)) / len(completions) if completions else 0.0,
+            per_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
+            local_groups=len(training_set.local),
+            external_groups=len(training_set.external),
+            external_reward_mean=sum(external) / len(external) if external else None,
+            inbox_size=len(self.inbox),
+            received=self.counters.received,
+            accepted=self.counters.accepted,
+            rejected=dict(self.counters.rejected),
+            transport=dict(self.counters.transport),
+            accepted_from=dict(self.counters.accepted_from),
+            published=self.counters.published,
+            peers=peers,
+            generate_seconds=generation.seconds,
+            train_seconds=update.seconds if update else 0.0,
+            round_seconds=round_seconds,
+            generated_tokens=generation.new_tokens,
+            tokens_per_second=generation.new_tokens / generation.seconds if generation.seconds > 0 else 0.0,
+            loss=None if update is None or update.skipped else update.loss,
+            clip_fraction=None if update is None or update.skipped else update.clip_fraction,
+        )
+        self.metrics.append(record)
+        return record
+
+    # --- persistence ------------------------------------------------------------------------
+
+    def checkpoint(self) -> Checkpoint:
+        policy = self.policy
+
+        def write_model(path: Path) -> None:
+            policy.model.save_pretrained(path)
+            policy.tokenizer.save_pretrained(path)
+
+        trainer_state = {
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "torch_rng": torch.get_rng_state(),
+            "mix_rng": self.mix_rng.getstate(),
+            "update_rng": self.update_rng.getstate(),
+            "tasks": self.tasks.state_dict(),
+        }
+        state = {
+            "round": self.round,
+            "cumulative_reward": self.cumulative_reward,
+            "peer_id": self.peer_id,
+            "settings": self.settings.flat() | {"data_dir": str(self.data_dir)},
+        }
+        checkpoint = save_checkpoint(
+            self.checkpoints_dir, self.round, write_model, trainer_state, state, keep=self.settings.run.keep_checkpoints
+        )
+        log.info("checkpoint written: %s", checkpoint.path)
+        return checkpoint
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        state = checkpoint.state()
+        trainer = checkpoint.trainer_state()
+        if self.optimizer is not None and trainer.get("optimizer") is not None:
+            self.optimizer.load_state_dict(trainer["optimizer"])
+        torch.set_rng_state(trainer["torch_rng"])
+        self.mix_rng.setstate(_as_state(trainer["mix_rng"]))
+        self.update_rng.setstate(_as_state(trainer["update_rng"]))
+        self.tasks.load_state_dict(trainer["tasks"])
+        self.round = int(state["round"])
+        self.cumulative_reward = float(state["cumulative_reward"])
+        self.metrics.truncate_after(self.round)
+        log.info("resumed from %s at round %d", checkpoint.path, self.round)
+
+
+def _as_state(state):
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

@@ -1,0 +1,104 @@
+"""The node daemon: one trio nursery holding the network service, the receive loop and the
+round loop, shut down by cancelling it on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+
+from sapo.node.core import Node
+from sapo.node.exchange import GossipExchange, GroupEncoder
+from sapo.node.intake import Intake
+from sapo.node.round import Exchange, run_round
+from sapo.node.settings import NodeSettings
+from sapo.protocol.codec import DecodeLimits
+from sapo.protocol.gossip import GossipService, GossipSettings, ReceivedMessage
+from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.verify import VerifyPolicy
+from sapo.training.tasks import reasoning_gym_version
+
+log = logging.getLogger("sapo.node")
+
+# Verified groups wait here between the network and the intake checks; beyond it, the
+# gossip layer drops (and counts) rather than blocking the network on a slow node.
+INCOMING_BUFFER = 256
+
+
+def rollout_topic(swarm: str) -> str:
+    return f"sapo/{swarm}/rollouts/1"
+
+
+async def round_loop(node: Node, exchange: Exchange, torch_lock: trio.Lock) -> None:
+    rounds = node.settings.run.rounds
+    round_index = node.round + 1
+    if rounds and round_index > rounds:
+        log.info("already at round %d of %d; nothing to do", node.round, rounds)
+        return
+    while not rounds or round_index <= rounds:
+        record = await run_round(node, exchange, round_index, torch_lock)
+        log.info(record.log_line())
+        round_index += 1
+
+
+async def _cancel_on_signal(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("received %s; finishing cleanly", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: NodeSettings) -> GossipExchange:
+    """Start the libp2p service and the receive loop; print the address peers dial."""
+    net = settings.network
+    send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
+    service = GossipService(
+        GossipSettings(
+            listen=net.listen, peers=net.peers, topic=rollout_topic(net.swarm), max_message_bytes=net.max_message_bytes
+        ),
+        key_pair,
+        send,
+        counters=node.counters.transport,
+    )
+    rg_version = reasoning_gym_version()
+    intake = Intake(
+        node.inbox,
+        node.counters,
+        swarm=net.swarm,
+        local_peer_id=node.peer_id,
+        rg_version=rg_version,
+        limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
+        policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
+        max_age_seconds=settings.sampling.inbox_max_age_seconds,
+    )
+    encoder = GroupEncoder(
+        peer_id=node.peer_id, swarm=net.swarm, model_id=settings.model.model, rg_version=rg_version, compress=net.compress
+    )
+    exchange = GossipExchange(service, encoder, intake, node.counters)
+    await nursery.start(service.run)
+    nursery.start_soon(exchange.receive, receive)
+    for address in service.listen_addrs:
+        print(f"listening on {address}", flush=True)
+    return exchange
+
+
+async def run_node(settings: NodeSettings) -> Node:
+    """Build the node (resuming from its last checkpoint), join the swarm, and run rounds
+    until done or signalled. A checkpoint is written on the way out, so a clean stop loses nothing."""
+    key_pair = load_or_create_identity(settings.run.data_dir)
+    node = await trio.to_thread.run_sync(Node, settings, peer_id_of(key_pair))
+    torch_lock = trio.Lock()
+    start_round = node.round
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_cancel_on_signal, scope)
+            exchange = await start_gossip(nursery, node, key_pair, settings)
+            await round_loop(node, exchange, torch_lock)
+            nursery.cancel_scope.cancel()
+    if node.round > start_round and node.round % settings.run.checkpoint_every != 0:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(node.checkpoint)
+    return node

@@ -1,0 +1,159 @@
+"""`sapo-node swarm`: N real node processes on 127.0.0.1, wired to the first one over libp2p.
+
+Each node is a separate `sapo-node start` with its own data directory, so this is exactly
+what N machines would run, squeezed onto one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+log = logging.getLogger("sapo.swarm")
+
+LISTEN_LINE = re.compile(r"^listening on (/ip4/127\.0\.0\.1/\S+/p2p/\S+)$")
+FORBIDDEN_NODE_FLAGS = ("--data-dir", "--listen", "--peers", "--seed")
+
+
+@dataclass
+class SwarmMember:
+    index: int
+    data_dir: Path
+    process: trio.Process | None = None
+
+
+def node_command(member: SwarmMember, node_args: list[str], seed: int, peers: list[str]) -> list[str]:
+    args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args]
+    args += ["--data-dir", str(member.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0", "--seed", str(seed + member.index)]
+    if not any(a.startswith("--torch-threads") for a in node_args):
+        # Several nodes share the cores: one torch thread each beats oversubscription by far.
+        args += ["--torch-threads", "1"]
+    if peers:
+        args += ["--peers", *peers]
+    return args
+
+
+def latest_metrics(data_dir: Path) -> dict | None:
+    path = data_dir / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def progress_line(members: list[SwarmMember]) -> str:
+    parts = []
+    for m in members:
+        row = latest_metrics(m.data_dir)
+        if row is None:
+            parts.append(f"n{m.index}: starting")
+        else:
+            parts.append(
+                f"n{m.index}: r{row['round']} reward {row['reward_mean']:.2f} ext {row['external_groups']} "
+                f"peers {len(row.get('peers', []))}"
+            )
+    return " | ".join(parts)
+
+
+async def _start_member(member: SwarmMember, command: list[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run one node; report its listen address once it prints it, and relay nothing else."""
+    member.data_dir.mkdir(parents=True, exist_ok=True)
+    log_file = (member.data_dir / "node.log").open("ab")
+    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True)
+    member.process = process
+    address = None
+    buffer = b""
+    try:
+        async for chunk in process.stdout:
+            log_file.write(chunk)
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                match = LISTEN_LINE.match(line.decode(errors="replace").strip())
+                if match and address is None:
+                    address = match.group(1)
+                    task_status.started(address)
+        await process.wait()
+    finally:
+        log_file.close()
+    if address is None:
+        raise RuntimeError(f"node {member.index} exited (code {process.returncode}) before listening; see {member.data_dir / 'node.log'}")
+
+
+async def _stop(members: list[SwarmMember], timeout: float) -> None:
+    for m in members:
+        if m.process is not None and m.process.returncode is None:
+            m.process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(timeout):
+        for m in members:
+            if m.process is not None:
+                await m.process.wait()
+    for m in members:
+        if m.process is not None and m.process.returncode is None:
+            log.warning("node %d did not stop in %.0fs; killing it", m.index, timeout)
+            m.process.kill()
+            await m.process.wait()
+
+
+async def run_swarm(
+    nodes: int, data_dir: Path, node_args: list[str], seed: int = 0, progress_every: float = 5.0, stop_timeout: float = 60.0
+) -> int:
+    """Start the nodes, show progress until they all finish, stop them all on Ctrl-C.
+    Returns the number of nodes that failed."""
+    bad = [a for a in node_args if a.split("=")[0] in FORBIDDEN_NODE_FLAGS]
+    if bad:
+        raise ValueError(f"the swarm sets {', '.join(FORBIDDEN_NODE_FLAGS)} per node itself; remove {bad}")
+    members = [SwarmMember(i, data_dir / f"node-{i}") for i in range(nodes)]
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    print("stopping the swarm...", flush=True)
+                    with trio.CancelScope(shield=True):
+                        await _stop(members, stop_timeout)
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            try:
+                async with trio.open_nursery() as node_nursery:
+                    first = await node_nursery.start(
+                        _start_member, members[0], node_command(members[0], node_args, seed, [])
+                    )
+                    print(f"bootstrap node: {first}", flush=True)
+                    for m in members[1:]:
+                        await node_nursery.start(_start_member, m, node_command(m, node_args, seed, [first]))
+                    node_nursery.start_soon(_report, members, progress_every)
+                    while any(m.process.returncode is None for m in members):
+                        await trio.sleep(0.5)
+                    node_nursery.cancel_scope.cancel()
+            finally:
+                # Whatever ended the swarm (a node failing to start, an error), no child outlives it.
+                with trio.CancelScope(shield=True):
+                    await _stop(members, stop_timeout)
+            nursery.cancel_scope.cancel()
+    print(progress_line(members), flush=True)
+    failed = [m.index for m in members if m.process is not None and m.process.returncode not in (0, -signal.SIGTERM)]
+    for index in failed:
+        print(f"node {index} failed; see {members[index].data_dir / 'node.log'}", file=sys.stderr)
+    return len(failed)
+
+
+async def _report(members: list[SwarmMember], every: float) -> None:
+    while True:
+        await trio.sleep(every)
+        print(progress_line(members), flush=True)

@@ -1,0 +1,496 @@
+"""Gossip transport: one py-libp2p 0.8.1 host with GossipSub on one topic, run as a trio task.
+
+The rest of the node sees only `GossipService.publish(bytes)` and `ReceivedMessage`s arriving on
+a memory channel. Everything below works around measured sharp edges of py-libp2p 0.8.1
+(see protocol/README.md, "Transport"); several guards touch private internals of that exact
+release, which is why pyproject pins `libp2p==0.8.1`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import multiaddr
+import trio
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from libp2p import new_host
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.tools.anyio_service import background_trio_service
+
+logger = logging.getLogger("sapo.gossip")
+
+# Room for the RPC envelope around one message: protobuf tags, from/seqno/topic, the 64-byte
+# signature, the 36-byte key and the sender's signed peer record that py-libp2p attaches.
+RPC_OVERHEAD_BYTES = 16 * 1024
+# A pubsub RPC may batch a few messages (mcache replays, IWANT answers): allow two full ones.
+RPC_MESSAGES_PER_FRAME = 2
+# How many message ids we remember to drop replays; a rejoining peer is replayed 4-50 old ones.
+SEEN_IDS = 65_536
+# libp2p's per-peer outbound queue holds 32 RPCs; at 50 msg/s that is 0.6 s of slack before
+# silent drops. 128 slots is 2.5 s, and at most 128 x 256 KiB = 32 MiB per slow peer.
+OUTBOUND_QUEUE_SLOTS = 128
+# Poll interval of the bootstrap keeper while a peer is connected (a dropped connection is
+# noticed within this time; py-libp2p has no per-peer "disconnected" event we can await).
+CONNECTION_CHECK_SECONDS = 0.5
+# Bound on one dial attempt (TCP connect + Noise + yamux + multistream).
+DIAL_TIMEOUT_SECONDS = 10.0
+# Bound on one publish (signing + handing the message to the per-peer queues).
+PUBLISH_TIMEOUT_SECONDS = 5.0
+# Bound on waiting for the pubsub service's internal tasks to start.
+START_TIMEOUT_SECONDS = 10.0
+
+
+class GossipSettings(BaseModel):
+    """Network settings of the gossip transport."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+
+    listen: str = Field(
+        "/ip4/0.0.0.0/tcp/4001",
+        description="Multiaddr to listen on (TCP). Use port 0 for any free port.",
+    )
+    peers: list[str] = Field(
+        default_factory=list,
+        description="Bootstrap peers as full multiaddrs ending in /p2p/<peer id>; each is "
+        "redialled with exponential back-off until connected, and again whenever it drops.",
+    )
+    topic: str = Field(min_length=1, description="GossipSub topic, e.g. 'sapo/<swarm>/rollouts/1'.")
+    max_message_bytes: int = Field(
+        256 * 1024,
+        gt=0,
+        le=900 * 1024,
+        description="Largest message payload accepted or published. Bigger messages are "
+        "refused by publish() and rejected (not forwarded) when a peer sends them. Must stay "
+        "under py-libp2p's fixed 1 MiB outbound RPC limit.",
+    )
+    heartbeat_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="GossipSub heartbeat (mesh maintenance, gossip). py-libp2p's default of "
+        "120 s makes the mesh react very slowly.",
+    )
+    dial_backoff_initial: float = Field(
+        1.0, gt=0, description="First delay (s) before redialling a bootstrap peer."
+    )
+    dial_backoff_max: float = Field(
+        30.0, gt=0, description="Cap (s) on the exponential redial delay."
+    )
+    close_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="Bound on closing the host at shutdown; close() can hang on a crashed peer.",
+    )
+    psk: str | None = Field(
+        None,
+        description="Optional pre-shared key (64 hex chars = 32 bytes) for a private swarm "
+        "(libp2p pnet, XSalsa20 under Noise). Every node of the swarm needs the same key.",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_a_multiaddr(cls, listen: str) -> str:
+        try:
+            multiaddr.Multiaddr(listen)
+        except Exception as error:
+            raise ValueError(
+                f"listen {listen!r} is not a multiaddr ({error}); e.g. /ip4/0.0.0.0/tcp/4001"
+            ) from error
+        return listen
+
+    @field_validator("peers")
+    @classmethod
+    def _peers_name_their_id(cls, peers: list[str]) -> list[str]:
+        for address in peers:
+            try:
+                info_from_p2p_addr(multiaddr.Multiaddr(address))
+            except Exception as error:
+                raise ValueError(
+                    f"bootstrap peer {address!r} is not a multiaddr ending in /p2p/<peer id> "
+                    f"({error}); e.g. /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW..."
+                ) from error
+        return peers
+
+    @field_validator("psk")
+    @classmethod
+    def _psk_is_32_hex_bytes(cls, psk: str | None) -> str | None:
+        if psk is None:
+            return None
+        try:
+            raw = bytes.fromhex(psk)
+        except ValueError as error:
+            raise ValueError(
+                f"psk must be hex ({error}); generate one with `openssl rand -hex 32`"
+            ) from error
+        if len(raw) != 32:
+            raise ValueError(
+                f"psk must be 32 bytes (64 hex chars), got {len(raw)}; "
+                "generate one with `openssl rand -hex 32`"
+            )
+        return psk
+
+    @field_validator("dial_backoff_max")
+    @classmethod
+    def _backoff_max_not_below_initial(cls, value: float, info: Any) -> float:
+        initial = info.data.get("dial_backoff_initial")
+        if initial is not None and value < initial:
+            raise ValueError(
+                f"dial_backoff_max ({value}) must be >= dial_backoff_initial ({initial})"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """One message from another peer, signature already verified by libp2p."""
+
+    sender: str  # base58 peer id of the signer (the message's `from` field)
+    data: bytes
+    message_id: bytes
+    received_at: float  # time.time() when it reached this node
+
+
+class _GuardedPubsub(Pubsub):
+    """Pubsub with the guards py-libp2p 0.8.1 lacks; every override calls the original.
+
+    - `stream_handler`: a malformed frame makes `continuously_read_stream` raise protobuf's
+      DecodeError, which libp2p does not catch and which ends `host.run()` (any peer could
+      kill the node with 16 bytes). We drop that peer's stream and connection instead.
+    - `push_msg`: runs as a service task per inbound message; an exception there (e.g. a
+      garbage public key in `msg.key`) would cancel the whole pubsub service.
+    - `write_msg`: the per-peer sender, GossipSub's flush and its mcache replay write to the
+      same stream concurrently; yamux then interleaves the 64 KB frames of big messages and
+      the receiver sees garbage. One lock per stream serialises whole RPC frames.
+    - `notify_subscriptions`: deliver straight to the service instead of through libp2p's
+      32-slot subscription channel, which drops silently when full.
+    - `_handle_new_peer`: enlarge the 32-slot per-peer outbound queue (not a constructor
+      argument in 0.8.1).
+    """
+
+    def __init__(self, *args: Any, service: GossipService, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._service = service
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def stream_handler(self, stream: Any) -> None:
+        peer_id = stream.muxed_conn.peer_id
+        try:
+            await super().stream_handler(stream)
+        except Exception as error:  # hostile input must cost the sender, not this node
+            self._service._count("malformed_frame")
+            logger.warning(
+                "dropping peer %s: bad pubsub frame (%s: %s)", peer_id, type(error).__name__, error
+            )
+            with trio.move_on_after(self._service.settings.close_timeout_seconds):
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass
+                self._handle_dead_peer(peer_id)
+                try:
+                    await self.host.disconnect(peer_id)
+                except Exception as close_error:
+                    logger.debug("closing connection to %s failed: %s", peer_id, close_error)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as error:
+            self._service._count("malformed_message")
+            logger.warning(
+                "dropped message forwarded by %s: %s: %s",
+                msg_forwarder,
+                type(error).__name__,
+                error,
+            )
+
+    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        async with lock:
+            return await super().write_msg(stream, rpc_msg)
+
+    def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
+        if any(topic in self.topic_ids for topic in publish_message.topicIDs):
+            self._service._deliver(publish_message)
+
+    async def _handle_new_peer(self, peer_id: ID) -> None:
+        await super()._handle_new_peer(peer_id)
+        queue = self.peer_queues.get(peer_id)
+        if queue is not None:
+            queue._queue.max_size = max(queue._queue.max_size, OUTBOUND_QUEUE_SLOTS)
+
+
+class GossipService:
+    """A libp2p host + GossipSub on one topic; `run()` it in the daemon's nursery."""
+
+    def __init__(
+        self,
+        settings: GossipSettings,
+        key_pair: KeyPair,
+        incoming: trio.MemorySendChannel[ReceivedMessage],
+        counters: dict[str, int] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.key_pair = key_pair
+        self.incoming = incoming
+        self.counters: dict[str, int] = counters if counters is not None else {}
+        self._my_id = ID.from_pubkey(key_pair.public_key)
+        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._host: Any = None
+        self._pubsub: _GuardedPubsub | None = None
+
+    @property
+    def peer_id(self) -> str:
+        return self._my_id.to_base58()
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        """Full multiaddrs (ending /p2p/<id>) once `run()` has started, else []."""
+        if self._host is None:
+            return []
+        return [str(address) for address in self._host.get_addrs()]
+
+    def connected_peers(self) -> list[str]:
+        if self._host is None:
+            return []
+        return sorted(peer.to_base58() for peer in self._host.get_connected_peers())
+
+    async def publish(self, data: bytes) -> bool:
+        """Sign and gossip `data`; False (and counted) if it was dropped here."""
+        if self._pubsub is None:
+            self._count("publish_dropped")
+            logger.warning("publish before the gossip service started: dropped")
+            return False
+        if len(data) > self.settings.max_message_bytes:
+            self._count("publish_dropped")
+            logger.warning(
+                "publish of %d bytes refused: over max_message_bytes=%d",
+                len(data),
+                self.settings.max_message_bytes,
+            )
+            return False
+        with trio.move_on_after(PUBLISH_TIMEOUT_SECONDS) as scope:
+            try:
+                await self._pubsub.publish(self.settings.topic, data)
+            except Exception as error:
+                self._count("publish_dropped")
+                logger.warning("publish failed: %s: %s", type(error).__name__, error)
+                return False
+        if scope.cancelled_caught:
+            self._count("publish_dropped")
+            logger.warning("publish timed out after %.0f s", PUBLISH_TIMEOUT_SECONDS)
+            return False
+        self._count("published")
+        return True
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen, subscribe, keep the bootstrap peers dialled; runs until cancelled."""
+        settings = self.settings
+        listen = multiaddr.Multiaddr(settings.listen)
+        host = new_host(
+            key_pair=self.key_pair,
+            # Noise alone: a default host also offers TLS, secio and /plaintext/2.0.0, and
+            # accepts a plaintext-only dialler.
+            sec_opt={
+                NOISE_PROTOCOL_ID: NoiseTransport(
+                    self.key_pair, noise_privkey=create_new_x25519_key_pair().private_key
+                )
+            },
+            muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+            listen_addrs=[listen],
+            psk=settings.psk,
+        )
+        # py-libp2p retries each dial 3 times internally; our keeper owns the back-off.
+        network = host.get_network()
+        if hasattr(network, "retry_config"):
+            network.retry_config.max_retries = 0
+
+        router = GossipSub(
+            # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
+            # doubled CPU per message in measurements; 1.3+ adds nothing we use.
+            protocols=[PROTOCOL_ID_V11],
+            # D=6, D_low=4, D_high=12 are the GossipSub spec defaults: with 3 nodes every peer
+            # is in the mesh, with 32 each node keeps 4-12 mesh links (log-depth spread).
+            degree=6,
+            degree_low=4,
+            degree_high=12,
+            heartbeat_interval=settings.heartbeat_seconds,  # type: ignore[arg-type]
+            # The default limit of 10 msg/s per (forwarder, topic) also throttles our own
+            # publishes and silently drops the rest; a node publishes a burst of rollouts
+            # per round, so allow 50/s (about the measured per-process ceiling).
+            max_messages_per_topic_per_second=50.0,
+            # "Adaptive gossip" stretches the heartbeat to 30-60 s when the mesh is smaller
+            # than D, i.e. always in a swarm of 3-6 nodes. Keep the heartbeat we asked for.
+            adaptive_gossip_enabled=False,
+        )
+        pubsub = _GuardedPubsub(
+            host,
+            router,
+            service=self,
+            strict_signing=True,  # every message is Ed25519-signed and verified on every hop
+            # Inbound frames bigger than this reset the stream before parsing. Leave room for
+            # a couple of max-size messages plus envelope so the topic validator, not the
+            # frame limit, rejects a merely oversized message (and counts it).
+            max_inbound_rpc_size=RPC_MESSAGES_PER_FRAME * settings.max_message_bytes
+            + RPC_OVERHEAD_BYTES,
+        )
+
+        try:
+            async with host.run([listen]):
+                try:
+                    async with background_trio_service(pubsub), background_trio_service(router):
+                        with trio.fail_after(START_TIMEOUT_SECONDS):
+                            await pubsub.wait_until_ready()
+                        pubsub.set_topic_validator(settings.topic, self._validate_size, False)
+                        with trio.fail_after(START_TIMEOUT_SECONDS):
+                            await pubsub.subscribe(settings.topic)
+                        self._host, self._pubsub = host, pubsub
+                        logger.info(
+                            "gossip up: peer %s listening on %s, topic %s",
+                            self.peer_id,
+                            ", ".join(self.listen_addrs),
+                            settings.topic,
+                        )
+                        async with trio.open_nursery() as nursery:
+                            for address in settings.peers:
+                                nursery.start_soon(self._keep_connected, host, address)
+                            task_status.started()
+                            await trio.sleep_forever()
+                finally:
+                    self._pubsub = None
+                    # Exiting host.run() alone leaves peers' TCP connections open (they do not
+                    # notice for a long time); close() can hang on a crashed peer, so bound it.
+                    with trio.move_on_after(settings.close_timeout_seconds) as scope:
+                        scope.shield = True
+                        await host.close()
+                    if scope.cancelled_caught:
+                        logger.warning(
+                            "host close timed out after %.1f s", settings.close_timeout_seconds
+                        )
+        finally:
+            self._host = None
+
+    def _validate_size(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        # Runs before a message is forwarded or delivered: an oversized one goes no further.
+        if len(msg.data) > self.settings.max_message_bytes:
+            self._count("oversized")
+            logger.warning(
+                "rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
+                len(msg.data),
+                _peer_str(msg.from_id),
+                forwarder,
+                self.settings.max_message_bytes,
+            )
+            return False
+        return True
+
+    def _deliver(self, msg: rpc_pb2.Message) -> None:
+        if msg.from_id == self._my_id.to_bytes():
+            return  # our own publish looping through push_msg
+        assert self._pubsub is not None
+        message_id = self._pubsub.get_message_id(msg)
+        # libp2p forgets seen ids after 120 s and replays its message cache to peers that
+        # rejoin; remember more, for longer, so the application sees each message once.
+        if message_id in self._seen:
+            self._seen.move_to_end(message_id)
+            self._count("duplicate")
+            return
+        self._seen[message_id] = None
+        if len(self._seen) > SEEN_IDS:
+            self._seen.popitem(last=False)
+        self._count("received")
+        received = ReceivedMessage(
+            sender=_peer_str(msg.from_id),
+            data=bytes(msg.data),
+            message_id=message_id,
+            received_at=time.time(),
+        )
+        try:
+            # Never block the network on a slow consumer: drop and count instead.
+            self.incoming.send_nowait(received)
+        except trio.WouldBlock:
+            self._count("inbox_channel_full")
+            logger.debug("inbox full: dropped message %s", message_id.hex())
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._count("inbox_closed")
+
+    async def _keep_connected(self, host: Any, address: str) -> None:
+        """Dial one bootstrap peer with exponential back-off; redial whenever it drops."""
+        settings = self.settings
+        info = info_from_p2p_addr(multiaddr.Multiaddr(address))
+        if info.peer_id == self._my_id:
+            logger.info("bootstrap address %s is this node; skipping", address)
+            return
+        network = host.get_network()
+        peerstore = host.get_peerstore()
+        delay = settings.dial_backoff_initial
+        was_connected = False
+        while True:
+            if self._is_connected(network, info.peer_id):
+                if not was_connected:
+                    logger.info("connected to bootstrap peer %s", address)
+                was_connected = True
+                delay = settings.dial_backoff_initial
+                await trio.sleep(CONNECTION_CHECK_SECONDS)
+                continue
+            if was_connected:
+                logger.info("lost bootstrap peer %s; redialling", address)
+                was_connected = False
+            # A peer that restarted on a new port stays unreachable while its old address sits
+            # in the peerstore (dial_peer tries one address per transport), and a failed dial
+            # blocks every redial for 60 s. The bootstrap address is authoritative: reset both.
+            peerstore.clear_addrs(info.peer_id)
+            peerstore.add_addrs(info.peer_id, info.addrs, 3600)
+            if hasattr(network, "unblock_peer"):
+                network.unblock_peer(info.peer_id)
+            error: BaseException | None = None
+            with trio.move_on_after(DIAL_TIMEOUT_SECONDS) as scope:
+                try:
+                    await host.connect(info)
+                except Exception as dial_error:
+                    error = dial_error
+            if scope.cancelled_caught:
+                error = TimeoutError(f"dial timed out after {DIAL_TIMEOUT_SECONDS:.0f} s")
+            if error is None and self._is_connected(network, info.peer_id):
+                continue
+            self._count("dial_failed")
+            logger.debug("dial %s failed (%s); retrying in %.1f s", address, error, delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, settings.dial_backoff_max)
+
+    @staticmethod
+    def _is_connected(network: Any, peer_id: ID) -> bool:
+        return any(not connection.is_closed for connection in network.get_connections(peer_id))
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount
+
+
+def _peer_str(peer_id_bytes: bytes) -> str:
+    try:
+        return ID(peer_id_bytes).to_base58()
+    except Exception:
+        return peer_id_bytes.hex()
+
+
+__all__ = ["GossipService", "GossipSettings", "ReceivedMessage"]

@@ -1,0 +1,62 @@
+"""Turn a decoded RolloutGroup into a QuestionGroup this node can train on, trusting nothing.
+
+The rule: a peer's answer key is accepted only if this node regenerates the same question and
+answer from the spec, and rewards always come from this node's own verifier. The sender's
+rewards and metadata are never used.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sapo.protocol.allowlist import check_problem_spec
+from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
+from sapo.training.rewards import score_group
+from sapo.training.rollouts import QuestionGroup
+from sapo.training.tasks import generate_problem
+
+
+class VerifyPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accept_other_rg_versions: bool = Field(
+        default=False,
+        description=(
+            "try to verify messages from peers on another reasoning-gym release; a generator "
+            "change then shows up as spoofed_answer_key instead of unverifiable_version"
+        ),
+    )
+
+
+def verify(msg: RolloutGroup, *, local_rg_version: str, policy: VerifyPolicy) -> QuestionGroup:
+    """The message as a QuestionGroup with locally regenerated problem and recomputed rewards.
+
+    Raises Rejected(unknown_dataset | config_out_of_range | unverifiable_version |
+    spoofed_answer_key).
+    """
+    check_problem_spec(msg.problem)
+    if msg.reasoning_gym_version != local_rg_version and not policy.accept_other_rg_versions:
+        raise Rejected(
+            RejectReason.unverifiable_version,
+            f"sender has reasoning-gym {msg.reasoning_gym_version[:40]!r}, this node {local_rg_version}",
+        )
+    try:
+        problem = generate_problem(msg.problem.to_spec())
+    except Exception as exc:  # noqa: BLE001 - a config the allowlist missed must not crash the node
+        raise Rejected(
+            RejectReason.config_out_of_range,
+            f"{msg.problem.dataset} generator failed: {type(exc).__name__}: {str(exc)[:80]}",
+        ) from None
+    if problem.question != msg.question:
+        raise Rejected(RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: question differs from the spec's")
+    if problem.answer != msg.answer:
+        raise Rejected(RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: answer key differs from the spec's")
+    return QuestionGroup(
+        problem=problem,
+        completions=list(msg.completions),
+        rewards=score_group(problem, list(msg.completions)),
+        origin=msg.sender,
+        model_id=msg.model_id,
+        sender_round=msg.sender_round,
+        created_at=msg.created_at,
+    )

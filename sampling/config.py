@@ -1,0 +1,23 @@
+"""Settings owned by the sampling layer: the I/J mix and the inbox bounds."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    local: int = Field(default=4, ge=0, le=256, description="I: local question groups generated and trained on per round")
+    external: int = Field(default=4, ge=0, le=256, description="J: external question groups from peers trained on per round")
+    sampler: str = Field(
+        default="nonzero-uniform",
+        description="how external groups are chosen: nonzero-uniform (drop all-zero-advantage groups, "
+        "then uniform; the paper's controlled run) or uniform (all received groups; the open demo)",
+    )
+    inbox_max_groups: int = Field(default=512, ge=1, le=1_000_000, description="inbox cap on question groups")
+    inbox_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="inbox cap on stored text, bytes")
+    inbox_max_age_seconds: float = Field(default=600.0, gt=0, description="groups older than this are evicted")
+    inbox_peer_share: float = Field(
+        default=0.25, gt=0, le=1.0, description="most of the inbox one peer may hold; its oldest groups make way"
+    )

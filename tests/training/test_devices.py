@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from sapo.training import devices
+from sapo.training.devices import available_devices, resolve_device
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Pretend the machine has `cuda` GPUs and MPS or not."""
+
+    def set_up(cuda: int = 0, mps: bool = False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda)
+        monkeypatch.setattr(devices, "_mps_available", lambda: mps)
+
+    return set_up
+
+
+def test_auto_prefers_cuda_then_mps_then_cpu(machine):
+    machine(cuda=2, mps=True)
+    assert resolve_device("auto") == torch.device("cuda", 0)
+    machine(cuda=0, mps=True)
+    assert resolve_device("auto") == torch.device("mps", 0)
+    machine(cuda=0, mps=False)
+    assert resolve_device("auto") == torch.device("cpu")
+
+
+def test_auto_on_this_machine_is_usable():
+    device = resolve_device("auto")
+    assert torch.zeros(1, device=device).device == device
+
+
+def test_explicit_names(machine):
+    machine(cuda=2, mps=False)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert available_devices() == ["cuda:0", "cuda:1", "cpu"]
+
+
+def test_missing_cuda_says_what_is_available(machine):
+    machine(cuda=0, mps=True)
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=r"CUDA.*not available.*available: mps, cpu"):
+            resolve_device(name)
+
+
+def test_cuda_index_out_of_range(machine):
+    machine(cuda=1)
+    with pytest.raises(ValueError, match=r"'cuda:1'.*1 CUDA device.*available: cuda:0, cpu"):
+        resolve_device("cuda:1")
+
+
+def test_mps(machine):
+    machine(cuda=0, mps=True)
+    assert resolve_device("mps") == torch.device("mps", 0)
+    machine(cuda=0, mps=False)
+    with pytest.raises(ValueError, match=r"MPS.*not available.*available: cpu"):
+        resolve_device("mps")
+
+
+@pytest.mark.parametrize("name", ["gpu", "", "cuda:x", "meta", "xpu"])
+def test_unknown_names_list_the_choices(name):
+    with pytest.raises(ValueError, match="choose auto, cpu, cuda, cuda:N or mps"):
+        resolve_device(name)

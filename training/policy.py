@@ -1,0 +1,131 @@
+"""A node's own policy: the model, its tokenizer, the device it lives on, and how it is prompted."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sapo.training.devices import resolve_device
+from sapo.training.errors import ModelSourceError
+from sapo.training.prompts import PromptStyle, render_prompt
+from sapo.training.tasks import Problem
+
+log = logging.getLogger("sapo.policy")
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    model_id: str
+    prompt_style: PromptStyle
+    one_shot: bool
+    lora: bool
+
+    def prompt(self, problem: Problem) -> str:
+        return render_prompt(problem, self.tokenizer, self.prompt_style, self.one_shot)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    rank: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+
+
+def load_policy(
+    source: str,
+    *,
+    device: str = "auto",
+    lora: LoraOptions | None = None,
+    seed: int = 0,
+    models_dir: Path,
+    prompt_style: str = "auto",
+    one_shot: bool = True,
+    weights_from: Path | None = None,
+    adapter_from: Path | None = None,
+) -> Policy:
+    """Build or load the policy named by `source`.
+
+    `source` is a tiny variant (`tiny`, `tiny-bpe`, ...), `smollm2-135m` (offline default), a
+    local HF directory or a hub id. `weights_from` is an HF model directory (a checkpoint or a
+    warm start) whose weights replace the source's; `adapter_from` a saved LoRA adapter.
+    """
+    from sapo.training.tiny import is_tiny
+
+    torch_device = resolve_device(device)
+    torch.manual_seed(seed)
+    model, tokenizer = _load_base(source, seed=seed, models_dir=models_dir, weights_from=weights_from)
+    style: PromptStyle
+    if prompt_style == "auto":
+        style = "plain" if is_tiny(source) else "chat"
+    elif prompt_style in ("chat", "plain"):
+        style = prompt_style  # type: ignore[assignment]
+    else:
+        raise ValueError(f"prompt_style must be auto, chat or plain, not {prompt_style!r}")
+    if style == "chat" and not getattr(tokenizer, "chat_template", None):
+        raise ModelSourceError(f"model {source!r} has no chat template; use --prompt-style plain")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if lora is not None:
+        model = _wrap_lora(model, lora, adapter_from)
+    model.to(torch_device)
+    return Policy(model, tokenizer, torch_device, source, style, one_shot, lora is not None)
+
+
+def _load_base(source: str, *, seed: int, models_dir: Path, weights_from: Path | None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sapo.training.smollm2 import load_smollm2
+    from sapo.training.tiny import build_tiny, is_tiny
+
+    if weights_from is not None:
+        return (
+            AutoModelForCausalLM.from_pretrained(weights_from, dtype=torch.float32),
+            AutoTokenizer.from_pretrained(weights_from),
+        )
+    if is_tiny(source):
+        return build_tiny(source, seed)
+    if source == "smollm2-135m":
+        return load_smollm2(models_dir / "smollm2-135m")
+    looks_local = source.startswith((".", "/", "~")) or Path(source).expanduser().exists()
+    if looks_local and not Path(source).expanduser().is_dir():
+        raise ModelSourceError(
+            f"model path {source!r} does not exist or is not a directory; give a local HF "
+            "checkpoint directory, a hub id such as Qwen/Qwen2.5-0.5B-Instruct, 'smollm2-135m' or 'tiny'"
+        )
+    path = str(Path(source).expanduser()) if looks_local else source
+    try:
+        return (
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+            AutoTokenizer.from_pretrained(path),
+        )
+    except OSError as exc:
+        raise ModelSourceError(
+            f"could not load model {source!r}: {exc}. Hub ids need network access "
+            "(or a filled HF cache); offline, use 'smollm2-135m', 'tiny' or a local directory."
+        ) from exc
+
+
+def _wrap_lora(model, options: LoraOptions, resume_from: Path | None):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if resume_from is not None:
+        return PeftModel.from_pretrained(model, resume_from, is_trainable=True)
+    config = LoraConfig(
+        r=options.rank,
+        lora_alpha=options.alpha,
+        lora_dropout=options.dropout,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)

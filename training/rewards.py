@@ -1,0 +1,49 @@
+"""The verifier: a completion's reward is the task's own score of its last <answer> block."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+
+from sapo.training.tasks import Problem, dataset_for
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(completion: str) -> str | None:
+    """The text inside the last complete <answer>...</answer> block, stripped; None if absent."""
+    matches = _ANSWER.findall(completion)
+    if not matches:
+        return None
+    return matches[-1].strip()
+
+
+def has_answer_tag(completion: str) -> bool:
+    return extract_answer(completion) is not None
+
+
+def score_completion(problem: Problem, completion: str) -> float:
+    """ReasoningGYM's score_answer on the extracted answer, in [0, 1]; partial credit passes through.
+
+    A missing tag scores 0 without asking the task: some verifiers (fraction_simplification)
+    give a constant floor even to no answer, which would reward not answering at all.
+    """
+    answer = extract_answer(completion)
+    if answer is None:
+        return 0.0
+    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
+    dataset = dataset_for(problem.spec)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            score = float(dataset.score_answer(answer, entry))
+    except Exception:  # noqa: BLE001 - a verifier that chokes on odd text has rejected it
+        return 0.0
+    if not math.isfinite(score):
+        return 0.0
+    return min(1.0, max(0.0, score))
+
+
+def score_group(problem: Problem, completions: list[str]) -> list[float]:
+    return [score_completion(problem, c) for c in completions]

@@ -1,0 +1,169 @@
+"""A short supervised pass on correct solutions: the CPU-scale stand-in for an instruct model.
+
+Tiny from-scratch models barely learn by RL alone; a brief SFT on ReasoningGYM's own answers
+(formatted as `<answer>…</answer>`) gives them a weak but non-zero start, like a small
+pretrained model. The pass is deterministic for its settings, so it can be cached and recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from sapo.training.policy import Policy, load_policy
+from sapo.training.tasks import TaskSampler, TaskSpec
+
+
+class WarmStartSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(default=200, ge=0, le=100_000, description="supervised steps")
+    batch_size: int = Field(default=16, ge=1, le=1024)
+    lr: float = Field(default=1e-3, gt=0, lt=1)
+    seed: int = Field(default=0, ge=0)
+    tag_rate: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of targets written inside <answer> tags; below 1 the format is left to be discovered",
+    )
+    # Problems come from a dataset seed no node uses for its own questions.
+    dataset_seed: int = Field(default=10_000_019, ge=0)
+
+
+log = logging.getLogger("sapo.warmstart")
+
+
+@dataclass(frozen=True)
+class WarmStartReport:
+    steps: int
+    final_loss: float
+    seconds: float
+
+
+def solution_text(answer: str, tagged: bool = True) -> str:
+    return f"<answer>{answer}</answer>" if tagged else answer
+
+
+def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSettings) -> WarmStartReport:
+    """Teacher-forced cross-entropy on completion tokens of correct solutions."""
+    started = time.perf_counter()
+    torch.manual_seed(settings.seed)
+    sampler = TaskSampler(tasks, dataset_seed=settings.dataset_seed, rng_seed=settings.seed)
+    coin = random.Random(settings.seed)
+    optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=settings.lr)
+    tokenizer = policy.tokenizer
+    model = policy.model
+    model.train()
+    loss_value = float("nan")
+    for _ in range(settings.steps):
+        problems = sampler.sample(settings.batch_size)
+        rows = []
+        for problem in problems:
+            prompt = tokenizer(policy.prompt(problem), add_special_tokens=False)["input_ids"]
+            tagged = coin.random() < settings.tag_rate
+            target = tokenizer(solution_text(problem.answer, tagged), add_special_tokens=False)["input_ids"]
+            rows.append((prompt, target + [tokenizer.eos_token_id]))
+        length = max(len(p) + len(t) for p, t in rows)
+        ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(rows), length), -100, dtype=torch.long)
+        attention = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, (prompt, target) in enumerate(rows):
+            seq = prompt + target
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, len(prompt) : len(seq)] = torch.tensor(target)
+            attention[i, : len(seq)] = 1
+        out = model(
+            input_ids=ids.to(policy.device), attention_mask=attention.to(policy.device), labels=labels.to(policy.device)
+        )
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
+        optimizer.step()
+        loss_value = float(out.loss.detach())
+    model.eval()
+    return WarmStartReport(settings.steps, loss_value, time.perf_counter() - started)
+
+
+def evaluate_greedy(policy: Policy, tasks: list[TaskSpec], count: int, dataset_seed: int, max_new_tokens: int) -> float:
+    """Mean verifier score of greedy answers on `count` held-out problems (pass@1)."""
+    from sapo.training.rewards import score_completion
+    from sapo.training.generation import ANSWER_CLOSE
+
+    sampler = TaskSampler(tasks, dataset_seed=dataset_seed, rng_seed=random.Random(dataset_seed).randrange(2**31))
+    problems = sampler.sample(count)
+    tokenizer = policy.tokenizer
+    tokenizer.padding_side = "left"
+    prompts = [policy.prompt(p) for p in problems]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    policy.model.eval()
+    with torch.inference_mode():
+        out = policy.model.generate(
+            input_ids=enc["input_ids"].to(policy.device),
+            attention_mask=enc["attention_mask"].to(policy.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            stop_strings=[ANSWER_CLOSE],
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(score_completion(p, t) for p, t in zip(problems, texts)) / len(problems)
+
+
+def warm_start_key(source: str, model_seed: int, tasks: list[TaskSpec], settings: WarmStartSettings) -> str:
+    """What the warm start depends on; equal keys give identical weights."""
+    recipe = {
+        "source": source,
+        "model_seed": model_seed,
+        "tasks": [t.model_dump(mode="json") for t in tasks],
+        "settings": settings.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_warm_start(
+    source: str, *, model_seed: int, tasks: list[TaskSpec], settings: WarmStartSettings, models_dir: Path, device: str
+) -> Path:
+    """The HF directory of `source` after its warm start, built once and reused.
+
+    The directory name is the recipe's hash; a `recipe.json` written last marks it complete,
+    and it is renamed into place, so concurrent nodes and crashes never see half a warm start.
+    """
+    key = warm_start_key(source, model_seed, tasks, settings)
+    final = models_dir / "warmstart" / f"{source}-{key}"
+    if (final / "recipe.json").is_file():
+        return final
+    policy = load_policy(source, device=device, seed=model_seed, models_dir=models_dir, prompt_style="auto")
+    report = warm_start(policy, tasks, settings)
+    log.info("warm start of %s: %d steps, final loss %.3f, %.1fs", source, report.steps, report.final_loss, report.seconds)
+    partial = final.parent / f".partial-{final.name}-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(partial)
+    policy.tokenizer.save_pretrained(partial)
+    recipe = {
+        "source": source,
+        "model_seed": model_seed,
+        "tasks": [t.model_dump(mode="json") for t in tasks],
+        "settings": settings.model_dump(mode="json"),
+        "final_loss": report.final_loss,
+        "seconds": report.seconds,
+    }
+    (partial / "recipe.json").write_text(json.dumps(recipe, indent=1))
+    try:
+        os.rename(partial, final)
+    except OSError:
+        # another node finished the same warm start first; theirs is identical
+        shutil.rmtree(partial, ignore_errors=True)
+    return final
