@@ -9,12 +9,11 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from sapo.node.counters import NodeCounters
 from sapo.node.metrics import MetricsLog, RoundRecord
 from sapo.node.settings import NodeSettings
 from sapo.sampling.inbox import Inbox
@@ -32,17 +31,6 @@ from sapo.training.warmstart import WarmStartSettings, cached_warm_start
 
 log = logging.getLogger("sapo.node")
 
-
-@dataclass
-class NodeCounters:
-    received: int = 0
-    accepted: int = 0
-    published: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    transport: dict[str, int] = field(default_factory=dict)  # the gossip layer's own counts
-    accepted_from: Counter = field(default_factory=Counter)  # verified groups per sending peer
-
-
 def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
     m = settings.model
     steps = m.warm_start_steps if m.warm_start_steps is not None else (200 if is_tiny(m.model) else 0)
@@ -50,7 +38,9 @@ def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
         return None
     if m.lora:
         raise ValueError("--warm-start-steps trains the full model; it cannot be combined with --lora")
-    return WarmStartSettings(steps=steps, seed=settings.run.seed, tag_rate=m.warm_start_tag_rate)
+    # A fixed seed, not the node's: the warm start stands in for a pretrained checkpoint, and
+    # like the paper's 8 x Qwen2.5 every node of a swarm starts from the same one.
+    return WarmStartSettings(steps=steps, tag_rate=m.warm_start_tag_rate)
 
 
 class Node:
@@ -95,7 +85,7 @@ class Node:
         elif self.warm_start is not None:
             weights_from = cached_warm_start(
                 m.model,
-                model_seed=self.settings.run.seed,
+                model_seed=self.warm_start.seed,
                 tasks=self.settings.tasks.specs(),
                 settings=self.warm_start,
                 models_dir=self.models_dir,
@@ -167,7 +157,7 @@ class Node:
             inbox_size=len(self.inbox),
             received=self.counters.received,
             accepted=self.counters.accepted,
-            rejected=dict(self.counters.rejected),
+            rejected=self.counters.all_rejections(),
             transport=dict(self.counters.transport),
             accepted_from=dict(self.counters.accepted_from),
             published=self.counters.published,

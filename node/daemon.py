@@ -85,6 +85,20 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
     return exchange
 
 
+async def wait_for_peers(exchange: GossipExchange, count: int, timeout: float) -> None:
+    """A start-up courtesy for swarms launched together; never a precondition for training."""
+    if count <= 0:
+        return
+    with trio.move_on_after(timeout):
+        while len(exchange.peers()) < count:
+            await trio.sleep(0.2)
+        # one heartbeat for the subscriptions to be exchanged and the mesh to form
+        await trio.sleep(1.0)
+        log.info("%d peer(s) connected; starting", len(exchange.peers()))
+        return
+    log.warning("only %d of %d peers after %.0fs; training anyway", len(exchange.peers()), count, timeout)
+
+
 async def run_node(settings: NodeSettings) -> Node:
     """Build the node (resuming from its last checkpoint), join the swarm, and run rounds
     until done or signalled. A checkpoint is written on the way out, so a clean stop loses nothing."""
@@ -96,6 +110,7 @@ async def run_node(settings: NodeSettings) -> Node:
         async with trio.open_nursery() as nursery:
             await nursery.start(_cancel_on_signal, scope)
             exchange = await start_gossip(nursery, node, key_pair, settings)
+            await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
             await round_loop(node, exchange, torch_lock)
             nursery.cancel_scope.cancel()
     if node.round > start_round and node.round % settings.run.checkpoint_every != 0:

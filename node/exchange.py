@@ -8,7 +8,7 @@ import time
 
 import trio
 
-from sapo.node.core import NodeCounters
+from sapo.node.counters import NodeCounters
 from sapo.node.intake import Intake
 from sapo.protocol.codec import encode
 from sapo.protocol.gossip import GossipService, ReceivedMessage

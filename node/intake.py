@@ -9,7 +9,7 @@ import hashlib
 import logging
 from collections import OrderedDict
 
-from sapo.node.core import NodeCounters
+from sapo.node.counters import NodeCounters
 from sapo.protocol.codec import DecodeLimits, decode
 from sapo.protocol.messages import Rejected, RejectReason
 from sapo.protocol.verify import VerifyPolicy, verify

@@ -39,6 +39,12 @@ class NetworkSettings(BaseModel):
         description="accept groups from peers on another reasoning-gym release (their problems may not regenerate identically)",
     )
     compress: bool = Field(default=True, description="zlib-compress outgoing messages when it makes them smaller")
+    wait_for_peers: int = Field(
+        default=0, ge=0, le=1000, description="before the first round, wait until this many peers are connected..."
+    )
+    wait_for_peers_seconds: float = Field(
+        default=60.0, ge=0, description="...but no longer than this; then train alone and let peers join later"
+    )
 
 
 class RunSettings(BaseModel):

@@ -30,9 +30,17 @@ class SwarmMember:
     process: trio.Process | None = None
 
 
-def node_command(member: SwarmMember, node_args: list[str], seed: int, peers: list[str]) -> list[str]:
+def node_command(
+    member: SwarmMember, node_args: list[str], seed: int, peers: list[str], nodes: int, models_dir: Path
+) -> list[str]:
     args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args]
     args += ["--data-dir", str(member.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0", "--seed", str(seed + member.index)]
+    if not any(a.startswith("--models-dir") for a in node_args):
+        # one converted model and warm-start cache for the whole swarm
+        args += ["--models-dir", str(models_dir)]
+    if not any(a.startswith("--wait-for-peers") for a in node_args):
+        # nodes launched together start together; a late or dead one only delays the rest a little
+        args += ["--wait-for-peers", str(nodes - 1)]
     if not any(a.startswith("--torch-threads") for a in node_args):
         # Several nodes share the cores: one torch thread each beats oversubscription by far.
         args += ["--torch-threads", "1"]
@@ -132,11 +140,11 @@ async def run_swarm(
             try:
                 async with trio.open_nursery() as node_nursery:
                     first = await node_nursery.start(
-                        _start_member, members[0], node_command(members[0], node_args, seed, [])
+                        _start_member, members[0], node_command(members[0], node_args, seed, [], nodes, data_dir / "models")
                     )
                     print(f"bootstrap node: {first}", flush=True)
                     for m in members[1:]:
-                        await node_nursery.start(_start_member, m, node_command(m, node_args, seed, [first]))
+                        await node_nursery.start(_start_member, m, node_command(m, node_args, seed, [first], nodes, data_dir / "models"))
                     node_nursery.start_soon(_report, members, progress_every)
                     while any(m.process.returncode is None for m in members):
                         await trio.sleep(0.5)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from typing_extensions import Annotated
 
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import ProblemSpec

@@ -47,10 +47,11 @@ def verify(msg: RolloutGroup, *, local_rg_version: str, policy: VerifyPolicy) ->
             RejectReason.config_out_of_range,
             f"{msg.problem.dataset} generator failed: {type(exc).__name__}: {str(exc)[:80]}",
         ) from None
-    if problem.question != msg.question:
-        raise Rejected(RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: question differs from the spec's")
-    if problem.answer != msg.answer:
-        raise Rejected(RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: answer key differs from the spec's")
+    for name, ours, theirs in (("question", problem.question, msg.question), ("answer", problem.answer, msg.answer)):
+        if ours != theirs:
+            raise Rejected(
+                RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: {name} differs from the spec's"
+            )
     return QuestionGroup(
         problem=problem,
         completions=list(msg.completions),

@@ -54,7 +54,7 @@ class TrainingSettings(BaseModel):
         default=None,
         gt=0,
         lt=1.0,
-        description="learning rate (default: 3e-4 for tiny models, 2e-4 with LoRA, 1e-6 for full fine-tuning)",
+        description="learning rate (default: 1e-4 for tiny models, 2e-4 with LoRA, 1e-6 for full fine-tuning)",
     )
     optimizer: Literal["adam", "adamw"] = Field(default="adam", description="optimizer")
     weight_decay: float = Field(default=0.0, ge=0, lt=1.0, description="weight decay (adamw)")
@@ -72,5 +72,5 @@ def default_learning_rate(model: str, lora: bool) -> float:
     from sapo.training.tiny import is_tiny
 
     if is_tiny(model):
-        return 3e-4
+        return 1e-4
     return 2e-4 if lora else 1e-6

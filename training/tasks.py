@@ -127,6 +127,14 @@ def dataset_for(spec: ProblemSpec):
 
 def generate_problem(spec: ProblemSpec) -> Problem:
     """Regenerate the problem named by `spec`. Deterministic for a given reasoning-gym version."""
+    return _generate_cached(spec.key())
+
+
+# Every peer's group for the same question is verified by regenerating it; some generators
+# (bf) take a good fraction of a second per item, so remember recent items.
+@functools.lru_cache(maxsize=4096)
+def _generate_cached(spec_key: str) -> Problem:
+    spec = ProblemSpec(**json.loads(spec_key))
     dataset = dataset_for(spec)
     with contextlib.redirect_stdout(io.StringIO()):
         entry = dataset[spec.index]

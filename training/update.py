@@ -17,11 +17,18 @@ from sapo.training.generation import ANSWER_CLOSE
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    input_ids: torch.Tensor  # [B, T], right-padded
-    attention_mask: torch.Tensor  # [B, T]
-    completion_mask: torch.Tensor  # [B, T-1], aligned with next-token log-probs
+    """Prompts left-padded, completions right-padded, so every completion starts at the same
+    column and only the last C+1 positions need logits (the prompt's never do)."""
+
+    input_ids: torch.Tensor  # [B, P + C]
+    attention_mask: torch.Tensor  # [B, P + C]
+    completion_mask: torch.Tensor  # [B, C]
     advantages: torch.Tensor  # [B]
     group_of: list[int]  # which question group each row belongs to
+
+    @property
+    def completion_length(self) -> int:
+        return self.completion_mask.shape[1]
 
 
 @dataclass(frozen=True)
@@ -38,19 +45,19 @@ def encode_groups(policy: Policy, groups: list[QuestionGroup], max_completion_to
     """Re-encode prompt and completion text with this node's own tokenizer.
 
     A peer's completion is plain text, so it is tokenized here exactly like a local one:
-    the same prompt rendering, the same truncation, EOS after a finished answer.
+    the same prompt rendering, the same truncation, EOS after a finished answer. One batched
+    tokenizer call covers all prompts and one all completions.
     Groups without signal (all-equal rewards) contribute nothing and are left out.
     """
     tokenizer = policy.tokenizer
-    rows: list[tuple[list[int], list[int]]] = []
-    advantages: list[float] = []
-    group_of: list[int] = []
     useful = [g for g in groups if has_signal(g.rewards)]
     if not useful:
         return None
     prompt_ids = tokenizer([policy.prompt(g.problem) for g in useful], add_special_tokens=False)["input_ids"]
-    texts = [c for g in useful for c in g.completions]
-    completion_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    completion_ids = tokenizer([c for g in useful for c in g.completions], add_special_tokens=False)["input_ids"]
+    rows: list[tuple[list[int], list[int]]] = []
+    advantages: list[float] = []
+    group_of: list[int] = []
     cursor = 0
     for group_index, (group, prompt) in enumerate(zip(useful, prompt_ids)):
         group_adv = group_advantages(torch.tensor(group.rewards)).tolist()
@@ -64,27 +71,40 @@ def encode_groups(policy: Policy, groups: list[QuestionGroup], max_completion_to
             rows.append((list(prompt), ids))
             advantages.append(adv)
             group_of.append(group_index)
-    length = max(len(p) + len(c) for p, c in rows)
+    if not rows:
+        return None
+    prompt_len = max(len(p) for p, _ in rows)
+    completion_len = max(len(c) for _, c in rows)
     pad = tokenizer.pad_token_id
-    input_ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    attention = torch.zeros((len(rows), length), dtype=torch.long)
-    completion_mask = torch.zeros((len(rows), length - 1), dtype=torch.float32)
+    input_ids = torch.full((len(rows), prompt_len + completion_len), pad, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    completion_mask = torch.zeros((len(rows), completion_len), dtype=torch.float32)
     for i, (prompt, completion) in enumerate(rows):
-        seq = prompt + completion
-        input_ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = 1
-        # log-prob of token t+1 sits at position t
-        completion_mask[i, len(prompt) - 1 : len(seq) - 1] = 1.0
-    return EncodedBatch(
-        input_ids, attention, completion_mask, torch.tensor(advantages, dtype=torch.float32), group_of
-    )
+        input_ids[i, prompt_len - len(prompt) : prompt_len] = torch.tensor(prompt)
+        input_ids[i, prompt_len : prompt_len + len(completion)] = torch.tensor(completion)
+        attention[i, prompt_len - len(prompt) : prompt_len + len(completion)] = 1
+        completion_mask[i, : len(completion)] = 1.0
+    return EncodedBatch(input_ids, attention, completion_mask, torch.tensor(advantages, dtype=torch.float32), group_of)
 
 
-def token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(token_{t+1} | tokens_<=t) for every position, shape [B, T-1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, :]
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> torch.Tensor:
+    """log p(completion token | everything before it), shape [B, C].
+
+    Only the last C+1 positions get logits: the vocabulary projection of prompt positions is
+    the bulk of the memory of a naive forward pass (49k x tokens for SmolLM2).
+    """
+    # Left padding shifts positions; explicit position ids keep them starting at 0 per row.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=completion_length + 1,
+    ).logits[:, :-1, :]
+    targets = input_ids[:, -completion_length:]
+    logits = logits.float()
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
 
 
 def make_optimizer(policy: Policy, settings: TrainingSettings) -> torch.optim.Optimizer:
@@ -111,10 +131,18 @@ def grpo_update(
     attention = batch.attention_mask.to(device)
     mask = batch.completion_mask.to(device)
     advantages = batch.advantages.to(device)
+    width = batch.completion_length
     model = policy.model
     model.eval()  # no dropout: old and new log-probs must come from the same function
+    chunks_for_old = max(1, min(settings.minibatches, input_ids.shape[0]))
     with torch.no_grad():
-        old_logprobs = token_logprobs(model, input_ids, attention)
+        # computed once, reused by every pass; in minibatch-sized pieces to bound memory
+        old_logprobs = torch.cat(
+            [
+                completion_logprobs(model, ids, att, width)
+                for ids, att in zip(input_ids.tensor_split(chunks_for_old), attention.tensor_split(chunks_for_old))
+            ]
+        )
     losses, clips = [], []
     # Minibatches hold whole question groups: a group's advantages sum to zero, so the tokens
     # its completions share (the answer tag, say) get no net push. Split across steps, they
@@ -129,7 +157,7 @@ def grpo_update(
         for part in range(chunks):
             rows = [r for g in groups_order[part::chunks] for r in rows_of[g]]
             idx = torch.tensor(rows, device=device)
-            logprobs = token_logprobs(model, input_ids[idx], attention[idx])
+            logprobs = completion_logprobs(model, input_ids[idx], attention[idx], width)
             loss, stats = clipped_policy_loss(
                 logprobs, old_logprobs[idx], advantages[idx], mask[idx], settings.eps_low, settings.eps_high
             )

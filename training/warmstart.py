@@ -138,12 +138,33 @@ def cached_warm_start(
     """The HF directory of `source` after its warm start, built once and reused.
 
     The directory name is the recipe's hash; a `recipe.json` written last marks it complete,
-    and it is renamed into place, so concurrent nodes and crashes never see half a warm start.
+    and it is renamed into place, so crashes never leave half a warm start. Nodes of a local
+    swarm share the cache: a file lock makes the others wait for the first instead of
+    repeating its work.
     """
+    import fcntl
+
     key = warm_start_key(source, model_seed, tasks, settings)
     final = models_dir / "warmstart" / f"{source}-{key}"
     if (final / "recipe.json").is_file():
         return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "recipe.json").is_file():
+            return final
+        return _build_warm_start(source, model_seed, tasks, settings, models_dir, device, final)
+
+
+def _build_warm_start(
+    source: str,
+    model_seed: int,
+    tasks: list[TaskSpec],
+    settings: WarmStartSettings,
+    models_dir: Path,
+    device: str,
+    final: Path,
+) -> Path:
     policy = load_policy(source, device=device, seed=model_seed, models_dir=models_dir, prompt_style="auto")
     report = warm_start(policy, tasks, settings)
     log.info("warm start of %s: %d steps, final loss %.3f, %.1fs", source, report.steps, report.final_loss, report.seconds)
@@ -161,9 +182,6 @@ def cached_warm_start(
         "seconds": report.seconds,
     }
     (partial / "recipe.json").write_text(json.dumps(recipe, indent=1))
-    try:
-        os.rename(partial, final)
-    except OSError:
-        # another node finished the same warm start first; theirs is identical
-        shutil.rmtree(partial, ignore_errors=True)
+    shutil.rmtree(final, ignore_errors=True)  # an incomplete one (no recipe.json) from a crash
+    os.rename(partial, final)
     return final

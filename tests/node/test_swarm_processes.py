@@ -96,3 +96,22 @@ def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nod
         timeout=60,
         what="the bootstrap node to list the restarted peer",
     )
+
+
+def test_heterogeneous_tokenizers_train_on_each_others_text(tmp_path, nodes):
+    """A char-level and a byte-level-BPE model share one topic; each re-encodes and trains on
+    the other's completions (a quick warm start gives them rewards with some signal)."""
+    common = ["--local", "2", "--external", "2", "--rounds", "0", "--warm-start-steps", "150",
+              "--models-dir", str(tmp_path / "models"), "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}']
+    char = NodeProcess(tmp_path / "char", [], [*common, "--model", "tiny"])
+    nodes.append(char)
+    bpe = NodeProcess(tmp_path / "bpe", [char.address], [*common, "--model", "tiny-bpe"])
+    nodes.append(bpe)
+
+    def trained_on_peer(node, peer):
+        rows = node.metrics()
+        used = [r for r in rows if r["external_groups"] > 0 and r["loss"] is not None]
+        return used and rows[-1]["accepted_from"].get(peer.peer_id, 0) > 0
+
+    wait_for(lambda: trained_on_peer(char, bpe), timeout=240, what="the char model to train on BPE text")
+    wait_for(lambda: trained_on_peer(bpe, char), timeout=240, what="the BPE model to train on char text")

@@ -1,0 +1,27 @@
+"""What a node counts about its traffic: received, accepted, rejected by reason, published."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+# Gossip-layer counters that are refusals of a peer's message (the rest are our own sends).
+TRANSPORT_REJECTIONS = ("malformed_frame", "malformed_message", "oversized", "duplicate")
+
+
+@dataclass
+class NodeCounters:
+    received: int = 0
+    accepted: int = 0
+    published: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    transport: dict[str, int] = field(default_factory=dict)  # the gossip layer's own counts
+    accepted_from: Counter = field(default_factory=Counter)  # verified groups per sending peer
+
+    def all_rejections(self) -> dict[str, int]:
+        """Refusals by reason, from the intake checks and from the gossip layer below them."""
+        merged = Counter(self.rejected)
+        for reason in TRANSPORT_REJECTIONS:
+            if self.transport.get(reason):
+                merged[reason] += self.transport[reason]
+        return dict(merged)

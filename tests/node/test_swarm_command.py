@@ -1,0 +1,26 @@
+"""`sapo-node swarm`: N real processes, live progress, clean end."""
+
+from tests.conftest import read_metrics, sapo_node
+
+
+def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
+    result = sapo_node(
+        "swarm", "--nodes", "3", "--data-dir", str(tmp_path), "--progress-every", "2",
+        "--model", "tiny", "--rounds", "5", "--tasks", "basic_arithmetic", "--max-new-tokens", "24",
+        "--warm-start-steps", "100", "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}',
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "bootstrap node: /ip4/127.0.0.1/tcp/" in result.stdout
+    assert "n0: r" in result.stdout  # live progress lines
+    for i in range(3):
+        rows = read_metrics(tmp_path / f"node-{i}")
+        assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+        assert any(r["external_groups"] > 0 for r in rows), f"node {i} never used an external group"
+    # one shared warm start, not three
+    assert len(list((tmp_path / "models" / "warmstart").glob("tiny-*"))) == 1
+
+
+def test_swarm_refuses_per_node_flags_it_sets_itself(tmp_path):
+    result = sapo_node("swarm", "--nodes", "2", "--data-dir", str(tmp_path), "--model", "tiny", "--listen", "/ip4/1.2.3.4/tcp/1")
+    assert result.returncode != 0 and "--listen" in result.stderr

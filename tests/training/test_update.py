@@ -1,0 +1,79 @@
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from sapo.training.config import TrainingSettings
+from sapo.training.policy import load_policy
+from sapo.training.rollouts import QuestionGroup
+from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return TaskSampler(default_task_specs(["basic_arithmetic"]), 3, 3).sample(1)[0]
+
+
+def policy(name: str, tmp_path: Path):
+    return load_policy(name, device="cpu", seed=0, models_dir=tmp_path)
+
+
+def group(problem, completions, rewards, origin="peer"):
+    return QuestionGroup(problem=problem, completions=completions, rewards=rewards, origin=origin)
+
+
+def test_padded_batch_logprobs_equal_unpadded_ones(problem, tmp_path):
+    pol = policy("tiny", tmp_path)
+    g = group(problem, ["<answer>5</answer>", "I think it is <answer>12</answer>", "7"], [1.0, 0.0, 0.0])
+    batch = encode_groups(pol, [g], max_completion_tokens=64)
+    with torch.no_grad():
+        padded = completion_logprobs(pol.model, batch.input_ids, batch.attention_mask, batch.completion_length)
+        for row in range(3):
+            keep = batch.attention_mask[row].bool()
+            ids = batch.input_ids[row][keep].unsqueeze(0)
+            n = int(batch.completion_mask[row].sum())
+            logits = pol.model(input_ids=ids).logits[0, :-1].float()
+            naive = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)[-n:]
+            assert torch.allclose(padded[row, :n], naive, atol=1e-5)
+
+
+def test_peer_text_is_re_encoded_with_our_own_tokenizer(problem, tmp_path):
+    char, bpe = policy("tiny", tmp_path), policy("tiny-bpe", tmp_path)
+    text = "<answer>42</answer>"
+    g = group(problem, [text, "<answer>7</answer>"], [1.0, 0.0])
+    for pol in (char, bpe):
+        batch = encode_groups(pol, [g], max_completion_tokens=64)
+        n = int(batch.completion_mask[0].sum())
+        ids = batch.input_ids[0, -batch.completion_length :][:n].tolist()
+        assert ids[-1] == pol.tokenizer.eos_token_id  # a finished answer ends the sequence
+        assert pol.tokenizer.decode(ids[:-1]) == text
+    assert len(encode_groups(char, [g], 64).input_ids[0]) != len(encode_groups(bpe, [g], 64).input_ids[0])
+
+
+def test_zero_signal_groups_are_left_out(problem, tmp_path):
+    pol = policy("tiny", tmp_path)
+    assert encode_groups(pol, [group(problem, ["a", "b"], [0.0, 0.0])], 16) is None
+
+
+@pytest.mark.parametrize("learner", ["tiny", "tiny-bpe"])
+def test_training_on_a_peers_text_raises_its_good_completion(problem, tmp_path, learner):
+    pol = policy(learner, tmp_path)
+    good, bad = f"<answer>{problem.answer}</answer>", "<answer>-99</answer>"
+    g = group(problem, [good, bad, bad, bad], [1.0, 0.0, 0.0, 0.0])
+
+    def logprob_of(text):
+        batch = encode_groups(pol, [group(problem, [text, bad], [1.0, 0.0])], 64)
+        with torch.no_grad():
+            lp = completion_logprobs(pol.model, batch.input_ids, batch.attention_mask, batch.completion_length)
+        return float((lp[0] * batch.completion_mask[0]).sum())
+
+    before_good, before_bad = logprob_of(good), logprob_of(bad)
+    settings = TrainingSettings(lr=1e-3, max_new_tokens=64)
+    optimizer = make_optimizer(pol, settings)
+    for _ in range(3):
+        stats = grpo_update(pol, optimizer, [g], settings, random.Random(0))
+    assert not stats.skipped and stats.sequences == 4
+    assert logprob_of(good) > before_good + 0.5
+    assert logprob_of(bad) < before_bad
