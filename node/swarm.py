@@ -1,4 +1,4 @@
-"""`sapo-node swarm`: N real node processes on 127.0.0.1, wired to the first one over libp2p.
+"""`sapo-node swarm`: N real node processes on 127.0.0.1, wired to each other over libp2p.
 
 Each node is a separate `sapo-node start` with its own data directory, so this is exactly
 what N machines would run, squeezed onto one.
@@ -139,12 +139,14 @@ async def run_swarm(
             nursery.start_soon(stop_on_signal)
             try:
                 async with trio.open_nursery() as node_nursery:
-                    first = await node_nursery.start(
-                        _start_member, members[0], node_command(members[0], node_args, seed, [], nodes, data_dir / "models")
-                    )
-                    print(f"bootstrap node: {first}", flush=True)
-                    for m in members[1:]:
-                        await node_nursery.start(_start_member, m, node_command(m, node_args, seed, [first], nodes, data_dir / "models"))
+                    # Each node dials every node started before it: a full mesh of connections,
+                    # so no single process is a bridge the others depend on.
+                    addresses: list[str] = []
+                    for m in members:
+                        command = node_command(m, node_args, seed, list(addresses), nodes, data_dir / "models")
+                        addresses.append(await node_nursery.start(_start_member, m, command))
+                        if m.index == 0:
+                            print(f"bootstrap node: {addresses[0]}", flush=True)
                     node_nursery.start_soon(_report, members, progress_every)
                     while any(m.process.returncode is None for m in members):
                         await trio.sleep(0.5)

@@ -76,3 +76,26 @@ def test_smollm2_default_runs_one_full_round_offline(tmp_path, shared_models_dir
     (row,) = read_metrics(data)
     assert row["round"] == 1 and row["local_groups"] == 4 and row["generated_tokens"] > 0
     assert (data / "checkpoints" / "round-00000001" / "model" / "model.safetensors").exists()
+
+
+def test_lora_node_trains_an_adapter_and_resumes(tmp_path):
+    data = tmp_path / "lora"
+    args = [*FAST_TINY, "--lora", "--lora-rank", "4", "--data-dir", str(data)]
+    first = sapo_node("start", *args, "--rounds", "1")
+    assert first.returncode == 0, first.stderr[-3000:]
+    model_dir = data / "checkpoints" / "round-00000001" / "model"
+    assert (model_dir / "adapter_config.json").exists() and (model_dir / "adapter_model.safetensors").exists()
+    second = sapo_node("start", *args, "--rounds", "2")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "at round 1" in second.stderr
+    assert [r["round"] for r in read_metrics(data)] == [1, 2]
+
+
+def test_generate_only_node_publishes_but_never_trains(tmp_path):
+    data = tmp_path / "gen"
+    result = sapo_node("start", *FAST_TINY, "--generate-only", "--sampler", "uniform", "--rounds", "2",
+                       "--data-dir", str(data))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(data)
+    assert all(r["loss"] is None and r["train_seconds"] == 0 for r in rows)
+    assert all(r["local_groups"] == 4 for r in rows)

@@ -24,3 +24,37 @@ def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
 def test_swarm_refuses_per_node_flags_it_sets_itself(tmp_path):
     result = sapo_node("swarm", "--nodes", "2", "--data-dir", str(tmp_path), "--model", "tiny", "--listen", "/ip4/1.2.3.4/tcp/1")
     assert result.returncode != 0 and "--listen" in result.stderr
+
+
+def test_ctrl_c_stops_every_node_cleanly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import FAST_TINY, wait_for
+
+    node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sapo.node.cli", "swarm", "--nodes", "2", "--data-dir", str(tmp_path),
+         "--progress-every", "1", *node_flags, "--rounds", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_for(lambda: all(read_metrics(tmp_path / f"node-{i}") for i in range(2)), timeout=120, what="both nodes to run")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    assert "stopping the swarm" in out
+    for i in range(2):
+        log = (tmp_path / f"node-{i}" / "node.log").read_text()
+        assert "finishing cleanly" in log
+        rounds = [r["round"] for r in read_metrics(tmp_path / f"node-{i}")]
+        # the clean stop checkpoints the last finished round
+        assert (tmp_path / f"node-{i}" / "checkpoints" / f"round-{rounds[-1]:08d}").is_dir()
+    time.sleep(0.5)
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    assert not leftover, f"node processes survived: {leftover}"
