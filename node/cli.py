@@ -64,11 +64,14 @@ def _configure_logging(level: str) -> None:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if args.dry_run:
+        print(settings.model_dump_json(indent=1))
+        return 0
     import trio
 
     from sapo.node.daemon import run_node
 
-    settings = settings_from_args(args)
     _configure_logging(settings.run.log_level)
     trio.run(run_node, settings)
     return 0
@@ -87,6 +90,100 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from sapo.node.plot import plot_rewards
+
+    if args.window < 1:
+        raise ValueError("--window must be at least 1")
+    out = plot_rewards(args.data_dirs, args.out, window=args.window, metric=args.metric)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from sapo.node.experiment import run_experiment
+    from sapo.node.experiment_settings import EXPERIMENT_NODE_DEFAULTS, ExperimentSettings
+
+    base = settings_from_args(build_parser().parse_args(["start", *EXPERIMENT_NODE_DEFAULTS, *args.node_args]))
+    study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
+    _configure_logging(base.run.log_level)
+    summary = run_experiment(study, base)
+    print(f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
+          f"in {summary['timing']['wall_seconds']:.0f}s", flush=True)
+    return 0
+
+
+def _add_experiment_parser(sub) -> None:
+    from sapo.node.experiment_settings import ExperimentSettings
+
+    experiment = sub.add_parser(
+        "experiment",
+        allow_abbrev=False,  # --seed must reach the nodes, not abbreviate --seeds
+        help="run the controlled I/J study with all nodes in one process",
+        description="Run every --configs arm for --seeds seeds with all nodes in one process, sharing "
+        "through an in-memory exchange (the real codec and checks). Any other flag is a node setting "
+        "for every node (see `sapo-node start --help`); defaults here: --model tiny --torch-threads 1.",
+    )
+    for name, info in ExperimentSettings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        help_text = f"{info.description} (default: {','.join(default) if isinstance(default, list) else default})"
+        if info.annotation is bool:
+            experiment.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                                    default=argparse.SUPPRESS, help=help_text)
+        else:
+            experiment.add_argument(_flag(name), dest=name, default=argparse.SUPPRESS, help=help_text)
+    experiment.set_defaults(func=cmd_experiment)
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    import trio
+
+    from sapo.node.judge import JudgeSettings, run_judge
+
+    if args.judge_command == "report":
+        from sapo.node.judge_report import judge_report
+
+        print(judge_report(args.report_data_dir, args.out, window=args.window))
+        print(f"wrote {args.out}")
+        return 0
+    given = {
+        k: v
+        for k, v in (
+            ("data_dir", args.data_dir), ("listen", args.listen), ("seed", args.seed), ("identity_seed", args.identity_seed)
+        )
+        if v is not None
+    }
+    if args.tasks:
+        given["tasks"] = [t for v in args.tasks for t in parse_text_value("--tasks", list[str], v)]
+    settings = JudgeSettings(**given)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    trio.run(run_judge, settings)
+    return 0
+
+
+def _add_judge_parser(sub) -> None:
+    judge = sub.add_parser(
+        "judge",
+        help="run the open judge, or `judge report` on its results",
+        description="Serve /sapo/judge/1: nodes started with --judge ADDR are asked a held-out ReasoningGYM "
+        "question every --judge-every rounds, answer greedily, and every score is stored in "
+        "DATA_DIR/judge.sqlite. `sapo-node judge report` prints a leaderboard and writes a PNG.",
+    )
+    judge.add_argument("--data-dir", type=Path, default=None, help="identity key and judge.sqlite (default: sapo-judge)")
+    judge.add_argument("--listen", default=None, help="multiaddr to listen on (default: /ip4/0.0.0.0/tcp/4101)")
+    judge.add_argument("--tasks", nargs="*", default=None, help="ReasoningGYM tasks to ask (default: the paper's nine)")
+    judge.add_argument("--seed", type=int, default=None, help="dataset seed of the judge's questions (default: 1000003)")
+    judge.add_argument(
+        "--identity-seed", default=None, help="derive the judge's identity from this 32-byte hex seed (local demos only)"
+    )
+    judge.set_defaults(func=cmd_judge, judge_command=None)
+    judge_sub = judge.add_subparsers(dest="judge_command")
+    report = judge_sub.add_parser("report", help="leaderboard and PNG of the judge's results")
+    report.add_argument("--data-dir", dest="report_data_dir", type=Path, default=Path("sapo-judge"), help="the judge's data dir")
+    report.add_argument("--out", type=Path, default=Path("judge.png"), help="PNG to write (default: judge.png)")
+    report.add_argument("--window", type=int, default=20, help="moving-average window in results (default: 20)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sapo-node",
@@ -95,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     start = sub.add_parser("start", help="run a node", description="Run a node until --rounds are done or Ctrl-C.")
     add_settings_arguments(start)
+    start.add_argument("--dry-run", action="store_true", help="validate the settings, print them as JSON and exit")
     start.set_defaults(func=cmd_start)
     swarm = sub.add_parser(
         "swarm",
@@ -108,13 +206,21 @@ def build_parser() -> argparse.ArgumentParser:
     swarm.add_argument("--seed", type=int, default=0, help="node I gets seed SEED+I (default: 0)")
     swarm.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     swarm.set_defaults(func=cmd_swarm)
+    plot = sub.add_parser("plot", help="PNG reward curves from nodes' metrics.jsonl", description="One line per node.")
+    plot.add_argument("data_dirs", nargs="+", type=Path, metavar="DATA_DIR", help="node data directories")
+    plot.add_argument("--out", type=Path, default=Path("rewards.png"), help="PNG to write (default: rewards.png)")
+    plot.add_argument("--window", type=int, default=100, help="moving-average window in rounds (default: 100)")
+    plot.add_argument("--metric", default="reward_mean", help="metrics.jsonl key to plot (default: reward_mean)")
+    plot.set_defaults(func=cmd_plot)
+    _add_experiment_parser(sub)
+    _add_judge_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "swarm":
+    if args.command in ("swarm", "experiment"):
         args.node_args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -127,12 +233,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - user-facing errors print cleanly, with the fix
         from sapo.training.checkpoints import CheckpointError
+        from sapo.protocol.identity import IdentityError
         from sapo.training.errors import ModelSourceError
 
-        if isinstance(exc, (CheckpointError, ModelSourceError, ValueError)):
-            print(f"sapo-node: error: {exc}", file=sys.stderr)
+        # Errors from inside the daemon's nursery arrive wrapped in an ExceptionGroup.
+        errors = list(_leaf_exceptions(exc))
+        if all(isinstance(e, (CheckpointError, IdentityError, ModelSourceError, ValueError)) for e in errors):
+            for error in errors:
+                print(f"sapo-node: error: {error}", file=sys.stderr)
             return 1
         raise
+
+
+def _leaf_exceptions(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaf_exceptions(inner)
+    else:
+        yield exc
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from sapo.training.config import default_learning_rate
 from sapo.training.generation import GenerationResult, generate_groups
 from sapo.training.policy import LoraOptions, Policy, load_policy
 from sapo.training.rewards import has_answer_tag
-from sapo.training.tasks import TaskSampler
+from sapo.training.tasks import TaskSampler, TaskSpec
 from sapo.training.tiny import is_tiny
 from sapo.training.update import UpdateStats, grpo_update, make_optimizer
 from sapo.training.warmstart import WarmStartSettings, cached_warm_start
@@ -44,14 +45,18 @@ def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
 
 
 class Node:
-    def __init__(self, settings: NodeSettings, peer_id: str = "local"):
+    def __init__(self, settings: NodeSettings, peer_id: str = "local", warm_start_tasks: list[TaskSpec] | None = None):
         self.settings = settings
         self.peer_id = peer_id
+        # A specialist (experiment harness) warm-starts on a subset of the tasks it then asks.
+        self.warm_start_tasks = warm_start_tasks
         run = settings.run
         self.data_dir = run.data_dir
         self.checkpoints_dir = self.data_dir / "checkpoints"
         self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
         self.counters = NodeCounters()
+        # Set on shutdown: generation (the longest step) stops at its next token.
+        self.stop_requested = threading.Event()
         if settings.model.torch_threads:
             torch.set_num_threads(settings.model.torch_threads)
         self.models_dir = settings.model.models_dir or self.data_dir / "models"
@@ -86,7 +91,7 @@ class Node:
             weights_from = cached_warm_start(
                 m.model,
                 model_seed=self.warm_start.seed,
-                tasks=self.settings.tasks.specs(),
+                tasks=self.warm_start_tasks or self.settings.tasks.specs(),
                 settings=self.warm_start,
                 models_dir=self.models_dir,
                 device=m.device,
@@ -105,8 +110,9 @@ class Node:
 
     # --- one round's steps, in data-flow order -------------------------------------------
 
-    def generate(self, round_index: int) -> GenerationResult:
-        problems = self.tasks.sample(self.settings.sampling.local)
+    def generate(self, round_index: int, count: int | None = None) -> GenerationResult:
+        """`count` overrides I for this round (the experiment's adaptive balance)."""
+        problems = self.tasks.sample(self.settings.sampling.local if count is None else count)
         t = self.training
         return generate_groups(
             self.policy,
@@ -116,10 +122,13 @@ class Node:
             temperature=t.temperature,
             seed=self.settings.run.seed * 1_000_003 + round_index,
             sender_round=round_index,
+            stop=self.stop_requested,
         )
 
-    def mix(self, local: GenerationResult) -> TrainingSet:
-        return mix(local.groups, self.inbox, self.settings.sampling.external, self.sampler, self.mix_rng, time.time())
+    def mix(self, local: GenerationResult, external_count: int | None = None, now: float | None = None) -> TrainingSet:
+        """`external_count` overrides J; `now` replaces the wall clock (the experiment's round clock)."""
+        count = self.settings.sampling.external if external_count is None else external_count
+        return mix(local.groups, self.inbox, count, self.sampler, self.mix_rng, time.time() if now is None else now)
 
     def train(self, training_set: TrainingSet) -> UpdateStats | None:
         if self.optimizer is None:

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 # Gossip-layer counters that are refusals of a peer's message (the rest are our own sends).
-TRANSPORT_REJECTIONS = ("malformed_frame", "malformed_message", "oversized", "duplicate")
+TRANSPORT_REJECTIONS = ("malformed_frame", "malformed_message", "oversized", "duplicate", "not_allowed")
 
 
 @dataclass

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import Callable
 
 import trio
 
 from sapo.node.core import Node
 from sapo.node.exchange import GossipExchange, GroupEncoder
 from sapo.node.intake import Intake
+from sapo.node.judge_client import JudgeClient
+from sapo.node.metrics import RoundRecord
+from sapo.node.prometheus import NodeMetrics, serve_metrics
 from sapo.node.round import Exchange, run_round
 from sapo.node.settings import NodeSettings
 from sapo.protocol.codec import DecodeLimits
-from sapo.protocol.gossip import GossipService, GossipSettings, ReceivedMessage
+from sapo.protocol.gossip import GossipService, GossipSettings, ReceivedMessage, load_swarm_key
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.verify import VerifyPolicy
+from sapo.training.generation import GenerationInterrupted
 from sapo.training.tasks import reasoning_gym_version
 
 log = logging.getLogger("sapo.node")
@@ -30,23 +35,42 @@ def rollout_topic(swarm: str) -> str:
     return f"sapo/{swarm}/rollouts/1"
 
 
-async def round_loop(node: Node, exchange: Exchange, torch_lock: trio.Lock) -> None:
+async def round_loop(
+    node: Node,
+    exchange: Exchange,
+    torch_lock: trio.Lock,
+    metrics: NodeMetrics | None = None,
+    after_round: Callable[[RoundRecord], None] | None = None,
+) -> None:
+    """Run rounds until --rounds; `after_round` (the judge client) sees each record and must not block."""
     rounds = node.settings.run.rounds
     round_index = node.round + 1
     if rounds and round_index > rounds:
         log.info("already at round %d of %d; nothing to do", node.round, rounds)
         return
     while not rounds or round_index <= rounds:
-        record = await run_round(node, exchange, round_index, torch_lock)
+        try:
+            record = await run_round(node, exchange, round_index, torch_lock)
+        except GenerationInterrupted:
+            return  # shutting down; this round never happened
         log.info(record.log_line())
+        if metrics is not None:
+            metrics.observe(record)
+        if after_round is not None:
+            after_round(record)
         round_index += 1
 
 
-async def _cancel_on_signal(scope: trio.CancelScope, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _cancel_on_signal(
+    scope: trio.CancelScope, node: Node, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
             log.info("received %s; finishing cleanly", signal.Signals(signum).name)
+            # A worker thread cannot be cancelled from trio: ask the generation loop to stop.
+            # An update in progress finishes, so the weights always match a whole round.
+            node.stop_requested.set()
             scope.cancel()
             return
 
@@ -57,7 +81,12 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
     send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
     service = GossipService(
         GossipSettings(
-            listen=net.listen, peers=net.peers, topic=rollout_topic(net.swarm), max_message_bytes=net.max_message_bytes
+            listen=net.listen,
+            peers=net.peers,
+            topic=rollout_topic(net.swarm),
+            max_message_bytes=net.max_message_bytes,
+            psk=load_swarm_key(net.swarm_key) if net.swarm_key else None,
+            allow_peers=net.allow_peers,
         ),
         key_pair,
         send,
@@ -99,19 +128,39 @@ async def wait_for_peers(exchange: GossipExchange, count: int, timeout: float) -
     log.warning("only %d of %d peers after %.0fs; training anyway", len(exchange.peers()), count, timeout)
 
 
+async def start_judge_client(
+    nursery: trio.Nursery, node: Node, key_pair, torch_lock: trio.Lock, settings: NodeSettings
+) -> JudgeClient | None:
+    """With --judge, a task that answers the open judge every --judge-every rounds (node/judge_client.py)."""
+    net = settings.network
+    if not net.judge:
+        return None
+    client = JudgeClient(net.judge, net.judge_every, key_pair, node.policy, torch_lock, node.training.max_new_tokens)
+    await nursery.start(client.run)
+    log.info("judge %s will evaluate this node every %d round(s)", net.judge, net.judge_every)
+    return client
+
+
 async def run_node(settings: NodeSettings) -> Node:
     """Build the node (resuming from its last checkpoint), join the swarm, and run rounds
     until done or signalled. A checkpoint is written on the way out, so a clean stop loses nothing."""
-    key_pair = load_or_create_identity(settings.run.data_dir)
+    seed = settings.network.identity_seed
+    key_pair = load_or_create_identity(settings.run.data_dir, bytes.fromhex(seed) if seed else None)
     node = await trio.to_thread.run_sync(Node, settings, peer_id_of(key_pair))
     torch_lock = trio.Lock()
     start_round = node.round
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
-            await nursery.start(_cancel_on_signal, scope)
+            await nursery.start(_cancel_on_signal, scope, node)
             exchange = await start_gossip(nursery, node, key_pair, settings)
+            metrics = None
+            if settings.run.metrics_port is not None:
+                metrics = NodeMetrics()
+                port = await nursery.start(serve_metrics, metrics, settings.run.metrics_host, settings.run.metrics_port)
+                print(f"metrics on http://{settings.run.metrics_host}:{port}/metrics", flush=True)
+            judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
             await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
-            await round_loop(node, exchange, torch_lock)
+            await round_loop(node, exchange, torch_lock, metrics, judge.round_done if judge else None)
             nursery.cancel_scope.cancel()
     if node.round > start_round and node.round % settings.run.checkpoint_every != 0:
         with trio.CancelScope(shield=True):

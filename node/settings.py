@@ -39,12 +39,53 @@ class NetworkSettings(BaseModel):
         description="accept groups from peers on another reasoning-gym release (their problems may not regenerate identically)",
     )
     compress: bool = Field(default=True, description="zlib-compress outgoing messages when it makes them smaller")
+    identity_seed: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="derive a new identity from this 32-byte hex seed (fixed bootstrap ids for local demos only: "
+        "anyone who knows the seed can act as this node)",
+    )
     wait_for_peers: int = Field(
         default=0, ge=0, le=1000, description="before the first round, wait until this many peers are connected..."
     )
     wait_for_peers_seconds: float = Field(
         default=60.0, ge=0, description="...but no longer than this; then train alone and let peers join later"
     )
+    swarm_key: Path | None = Field(
+        default=None,
+        description="libp2p swarm.key file (/key/swarm/psk/1.0.0/, /base16/, 64 hex chars): a private swarm "
+        "whose every node has the same key; nodes without it cannot connect",
+    )
+    allow_peers: list[str] = Field(
+        default_factory=list,
+        description="if given, only these peer ids may connect and have their groups accepted or relayed",
+    )
+    judge: str | None = Field(
+        default=None,
+        description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "
+        "--judge-every rounds and records the greedy answer's score (see `sapo-node judge`); unset = not judged",
+    )
+    judge_every: int = Field(default=10, ge=1, description="ask the --judge for an evaluation every K rounds")
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_names_its_peer(cls, judge: str | None) -> str | None:
+        if judge is None:
+            return None
+        from multiaddr import Multiaddr
+
+        try:
+            peer_id = Multiaddr(judge).get_peer_id()
+        except Exception as error:
+            peer_id, problem = None, str(error)
+        else:
+            problem = "no /p2p/<peer id> part"
+        if not peer_id:
+            raise ValueError(
+                f"judge {judge!r} is not a multiaddr ending in /p2p/<peer id> ({problem}); "
+                "copy the 'judge listening on ...' line the judge prints"
+            )
+        return judge
 
 
 class RunSettings(BaseModel):
@@ -57,6 +98,10 @@ class RunSettings(BaseModel):
     seed: int = Field(default=0, ge=0, lt=2**32, description="seed for sampling, tasks and model init")
     generate_only: bool = Field(default=False, description="publish rollouts but never train (a non-training generator)")
     log_level: str = Field(default="INFO", description="logging level")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve Prometheus /metrics on this port (0 = any free port; unset = off)"
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="address the /metrics server binds (0.0.0.0 in containers)")
 
     @field_validator("log_level")
     @classmethod

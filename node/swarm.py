@@ -163,7 +163,13 @@ async def run_swarm(
     return len(failed)
 
 
-async def _report(members: list[SwarmMember], every: float) -> None:
+async def _report(members: list[SwarmMember], every: float, quiet_limit: float = 60.0) -> None:
+    """A progress line when something changed, and at least once a minute otherwise."""
+    last, quiet = "", 0.0
     while True:
         await trio.sleep(every)
-        print(progress_line(members), flush=True)
+        line = progress_line(members)
+        quiet += every
+        if line != last or quiet >= quiet_limit:
+            print(line, flush=True)
+            last, quiet = line, 0.0

@@ -13,6 +13,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import multiaddr
@@ -90,7 +91,7 @@ class GossipSettings(BaseModel):
         1.0, gt=0, description="First delay (s) before redialling a bootstrap peer."
     )
     dial_backoff_max: float = Field(
-        30.0, gt=0, description="Cap (s) on the exponential redial delay."
+        10.0, gt=0, description="Cap (s) on the exponential redial delay; small swarms heal within it."
     )
     close_timeout_seconds: float = Field(
         5.0,
@@ -101,6 +102,11 @@ class GossipSettings(BaseModel):
         None,
         description="Optional pre-shared key (64 hex chars = 32 bytes) for a private swarm "
         "(libp2p pnet, XSalsa20 under Noise). Every node of the swarm needs the same key.",
+    )
+    allow_peers: list[str] = Field(
+        default_factory=list,
+        description="If non-empty, only these peer ids may connect or have their messages "
+        "delivered or forwarded; anyone else is disconnected and counted as not_allowed.",
     )
 
     @field_validator("listen")
@@ -145,6 +151,18 @@ class GossipSettings(BaseModel):
             )
         return psk
 
+    @field_validator("allow_peers")
+    @classmethod
+    def _allowed_are_peer_ids(cls, peers: list[str]) -> list[str]:
+        for peer in peers:
+            try:
+                ID.from_base58(peer)
+            except Exception as error:
+                raise ValueError(
+                    f"allowed peer {peer!r} is not a base58 peer id ({error}); e.g. 12D3KooW..."
+                ) from error
+        return peers
+
     @field_validator("dial_backoff_max")
     @classmethod
     def _backoff_max_not_below_initial(cls, value: float, info: Any) -> float:
@@ -181,6 +199,9 @@ class _GuardedPubsub(Pubsub):
       32-slot subscription channel, which drops silently when full.
     - `_handle_new_peer`: enlarge the 32-slot per-peer outbound queue (not a constructor
       argument in 0.8.1).
+    - With an allowlist, a peer not on it is disconnected when pubsub first sees it (either
+      direction), and a message it signed or forwarded is dropped before validation, so it
+      neither receives our messages nor gets its own delivered or relayed.
     """
 
     def __init__(self, *args: Any, service: GossipService, **kwargs: Any) -> None:
@@ -190,8 +211,25 @@ class _GuardedPubsub(Pubsub):
             weakref.WeakKeyDictionary()
         )
 
+    async def _refuse(self, peer_id: ID, stream: Any = None) -> None:
+        self._service._count("not_allowed")
+        logger.info("refusing peer %s: not in allow_peers", peer_id)
+        with trio.move_on_after(self._service.settings.close_timeout_seconds):
+            if stream is not None:
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass
+            try:
+                await self.host.disconnect(peer_id)
+            except Exception as close_error:
+                logger.debug("closing connection to %s failed: %s", peer_id, close_error)
+
     async def stream_handler(self, stream: Any) -> None:
         peer_id = stream.muxed_conn.peer_id
+        if not self._service.is_allowed(peer_id):
+            await self._refuse(peer_id, stream)
+            return
         try:
             await super().stream_handler(stream)
         except Exception as error:  # hostile input must cost the sender, not this node
@@ -211,6 +249,9 @@ class _GuardedPubsub(Pubsub):
                     logger.debug("closing connection to %s failed: %s", peer_id, close_error)
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        if not (self._service.is_allowed(msg_forwarder) and self._service.is_allowed_bytes(msg.from_id)):
+            self._service._count("not_allowed")
+            return
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as error:
@@ -234,6 +275,9 @@ class _GuardedPubsub(Pubsub):
             self._service._deliver(publish_message)
 
     async def _handle_new_peer(self, peer_id: ID) -> None:
+        if not self._service.is_allowed(peer_id):
+            await self._refuse(peer_id)
+            return
         await super()._handle_new_peer(peer_id)
         queue = self.peer_queues.get(peer_id)
         if queue is not None:
@@ -258,6 +302,17 @@ class GossipService:
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._host: Any = None
         self._pubsub: _GuardedPubsub | None = None
+        self._allowed: frozenset[bytes] | None = (
+            frozenset(ID.from_base58(peer).to_bytes() for peer in settings.allow_peers)
+            if settings.allow_peers
+            else None
+        )
+
+    def is_allowed(self, peer_id: ID) -> bool:
+        return self._allowed is None or peer_id == self._my_id or peer_id.to_bytes() in self._allowed
+
+    def is_allowed_bytes(self, peer_id: bytes) -> bool:
+        return self._allowed is None or peer_id == self._my_id.to_bytes() or peer_id in self._allowed
 
     @property
     def peer_id(self) -> str:
@@ -486,6 +541,28 @@ class GossipService:
         self.counters[name] = self.counters.get(name, 0) + amount
 
 
+SWARM_KEY_HEADER = ("/key/swarm/psk/1.0.0/", "/base16/")
+
+
+def load_swarm_key(path: Path) -> str:
+    """The 64-hex-char pre-shared key from a standard libp2p `swarm.key` file:
+    `/key/swarm/psk/1.0.0/`, `/base16/`, then the key, one per line."""
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read swarm key {path}: {error}") from error
+    if len(lines) != 3 or tuple(lines[:2]) != SWARM_KEY_HEADER:
+        raise ValueError(
+            f"swarm key {path} is not a libp2p swarm.key file: expected the lines "
+            f"{SWARM_KEY_HEADER[0]!r}, {SWARM_KEY_HEADER[1]!r} and 64 hex characters. Make one with: "
+            "printf '/key/swarm/psk/1.0.0/\\n/base16/\\n%s\\n' $(openssl rand -hex 32) > swarm.key"
+        )
+    key = lines[2].lower()
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise ValueError(f"swarm key {path}: the key line must be 64 hex characters (32 bytes)")
+    return key
+
+
 def _peer_str(peer_id_bytes: bytes) -> str:
     try:
         return ID(peer_id_bytes).to_base58()
@@ -493,4 +570,4 @@ def _peer_str(peer_id_bytes: bytes) -> str:
         return peer_id_bytes.hex()
 
 
-__all__ = ["GossipService", "GossipSettings", "ReceivedMessage"]
+__all__ = ["GossipService", "GossipSettings", "ReceivedMessage", "load_swarm_key"]

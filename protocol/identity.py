@@ -29,20 +29,24 @@ def peer_id_of(key_pair: KeyPair) -> str:
     return ID.from_pubkey(key_pair.public_key).to_base58()
 
 
-def load_or_create_identity(data_dir: pathlib.Path) -> KeyPair:
-    """Load the node's key from ``data_dir/identity.key``, creating it on first start."""
+def load_or_create_identity(data_dir: pathlib.Path, seed: bytes | None = None) -> KeyPair:
+    """Load the node's key from ``data_dir/identity.key``, creating it on first start.
+
+    ``seed`` (32 bytes) derives the key deterministically, so a local demo swarm can know its
+    bootstrap node's peer id in advance. Anyone who knows the seed can act as that node.
+    """
     path = pathlib.Path(data_dir) / IDENTITY_FILE_NAME
     if not path.exists():
         try:
-            _create_identity_file(path)
+            _create_identity_file(path, seed)
         except FileExistsError:
             pass  # another process created it between our check and our create: load theirs
     return _load_identity_file(path)
 
 
-def _create_identity_file(path: pathlib.Path) -> None:
+def _create_identity_file(path: pathlib.Path, seed: bytes | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    key_pair = create_new_key_pair()
+    key_pair = create_new_key_pair(seed) if seed is not None else create_new_key_pair()
     data = key_pair.private_key.serialize()
     # Write a 0600 temp file, fsync it, then rename: a crash never leaves a half-written key
     # under the real name. O_EXCL on both names means we never clobber an existing key.

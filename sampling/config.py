@@ -13,7 +13,9 @@ class SamplingSettings(BaseModel):
     sampler: str = Field(
         default="nonzero-uniform",
         description="how external groups are chosen: nonzero-uniform (drop all-zero-advantage groups, "
-        "then uniform; the paper's controlled run) or uniform (all received groups; the open demo)",
+        "then uniform; the paper's controlled run), uniform (all received groups; the open demo), "
+        "has-correct (mixed groups holding a fully correct answer) or peer-weighted (favour peers whose "
+        "past groups were useful)",
     )
     inbox_max_groups: int = Field(default=512, ge=1, le=1_000_000, description="inbox cap on question groups")
     inbox_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, description="inbox cap on stored text, bytes")

@@ -105,10 +105,11 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.rename(partial, final)
         _fsync_dir(root)
-    except OSError as exc:
+    except Exception as exc:  # not only OSError: safetensors reports a full disk as SafetensorError
         shutil.rmtree(partial, ignore_errors=True)
+        reason = getattr(exc, "strerror", None) or str(exc)
         raise CheckpointError(
-            f"could not write checkpoint {final}: {exc.strerror or exc}; the previous checkpoints are intact. "
+            f"could not write checkpoint {final}: {reason}; the previous checkpoints are intact. "
             "Free disk space or fix the data directory's permissions."
         ) from exc
     _prune(root, keep)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from sapo.training.policy import Policy
 from sapo.training.rewards import score_group
@@ -13,6 +15,19 @@ from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import Problem
 
 ANSWER_CLOSE = "</answer>"
+
+
+class GenerationInterrupted(RuntimeError):
+    """Generation was stopped early because the node is shutting down."""
+
+
+class _StopWhenSet(StoppingCriteria):
+    # Checked once per decoding step: a shutdown does not wait for 256 more tokens.
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 @dataclass(frozen=True)
@@ -30,6 +45,7 @@ def sample_completions(
     max_new_tokens: int,
     temperature: float = 1.0,
     seed: int = 0,
+    stop: threading.Event | None = None,
 ) -> tuple[list[list[str]], int]:
     """All questions x G samples in one batch, with a KV cache and left padding.
 
@@ -56,7 +72,10 @@ def sample_completions(
             tokenizer=tokenizer,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
+            stopping_criteria=StoppingCriteriaList([_StopWhenSet(stop)]) if stop is not None else None,
         )
+    if stop is not None and stop.is_set():
+        raise GenerationInterrupted("generation stopped for shutdown")
     if was_training:
         policy.model.train()
     new_ids = output[:, encoded["input_ids"].shape[1] :]
@@ -82,6 +101,7 @@ def generate_groups(
     temperature: float = 1.0,
     seed: int = 0,
     sender_round: int = 0,
+    stop: threading.Event | None = None,
 ) -> GenerationResult:
     """This round's local rollouts: sampled, decoded and scored by this node's verifier."""
     if not problems:
@@ -95,6 +115,7 @@ def generate_groups(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         seed=seed,
+        stop=stop,
     )
     now = time.time()
     groups = [

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -145,7 +146,10 @@ def cached_warm_start(
     import fcntl
 
     key = warm_start_key(source, model_seed, tasks, settings)
-    final = models_dir / "warmstart" / f"{source}-{key}"
+    # `source` may be a path such as ../../x: keep only a readable, separator-free stem of it,
+    # so the cache entry always lands inside models_dir/warmstart (the key tells them apart).
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", source).strip("_")[-48:] or "model"
+    final = models_dir / "warmstart" / f"{stem}-{key}"
     if (final / "recipe.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -51,8 +51,13 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
             spoofed = group.model_copy(update={"problem": group.problem.model_copy(update={"answer": "12345"})})
             impostor = GroupEncoder(peer_id=peer_id_of(create_new_key_pair(b"\x08" * 32)), swarm="default",
                                     model_id="evil", rg_version=reasoning_gym_version())
+            # a config that would make us generate an enormous problem
+            huge_spec = group.problem.spec.model_copy(update={"config": {**group.problem.spec.config, "max_digits": 10**6}})
+            enormous = group.model_copy(update={"problem": group.problem.model_copy(update={"spec": huge_spec})})
+            honest_frame = encoder.frame(group, 1)
             bad_frames = {
                 "spoofed_answer_key": encoder.frame(spoofed, 1),
+                "config_out_of_range": encoder.frame(enormous, 1),
                 "oversized": b"\x00" + msgpack.packb({"pad": "x" * 300_000}),
                 "bad_schema": b"\x00" + msgpack.packb({"schema_version": 1, "modality": "text", "sender": attacker_id}),
                 "bad_frame": b"\xde\xad\xbe\xef garbage",
@@ -66,11 +71,14 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
                 rounds_before = max((r["round"] for r in read_metrics(data)), default=0)
                 for frame in bad_frames.values():
                     assert await attacker.publish(frame)
-                assert await attacker.publish(encoder.frame(group, 1))  # one honest group
+                assert await attacker.publish(honest_frame)  # one honest group
+                await trio.sleep(1)
+                assert await attacker.publish(honest_frame)  # and the same bytes again: a replay
                 while True:
                     rows = read_metrics(data)
                     rejected = rows[-1]["rejected"] if rows else {}
-                    if all(rejected.get(reason) for reason in bad_frames) and rows[-1]["accepted_from"].get(attacker_id):
+                    expected = [*bad_frames, "duplicate"]
+                    if all(rejected.get(reason) for reason in expected) and rows[-1]["accepted_from"].get(attacker_id):
                         break
                     await trio.sleep(0.5)
                 # and it keeps training afterwards

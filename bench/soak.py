@@ -1,0 +1,362 @@
+"""Soak a node with hostile input: a fuzz run and a flood.
+
+fuzz:  N hostile frames through `codec.decode` and `Intake.accept`: the first --hypothesis-cases
+       drawn by hypothesis (generate-only) from tests/protocol/strategies.py `hostile_frames()`,
+       the rest random byte-level mutations (flip, insert, delete, truncate, splice) of those and
+       of valid frames, which is ~50x faster than drawing them all. Prints cases, accepted,
+       rejections by reason, and exceptions that escaped (must be 0: decode may only raise
+       Rejected, Intake.accept nothing, and `internal_error` counts a bug caught inside it).
+flood: a real `sapo-node start` process; one attacker GossipService publishes valid, distinct
+       groups at --flood-rate per second (its own GossipSub spam limit switched off, as a
+       hostile client would) while an honest peer publishes 4 per second, for --flood-seconds.
+       Prints the node's RSS before/after, its inbox size against the cap, the honest peer's
+       delivery, and what became of the flooder's messages.
+
+    .venv/bin/python bench/soak.py                    # 100,000 cases, 400/s flood for 20 s
+    .venv/bin/python bench/soak.py --smoke            # 2,000 cases, 5 s flood
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for tests.protocol.strategies when run as a script
+
+TOPIC = "sapo/default/rollouts/1"
+LISTEN = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/(\w+))")
+TINY = ["--model", "tiny", "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--generations", "4",
+        "--warm-start-steps", "0", "--torch-threads", "1", "--listen", "/ip4/127.0.0.1/tcp/0"]
+
+
+# --- fuzz -------------------------------------------------------------------------------------
+
+@dataclass
+class FuzzReport:
+    cases: int = 0
+    decoded: int = 0
+    accepted: int = 0
+    decode_rejected: collections.Counter = field(default_factory=collections.Counter)
+    intake_rejected: collections.Counter = field(default_factory=collections.Counter)
+    escaped: collections.Counter = field(default_factory=collections.Counter)
+    seconds: float = 0.0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"fuzz: {self.cases} cases in {self.seconds:.0f}s ({self.cases / max(self.seconds, 1e-9):.0f}/s)",
+            f"  decoded to a RolloutGroup: {self.decoded}; accepted by the intake: {self.accepted}",
+            "  decode rejected: " + ", ".join(f"{k}={v}" for k, v in self.decode_rejected.most_common()),
+            "  intake rejected: " + ", ".join(f"{k}={v}" for k, v in self.intake_rejected.most_common()),
+            f"  exceptions escaped: {sum(self.escaped.values())} {dict(self.escaped) or ''}",
+        ]
+        return out
+
+
+def mutate(rng, frame: bytes, pool: list[bytes]) -> bytes:
+    data = bytearray(frame)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(5)
+        if op == 0 and data:  # flip a byte
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        elif op == 1:  # insert bytes
+            at = rng.randrange(len(data) + 1)
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif op == 2 and data:  # delete a run
+            at = rng.randrange(len(data))
+            del data[at : at + rng.randint(1, 16)]
+        elif op == 3 and data:  # truncate
+            del data[rng.randrange(len(data)) :]
+        else:  # splice with another frame
+            other = rng.choice(pool)
+            data = data[: rng.randrange(len(data) + 1)] + other[rng.randrange(len(other) + 1) :]
+    return bytes(data)
+
+
+def fuzz(cases: int, seed: int = 0, hypothesis_cases: int = 3000) -> FuzzReport:
+    import random
+
+    from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+
+    from sapo.node.counters import NodeCounters
+    from sapo.node.intake import Intake
+    from sapo.protocol.codec import DecodeLimits, decode, encode
+    from sapo.protocol.messages import Rejected
+    from sapo.protocol.verify import VerifyPolicy
+    from sapo.sampling.inbox import Inbox
+    from sapo.training.tasks import reasoning_gym_version
+    from tests.protocol.strategies import SAMPLE_SENDER, hostile_frames, sample_message
+
+    report = FuzzReport()
+    limits = DecodeLimits()
+    counters = NodeCounters()
+    # the strategies' valid frames carry swarm "sapo-test", a 2023 timestamp and reasoning-gym 0.1.25
+    intake = Intake(Inbox(512, 64 << 20, 1e12, 0.25), counters, swarm="sapo-test", local_peer_id="me",
+                    rg_version=reasoning_gym_version(), limits=limits, policy=VerifyPolicy(accept_other_rg_versions=True),
+                    max_age_seconds=1e12)
+    now = 1_700_000_100.0
+    pool: list[bytes] = [encode(sample_message()), encode(sample_message(), compress=True)]
+
+    def run_one(frame: bytes) -> None:
+        report.cases += 1
+        signer = SAMPLE_SENDER
+        try:
+            msg = decode(frame, limits)
+            report.decoded += 1
+            signer = msg.sender  # signed by its claimed sender, so the intake goes on to verify it
+        except Rejected as exc:
+            report.decode_rejected[exc.reason.value] += 1
+        except Exception as exc:  # noqa: BLE001 - what we are counting
+            report.escaped[f"decode:{type(exc).__name__}"] += 1
+        try:
+            if intake.accept(frame, signer, now) is not None:
+                report.accepted += 1
+        except Exception as exc:  # noqa: BLE001
+            report.escaped[f"intake:{type(exc).__name__}"] += 1
+
+    @hseed(seed)
+    @settings(max_examples=min(cases, hypothesis_cases), database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(hostile_frames())
+    def drawn(frame: bytes) -> None:
+        if len(pool) < 2000 and len(frame) < 64 * 1024:
+            pool.append(frame)
+        run_one(frame)
+
+    started = time.perf_counter()
+    drawn()
+    rng = random.Random(seed)
+    while report.cases < cases:
+        run_one(mutate(rng, rng.choice(pool), pool))
+    report.seconds = time.perf_counter() - started
+    report.intake_rejected = collections.Counter(counters.rejected)
+    if counters.rejected.get("internal_error"):
+        report.escaped["intake:internal_error"] += counters.rejected["internal_error"]
+    return report
+
+
+# --- flood ------------------------------------------------------------------------------------
+
+@dataclass
+class FloodReport:
+    seconds: float
+    attempted: int
+    flooder_published: int
+    honest_published: int
+    rss_before_mb: float
+    rss_after_mb: float
+    inbox_size: int
+    inbox_cap: int
+    inbox_peak: int
+    honest_accepted: int
+    flooder_accepted: int
+    node_received: int
+    transport: dict
+    rejected: dict
+    rate_limited_warnings: int
+    flooder_still_connected: bool
+    node_alive: bool
+    rounds_during: int
+
+    def lines(self) -> list[str]:
+        return [
+            f"flood: {self.seconds:.0f}s, attacker attempted {self.attempted} ({self.attempted / self.seconds:.0f}/s), "
+            f"its publish() succeeded {self.flooder_published}; honest peer published {self.honest_published}",
+            f"  node alive: {self.node_alive}; rounds during the flood: {self.rounds_during}",
+            f"  node RSS: {self.rss_before_mb:.0f} MB before -> {self.rss_after_mb:.0f} MB after",
+            f"  inbox: {self.inbox_size} now, peak {self.inbox_peak}, cap {self.inbox_cap}",
+            f"  honest peer's groups accepted: {self.honest_accepted}; flooder's accepted: {self.flooder_accepted}",
+            f"  node received (gossip layer): {self.node_received}; transport counters: {self.transport}",
+            f"  rejected: {self.rejected}",
+            f"  flooder's fate: {self.rate_limited_warnings} 'Rate limit exceeded' drops logged by GossipSub (scored down), "
+            f"still connected at the end: {self.flooder_still_connected}; inbox share capped by --inbox-peer-share",
+        ]
+
+
+def _read_metrics(data_dir: Path) -> list[dict]:
+    import json
+
+    path = data_dir / "metrics.jsonl"
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass
+    return rows
+
+
+async def _flood(seconds: float, rate: float, workdir: Path) -> FloodReport:
+    import logging
+
+    import psutil
+    import trio
+    from libp2p.crypto.ed25519 import create_new_key_pair
+
+    from sapo.node.exchange import GroupEncoder
+    from sapo.protocol.gossip import GossipService, GossipSettings
+    from sapo.protocol.identity import peer_id_of
+    from sapo.training.rollouts import QuestionGroup
+    from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
+
+    # the honest peer's own GossipSub rate-limits the flood the node relays to it: not our output
+    logging.getLogger("libp2p").setLevel(logging.ERROR)
+    data = workdir / "victim"
+    log_path = workdir / "victim.log"
+    log = log_path.open("w")
+    cap = 512
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sapo.node.cli", "start", *TINY, "--local", "2", "--external", "2", "--sampler",
+         "uniform", "--rounds", "0", "--inbox-max-groups", str(cap), "--data-dir", str(data)],
+        stdout=subprocess.PIPE, stderr=log, text=True,
+    )
+    try:
+        with trio.fail_after(seconds + 120):
+            line = ""
+            while not LISTEN.search(line):
+                line = await trio.to_thread.run_sync(proc.stdout.readline)
+                if not line and proc.poll() is not None:
+                    raise RuntimeError(f"node exited early; see {log_path}")
+            address = LISTEN.search(line).group(1)
+            node_ps = psutil.Process(proc.pid)
+
+            sampler = TaskSampler(default_task_specs(["basic_arithmetic"]), 99, 0)
+            problems = sampler.sample(64)  # distinct problems, so frames are distinct and verifiable
+
+            def group(i: int) -> QuestionGroup:
+                p = problems[i % len(problems)]
+                return QuestionGroup(problem=p, completions=[f"<answer>{p.answer}</answer>", f"<answer>{i}</answer>"],
+                                     rewards=[1.0, 0.0])
+
+            peers = {}
+            for name, seed in (("flooder", 0x31), ("honest", 0x32)):
+                key = create_new_key_pair(bytes([seed]) * 32)
+                send, _receive = trio.open_memory_channel(10_000)
+                service = GossipService(GossipSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address], topic=TOPIC),
+                                        key, send)
+                encoder = GroupEncoder(peer_id=peer_id_of(key), swarm="default", model_id=name,
+                                       rg_version=reasoning_gym_version())
+                peers[name] = (service, encoder, peer_id_of(key), _receive)
+
+            async with trio.open_nursery() as nursery:
+                for service, *_ in peers.values():
+                    await nursery.start(service.run)
+                with trio.fail_after(30):
+                    while not all(s.connected_peers() for s, *_ in peers.values()):
+                        await trio.sleep(0.2)
+                await trio.sleep(3)  # mesh up, node warm
+                rss_before = node_ps.memory_info().rss / 2**20
+                rounds_before = max((r["round"] for r in _read_metrics(data)), default=0)
+                flooder, f_enc, flooder_id, _ = peers["flooder"]
+                honest, h_enc, honest_id, _ = peers["honest"]
+                flooder._pubsub.router.spam_protection_enabled = False  # a hostile client ignores its own limit
+                counts = collections.Counter()
+                peak = 0
+
+                async def flood_task():
+                    i = 0
+                    start = trio.current_time()
+                    while trio.current_time() - start < seconds:
+                        i += 1
+                        counts["attempted"] += 1
+                        if await flooder.publish(f_enc.frame(group(i), i)):
+                            counts["flooder_published"] += 1
+                        delay = start + i / rate - trio.current_time()
+                        await trio.sleep(max(delay, 0))
+
+                async def honest_task():
+                    start = trio.current_time()
+                    i = 1000
+                    while trio.current_time() - start < seconds:
+                        i += 1
+                        if await honest.publish(h_enc.frame(group(i), i)):
+                            counts["honest_published"] += 1
+                        await trio.sleep(0.25)
+
+                async def watch_inbox():
+                    nonlocal peak
+                    while True:
+                        rows = _read_metrics(data)
+                        if rows:
+                            peak = max(peak, rows[-1]["inbox_size"])
+                        await trio.sleep(1)
+
+                nursery.start_soon(watch_inbox)
+                t0 = trio.current_time()
+                async with trio.open_nursery() as load:
+                    load.start_soon(flood_task)
+                    load.start_soon(honest_task)
+                elapsed = trio.current_time() - t0
+                await trio.sleep(3)  # let the intake drain
+                still_connected = bool(flooder.connected_peers())
+                nursery.cancel_scope.cancel()
+        rows = _read_metrics(data)
+        last = rows[-1]
+        log.flush()
+        text = log_path.read_text()
+        return FloodReport(
+            seconds=elapsed, attempted=counts["attempted"], flooder_published=counts["flooder_published"],
+            honest_published=counts["honest_published"], rss_before_mb=rss_before,
+            rss_after_mb=node_ps.memory_info().rss / 2**20, inbox_size=last["inbox_size"], inbox_cap=cap,
+            inbox_peak=max(peak, last["inbox_size"]), honest_accepted=last["accepted_from"].get(honest_id, 0),
+            flooder_accepted=last["accepted_from"].get(flooder_id, 0), node_received=last["received"],
+            transport=last["transport"], rejected=last["rejected"],
+            rate_limited_warnings=text.count("Rate limit exceeded"), flooder_still_connected=still_connected,
+            node_alive=proc.poll() is None, rounds_during=last["round"] - rounds_before,
+        )
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def flood(seconds: float, rate: float, workdir: Path | None = None) -> FloodReport:
+    import trio
+
+    if workdir is not None:
+        return trio.run(_flood, seconds, rate, workdir)
+    with tempfile.TemporaryDirectory(prefix="sapo-soak-") as tmp:
+        return trio.run(_flood, seconds, rate, Path(tmp))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=100_000, help="hostile frames to fuzz (default: 100000)")
+    parser.add_argument("--hypothesis-cases", type=int, default=3000, help="of them drawn by hypothesis (default: 3000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flood-rate", type=float, default=400.0, help="attacker publishes per second (default: 400)")
+    parser.add_argument("--flood-seconds", type=float, default=20.0)
+    parser.add_argument("--smoke", action="store_true", help="2,000 cases and a 5 s flood")
+    parser.add_argument("--skip-fuzz", action="store_true")
+    parser.add_argument("--skip-flood", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.cases, args.hypothesis_cases, args.flood_seconds = 2000, 1000, 5.0
+    failed = False
+    if not args.skip_fuzz:
+        report = fuzz(args.cases, args.seed, args.hypothesis_cases)
+        print("\n".join(report.lines()), flush=True)
+        failed |= bool(report.escaped)
+    if not args.skip_flood:
+        report = flood(args.flood_seconds, args.flood_rate)
+        print("\n".join(report.lines()), flush=True)
+        failed |= not report.node_alive or report.honest_accepted == 0 or report.inbox_peak > report.inbox_cap
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

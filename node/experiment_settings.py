@@ -1,0 +1,102 @@
+"""The experiment's own settings and config grammar: light, so `sapo-node --help` stays fast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Node settings the experiment defaults differently from `start` (a flag given overrides them).
+EXPERIMENT_NODE_DEFAULTS = ["--model", "tiny", "--torch-threads", "1", "--log-level", "WARNING"]
+CLOCK_EPOCH = 1_700_000_000.0
+MA_WINDOW = 100
+METRIC_DEFINITIONS = {
+    "reward": "per node and round: mean verifier reward of that node's local completions",
+    "cumulative_reward": "sum over rounds of a node's reward, averaged over the learning nodes (paper's metric)",
+    "ma_curve": "trailing moving average (window min(100, rounds)) of the node-averaged reward per round",
+    "peak_ma": "maximum of the MA curve; peak_round is the round at which it is reached",
+    "oscillation": "mean absolute change of the MA curve between consecutive rounds after its peak",
+    "final_ma": "last point of the MA curve",
+    "ratio_to_baseline": "paired per seed: cumulative(config) / cumulative(T/0), T = I+J (the paper's 8/0)",
+    "ratio_to_local_only": "paired per seed: cumulative(I/J) / cumulative(I/0), matched generation compute",
+    "scripted solvers": "peers only; excluded from all metrics",
+}
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    """One arm of the study: I local and J external groups per round, or an adaptive balance."""
+
+    name: str
+    local: int
+    external: int
+    adaptive: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.local + self.external
+
+
+def parse_configs(specs: list[str]) -> list[MixConfig]:
+    """'8/0', '4/4', ... and 'adaptive' (I+J = the largest fixed total, starting half/half)."""
+    fixed: list[MixConfig] = []
+    for spec in specs:
+        if spec == "adaptive":
+            continue
+        local, sep, external = spec.partition("/")
+        if not sep or not local.isdigit() or not external.isdigit() or int(local) + int(external) == 0:
+            raise ValueError(f"config {spec!r} is not I/J (like 4/4) or 'adaptive'")
+        fixed.append(MixConfig(spec, int(local), int(external)))
+    total = max((c.total for c in fixed), default=8)
+    configs = []
+    for spec in specs:
+        if spec == "adaptive":
+            configs.append(MixConfig("adaptive", total - total // 2, total // 2, adaptive=True))
+        else:
+            configs.append(next(c for c in fixed if c.name == spec))
+    return configs
+
+
+class ExperimentSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: int = Field(default=8, ge=1, le=64, description="learning nodes per run")
+    configs: list[str] = Field(
+        default_factory=lambda: ["8/0", "6/2", "4/4", "2/6"],
+        description="I/J arms, comma-separated; 'adaptive' lets each node move its own I/J (I+J fixed)",
+    )
+    rounds: int = Field(default=100, ge=1, le=100_000, description="rounds per run")
+    seeds: int = Field(
+        default=1, ge=1, le=100, description="runs per config, seeds 0..N-1 (node k of seed s gets node seed --seed + 1000s + k)"
+    )
+    out: Path = Field(default=Path("sapo-experiment"), description="output directory")
+    specialists: bool = Field(default=False, description="node k warm-starts only on its share of --tasks (needs >= 2 tasks)")
+    mixed_sizes: bool = Field(default=False, description="node models cycle tiny-small, tiny, tiny-large")
+    mixed_tokenizers: bool = Field(default=False, description="node models alternate tiny (char) and tiny-bpe")
+    scripted_solvers: int = Field(default=0, ge=0, le=64, description="extra generate-only peers that answer by script")
+    solver_accuracy: float = Field(default=0.5, ge=0, le=1, description="probability a scripted solver's answer is correct")
+    format_discovery: float | None = Field(
+        default=None, ge=0, le=1, description="warm-start tag rate for all nodes, so the <answer> format must be discovered"
+    )
+    round_seconds: float = Field(default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)")
+    progress: bool = Field(default=True, description="progress bar on stderr")
+
+    @field_validator("configs", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            value = [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExperimentSettings":
+        parse_configs(self.configs)
+        if len(set(self.configs)) != len(self.configs):
+            raise ValueError(f"configs repeat: {self.configs}")
+        if self.mixed_sizes and self.mixed_tokenizers:
+            raise ValueError("choose one of --mixed-sizes and --mixed-tokenizers")
+        return self

@@ -1,0 +1,243 @@
+"""The open judge's wire: four messages on one libp2p stream per evaluation (`/sapo/judge/1`).
+
+    node  -> judge   EvalRequest {peer_id, model_id, node_round, swarm_peers_seen, external_groups}
+    judge -> node    Question    {id, task, question, spec}          (or JudgeError)
+    node  -> judge   Answer      {id, text}
+    judge -> node    Score       {id, score}                         (or JudgeError)
+
+A frame is a 4-byte big-endian payload length, then the payload: one msgpack map, which is the
+message's `model_dump(mode="json")` (keys sorted) including `schema_version` and `kind`.
+Decoding never trusts its input: the length is checked against `max_frame_bytes` before a byte
+of payload is read, msgpack is bounded, and the map must validate strictly as the one message
+kind expected at that step. Anything wrong raises `JudgeWireError(reason, detail)`.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any, Literal, Protocol, TypeVar
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sapo.protocol.messages import WireProblemSpec
+
+PROTOCOL_ID = "/sapo/judge/1"
+# Bump on any change a v1 peer would misread.
+JUDGE_SCHEMA_VERSION = 1
+# An answer is one greedy completion of at most a few hundred tokens; 64 KiB is plenty and
+# keeps one frame inside one yamux window.
+MAX_FRAME_BYTES = 64 * 1024
+_HEADER = struct.Struct(">I")
+
+_BASE58 = r"^[1-9A-HJ-NP-Za-km-z]+$"
+_ID = r"^[0-9a-f]{16,64}$"
+
+
+class WireErrorReason(str, enum.Enum):
+    """Why a judge frame was refused; the judge counts one per value."""
+
+    oversized = "oversized"  # declared length over max_frame_bytes
+    truncated = "truncated"  # the stream ended inside a frame
+    empty = "empty"  # a zero-length payload
+    bad_msgpack = "bad_msgpack"  # not exactly one well-formed msgpack object
+    bad_schema = "bad_schema"  # not a valid message of the expected kind
+    unknown_schema_version = "unknown_schema_version"
+    unexpected_kind = "unexpected_kind"  # a valid message, but not the one this step expects
+    wrong_question = "wrong_question"  # an Answer for a question id we did not ask
+    peer_mismatch = "peer_mismatch"  # EvalRequest.peer_id is not the authenticated remote peer
+
+
+class JudgeWireError(Exception):
+    """A judge frame was refused. `reason` is for counters, `detail` for one log line / reply."""
+
+    def __init__(self, reason: WireErrorReason, detail: str):
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    # A strict int pinned by bounds: Literal[1] would also accept True and 1.0.
+    schema_version: int = Field(
+        JUDGE_SCHEMA_VERSION, ge=JUDGE_SCHEMA_VERSION, le=JUDGE_SCHEMA_VERSION, description="judge wire version"
+    )
+
+
+class EvalRequest(_Message):
+    """A node asks to be judged. Everything but peer_id is the node's own, unverifiable claim."""
+
+    kind: Literal["eval_request"] = "eval_request"
+    peer_id: str = Field(pattern=_BASE58, max_length=128, description="the node's libp2p peer id")
+    model_id: str = Field(min_length=1, max_length=256, description="the node's model name")
+    node_round: int = Field(ge=0, lt=2**63, description="the node's round counter")
+    swarm_peers_seen: int = Field(ge=0, lt=2**31, description="distinct swarm peers the node has seen")
+    external_groups: int = Field(0, ge=0, lt=2**63, description="external groups the node has trained on")
+
+
+class Question(_Message):
+    kind: Literal["question"] = "question"
+    id: str = Field(pattern=_ID, description="question id; the Answer must echo it")
+    task: str = Field(min_length=1, max_length=256, description="ReasoningGYM dataset name")
+    question: str = Field(max_length=16_384, description="the question text")
+    spec: WireProblemSpec = Field(description="how to regenerate the problem (informational for the node)")
+
+
+class Answer(_Message):
+    kind: Literal["answer"] = "answer"
+    id: str = Field(pattern=_ID, description="the Question's id")
+    text: str = Field(max_length=16_384, description="the node's greedy completion, decoded")
+
+
+class Score(_Message):
+    kind: Literal["score"] = "score"
+    id: str = Field(pattern=_ID)
+    score: float = Field(ge=0.0, le=1.0, description="the task verifier's score of the answer")
+
+
+class JudgeError(_Message):
+    """The judge's last word on a refused exchange; the stream is closed after it."""
+
+    kind: Literal["error"] = "error"
+    reason: str = Field(max_length=64)
+    detail: str = Field(max_length=1024)
+
+
+JudgeMessage = EvalRequest | Question | Answer | Score | JudgeError
+M = TypeVar("M", bound=_Message)
+_KINDS: dict[str, type[_Message]] = {
+    "eval_request": EvalRequest,
+    "question": Question,
+    "answer": Answer,
+    "score": Score,
+    "error": JudgeError,
+}
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def encode(msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """The length-prefixed frame for `msg`. Refuses (ValueError) to build an oversized one."""
+    payload = msgpack.packb(_canonical(msg.model_dump(mode="json")), use_bin_type=True)
+    if len(payload) > max_frame_bytes:
+        raise ValueError(f"{msg.kind} is {len(payload)} bytes, over the {max_frame_bytes}-byte frame limit")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:
+    """The `expected` message in `payload` (a frame without its length prefix), or JudgeWireError.
+
+    An error frame from the other side, where something else was expected, also raises
+    JudgeWireError (unexpected_kind, with the peer's reason and detail), so callers need one
+    except clause.
+    """
+    if len(payload) > max_frame_bytes:
+        raise JudgeWireError(WireErrorReason.oversized, f"{len(payload)} bytes, limit {max_frame_bytes}")
+    if not payload:
+        raise JudgeWireError(WireErrorReason.empty, "zero-length payload")
+    try:
+        obj = msgpack.unpackb(
+            payload,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=max_frame_bytes,
+            max_bin_len=0,
+            max_array_len=256,
+            max_map_len=256,
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData:
+        raise JudgeWireError(WireErrorReason.bad_msgpack, "bytes after the msgpack object") from None
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types on hostile input
+        raise JudgeWireError(WireErrorReason.bad_msgpack, f"{type(exc).__name__}: {str(exc)[:120]}") from None
+    if not isinstance(obj, dict):
+        raise JudgeWireError(WireErrorReason.bad_schema, f"expected a map, got {type(obj).__name__}")
+    version = obj.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise JudgeWireError(WireErrorReason.bad_schema, "schema_version missing or not an int")
+    if version != JUDGE_SCHEMA_VERSION:
+        raise JudgeWireError(
+            WireErrorReason.unknown_schema_version, f"schema_version {version}, this side speaks {JUDGE_SCHEMA_VERSION}"
+        )
+    kind = obj.get("kind")
+    want = expected.model_fields["kind"].default
+    if kind != want:
+        if kind == "error" and expected is not JudgeError:
+            try:
+                error = JudgeError.model_validate(obj)
+                detail = f"the judge refused: {error.reason}: {error.detail}"
+            except ValidationError:
+                detail = "the judge sent a malformed error frame"
+            raise JudgeWireError(WireErrorReason.unexpected_kind, detail)
+        shown = repr(kind)[:40] if isinstance(kind, str) else type(kind).__name__
+        raise JudgeWireError(WireErrorReason.unexpected_kind, f"expected {want!r}, got kind {shown}")
+    try:
+        return expected.model_validate(obj)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        first = errors[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise JudgeWireError(WireErrorReason.bad_schema, f"{where}: {first['msg'][:120]}{more}") from None
+
+
+def decode(frame: bytes, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:
+    """Like `decode_payload`, for a whole frame (length prefix included, and checked)."""
+    if len(frame) < _HEADER.size:
+        raise JudgeWireError(WireErrorReason.truncated, f"{len(frame)} bytes, shorter than the length prefix")
+    (length,) = _HEADER.unpack_from(frame)
+    if length > max_frame_bytes:
+        raise JudgeWireError(WireErrorReason.oversized, f"declared {length} bytes, limit {max_frame_bytes}")
+    payload = frame[_HEADER.size :]
+    if len(payload) != length:
+        raise JudgeWireError(WireErrorReason.truncated, f"declared {length} bytes, got {len(payload)}")
+    return decode_payload(payload, expected, max_frame_bytes)
+
+
+class ByteStream(Protocol):
+    """What a libp2p stream offers (and what tests fake)."""
+
+    async def read(self, n: int | None = None) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+
+async def _read_exactly(stream: ByteStream, n: int) -> bytes:
+    chunks: list[bytes] = []
+    remaining = n
+    while remaining:
+        try:
+            chunk = await stream.read(remaining)
+        except Exception as exc:  # noqa: BLE001 - libp2p raises StreamEOF/StreamReset/...
+            raise JudgeWireError(
+                WireErrorReason.truncated, f"stream ended after {n - remaining} of {n} bytes ({type(exc).__name__})"
+            ) from None
+        if not chunk:
+            raise JudgeWireError(WireErrorReason.truncated, f"stream ended after {n - remaining} of {n} bytes")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+async def read_message(stream: ByteStream, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:
+    """Read one frame and decode it as `expected`. The length is checked before the payload is
+    read, so a hostile length costs us 4 bytes, not an allocation. Callers bound it in time."""
+    (length,) = _HEADER.unpack(await _read_exactly(stream, _HEADER.size))
+    if length > max_frame_bytes:
+        raise JudgeWireError(WireErrorReason.oversized, f"declared {length} bytes, limit {max_frame_bytes}")
+    if length == 0:
+        raise JudgeWireError(WireErrorReason.empty, "zero-length payload")
+    return decode_payload(await _read_exactly(stream, length), expected, max_frame_bytes)
+
+
+async def write_message(stream: ByteStream, msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    await stream.write(encode(msg, max_frame_bytes))

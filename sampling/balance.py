@@ -1,0 +1,58 @@
+"""An adaptive local/external balance: a node moves its own I/J (I + J fixed) by what it measures.
+
+The rule, paired probes with a hill-climbing step:
+- The node holds a centre J. Within each period of `period` rounds it alternates probes, J + step
+  on even rounds and J - step on odd ones (clipped to [0, total]), so both sides are tried under
+  the same conditions and the slow upward trend of learning cancels out of the comparison.
+- After each round it reports the *gain* of that round's training: its local reward in the next
+  round minus its local reward in this one (a GRPO step on round t's set shows up in round t+1).
+- At the end of a period it compares the mean gain of the "+" probes with the "-" probes. If
+  more external groups gained more (by more than `margin`), the centre moves one step toward
+  external; if fewer gained more, one step toward local; otherwise it stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AdaptiveBalance:
+    total: int = 8
+    external: int = 4  # the centre J
+    step: int = 1
+    period: int = 10
+    margin: float = 0.0
+    history: list[tuple[int, int]] = field(default_factory=list)  # (round, centre J) after each move
+    _gains: dict[int, list[float]] = field(default_factory=lambda: {+1: [], -1: []})
+
+    def __post_init__(self) -> None:
+        if self.total < 1 or not 0 <= self.external <= self.total:
+            raise ValueError(f"adaptive balance needs 0 <= J ({self.external}) <= I + J ({self.total})")
+        if self.step < 1 or self.period < 2:
+            raise ValueError("adaptive balance needs step >= 1 and period >= 2")
+
+    def _side(self, round_index: int) -> int:
+        return +1 if round_index % 2 == 0 else -1
+
+    def split(self, round_index: int) -> tuple[int, int]:
+        """(I, J) to use in this round."""
+        j = min(self.total, max(0, self.external + self._side(round_index) * self.step))
+        return self.total - j, j
+
+    def observe(self, round_index: int, gain: float) -> None:
+        """`gain`: next round's local reward minus this round's, for the split this round used."""
+        self._gains[self._side(round_index)].append(gain)
+        if round_index % self.period == 0:
+            self._decide(round_index)
+
+    def _decide(self, round_index: int) -> None:
+        plus, minus = self._gains[+1], self._gains[-1]
+        if plus and minus:
+            diff = sum(plus) / len(plus) - sum(minus) / len(minus)
+            if diff > self.margin:
+                self.external = min(self.total, self.external + self.step)
+            elif diff < -self.margin:
+                self.external = max(0, self.external - self.step)
+        self._gains = {+1: [], -1: []}
+        self.history.append((round_index, self.external))

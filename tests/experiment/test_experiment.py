@@ -1,0 +1,150 @@
+"""The in-process I/J study: deterministic, mixes exactly I + J, writes its outputs; and its parts."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sapo.node.cli import main
+from sapo.node.experiment import (
+    ExperimentSettings,
+    curve_metrics,
+    moving_average,
+    node_model,
+    parse_configs,
+    specialist_tasks,
+)
+from sapo.node.settings import load_settings
+from sapo.sampling.balance import AdaptiveBalance
+from sapo.sampling.strategies import get_sampler, has_correct
+from sapo.training.rollouts import QuestionGroup
+from sapo.training.scripted import ScriptedSolver
+from sapo.training.tasks import TaskSampler, default_task_specs
+
+STUDY = [
+    "experiment", "--nodes", "2", "--configs", "8/0,4/4", "--rounds", "4", "--seeds", "1",
+    "--scripted-solvers", "1", "--solver-accuracy", "0.5", "--no-progress",
+    # node settings, passed through
+    "--tasks", "basic_arithmetic", "--sampler", "uniform", "--max-new-tokens", "6", "--generations", "4",
+    "--warm-start-steps", "0",
+]
+
+
+@pytest.fixture(scope="module")
+def two_studies(tmp_path_factory) -> tuple[Path, Path]:
+    outs = []
+    for name in ("a", "b"):
+        out = tmp_path_factory.mktemp(name)
+        assert main([*STUDY, "--out", str(out)]) == 0
+        outs.append(out)
+    return outs[0], outs[1]
+
+
+def _raw(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "raw.jsonl").read_text().splitlines()]
+
+
+def test_outputs_are_written(two_studies):
+    out, _ = two_studies
+    for name in ("summary.json", "summary.md", "curves.png", "raw.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["results"]) == {"8/0", "4/4"}
+    assert summary["study"]["scripted_solvers"] == 1 and "definitions" in summary
+    assert "| 4/4 |" in (out / "summary.md").read_text()
+    assert len(_raw(out)) == 2 * 2 * 4  # configs x nodes x rounds; solvers are not learners
+    assert (out / "runs" / "4-4" / "seed-0" / "node-1" / "metrics.jsonl").is_file()
+
+
+def test_same_seed_gives_identical_metrics(two_studies):
+    a, b = (json.loads((out / "summary.json").read_text()) for out in two_studies)
+    assert a["results"] == b["results"]
+    assert a["runs"] == b["runs"]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows]  # noqa: E731
+    assert strip(_raw(two_studies[0])) == strip(_raw(two_studies[1]))
+
+
+def test_mix_uses_exactly_i_local_and_j_external(two_studies):
+    rows = _raw(two_studies[0])
+    isolated = [r for r in rows if r["config"] == "8/0"]
+    shared = [r for r in rows if r["config"] == "4/4"]
+    assert all(r["local_groups"] == 8 and r["external_groups"] == 0 for r in isolated)
+    # 4 groups from the other learner + 4 from the scripted solver are eligible under `uniform`
+    assert all(r["local_groups"] == 4 and r["external_groups"] == 4 for r in shared)
+    # ... and they came through the codec and the intake checks, none refused
+    assert all(r["accepted"] == 8 * r["round"] and not r["rejected"] for r in shared)
+
+
+def test_adaptive_balance_follows_the_measured_gain():
+    balance = AdaptiveBalance(total=8, external=4, period=4)
+    assert balance.split(2) == (3, 5) and balance.split(3) == (5, 3)
+    for r in range(1, 13):  # more external groups gain more
+        _, j = balance.split(r)
+        balance.observe(r, gain=0.01 * j)
+    assert balance.external == 7 and sum(balance.split(13)) == 8
+    for r in range(13, 41):  # now fewer external groups gain more
+        _, j = balance.split(r)
+        balance.observe(r, gain=-0.01 * j)
+    assert balance.external == 0
+    assert balance.split(41) == (8, 0) and balance.split(42) == (7, 1)  # clipped, I + J kept
+
+
+def test_adaptive_balance_holds_without_a_difference():
+    balance = AdaptiveBalance(total=8, external=4, period=2)
+    for r in range(1, 21):
+        balance.observe(r, gain=0.1)
+    assert balance.external == 4
+
+
+def test_configs_parse_and_reject():
+    configs = parse_configs(["8/0", "4/4", "adaptive"])
+    assert [(c.local, c.external, c.adaptive) for c in configs] == [(8, 0, False), (4, 4, False), (4, 4, True)]
+    for bad in ("8-0", "0/0", "a/b"):
+        with pytest.raises(ValueError, match="I/J"):
+            parse_configs([bad])
+    assert ExperimentSettings(configs="8/0, 4/4").configs == ["8/0", "4/4"]
+
+
+def test_heterogeneity_assignments():
+    base = load_settings({"model": "tiny"})
+    assert [node_model(base, ExperimentSettings(mixed_sizes=True), k) for k in range(4)] == [
+        "tiny-small", "tiny", "tiny-large", "tiny-small"]
+    assert [node_model(base, ExperimentSettings(mixed_tokenizers=True), k) for k in range(3)] == ["tiny", "tiny-bpe", "tiny"]
+    tasks = default_task_specs(["basic_arithmetic", "base_conversion", "bf"])
+    assert [t.name for t in specialist_tasks(tasks, 8, 4)] == ["base_conversion"]
+    with pytest.raises(ValueError, match="two --tasks"):
+        specialist_tasks(tasks[:1], 8, 0)
+
+
+def test_metrics_by_hand():
+    assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]
+    m = curve_metrics([[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0]])  # node mean: 0, 1, 0, 0.5
+    assert m["cumulative_reward"] == 1.5 and m["ma_window"] == 4 and m["peak_ma"] == 0.375
+    m = curve_metrics([[0.0] * 99 + [1.0, 0.0, 0.0]])  # window 100: MA 0.01, 0.01, 0.01
+    assert m["ma_window"] == 100 and m["peak_round"] == 100 and m["oscillation"] == 0.0
+
+
+def _group(origin: str, rewards: list[float], problem) -> QuestionGroup:
+    return QuestionGroup(problem=problem, completions=["x"] * len(rewards), rewards=rewards, origin=origin)
+
+
+def test_samplers_of_our_own():
+    problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 0, 0).sample(40)
+    junk = [_group("junk", [0.0, 0.5], p) for p in problems[:20]]
+    good = [_group("good", [0.0, 1.0], p) for p in problems[20:]]
+    assert has_correct(junk + good, 50, random.Random(0)) == good
+    sampler = get_sampler("peer-weighted")
+    assert sampler is not get_sampler("peer-weighted")  # stateful: one per node
+    chosen = sampler(junk + good, 10, random.Random(0))
+    assert sum(g.origin == "good" for g in chosen) >= 7
+    with pytest.raises(ValueError, match="peer-weighted"):
+        get_sampler("nope")
+
+
+def test_scripted_solver_accuracy():
+    problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 0, 0).sample(5)
+    assert {r for g in ScriptedSolver(1.0).generate_groups(problems, 4).groups for r in g.rewards} == {1.0}
+    assert {r for g in ScriptedSolver(0.0).generate_groups(problems, 4).groups for r in g.rewards} == {0.0}

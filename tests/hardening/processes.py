@@ -1,0 +1,96 @@
+"""Real `sapo-node start` processes for the hardening tests: started through the CLI, optionally
+inside a network namespace, with their "listening on" line parsed for the address peers dial."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import read_metrics, wait_for
+
+LISTEN = re.compile(r"listening on (/ip4/[\d.]+/tcp/\d+/p2p/(\w+))")
+
+# conftest's FAST_TINY without --listen: each test picks its own address.
+TINY = [
+    "--model", "tiny", "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--generations", "4",
+    "--warm-start-steps", "0", "--torch-threads", "1",
+]
+# The untrained tiny model mostly scores 0; the uniform sampler lets tests watch the plumbing.
+PLUMBING = ["--local", "2", "--external", "2", "--sampler", "uniform", "--rounds", "0"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NodeProcess:
+    """One node; `prefix` runs it under another command (e.g. `ip netns exec NS`)."""
+
+    def __init__(self, data_dir: Path, args: list[str], *, prefix: list[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0",
+                 start_timeout: float = 60):
+        self.data_dir = data_dir
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.log = self.log_path.open("a")
+        cmd = [*prefix, sys.executable, "-m", "sapo.node.cli", "start", *TINY, "--listen", listen,
+               "--data-dir", str(data_dir), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        match = wait_for(self._listen_line, timeout=start_timeout, interval=0, what=f"{data_dir.name} to listen")
+        self.address, self.peer_id = match.group(1), match.group(2)
+
+    def _listen_line(self):
+        line = self.proc.stdout.readline()
+        if not line and self.proc.poll() is not None:
+            raise AssertionError(f"node exited early with code {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+        return LISTEN.search(line)
+
+    def log_text(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text()
+
+    def metrics(self) -> list[dict]:
+        return read_metrics(self.data_dir)
+
+    def last_round(self) -> int:
+        return max((r["round"] for r in self.metrics()), default=0)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def wait_rounds(node: NodeProcess, more: int, timeout: float) -> int:
+    target = node.last_round() + more
+    wait_for(lambda: node.last_round() >= target or not node.alive() and _died(node), timeout,
+             interval=0.2, what=f"{node.data_dir.name} to reach round {target}")
+    return node.last_round()
+
+
+def _died(node: NodeProcess):
+    raise AssertionError(f"{node.data_dir.name} died:\n{node.log_text()[-3000:]}")
+
+
+def since(rows: list[dict], t: float) -> list[dict]:
+    return [r for r in rows if r["time"] > t]
+
+
+def deadline(seconds: float) -> float:
+    return time.monotonic() + seconds
