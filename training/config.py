@@ -63,6 +63,12 @@ class TrainingSettings(BaseModel):
         default=2, ge=1, le=32, description="passes over each round's batch; >1 makes the PPO clip active"
     )
     minibatches: int = Field(default=2, ge=1, le=64, description="optimizer steps per pass")
+    micro_batch_size: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="sequences per forward/backward pass; gradients accumulate, so this changes peak memory, not the update",
+    )
     eps_low: float = Field(default=0.2, ge=0, lt=1, description="lower clip range of the ratio")
     eps_high: float = Field(default=0.28, ge=0, lt=10, description="upper clip range of the ratio")
 

@@ -134,13 +134,13 @@ def grpo_update(
     width = batch.completion_length
     model = policy.model
     model.eval()  # no dropout: old and new log-probs must come from the same function
-    chunks_for_old = max(1, min(settings.minibatches, input_ids.shape[0]))
+    micro = settings.micro_batch_size
     with torch.no_grad():
-        # computed once, reused by every pass; in minibatch-sized pieces to bound memory
+        # computed once, reused by every pass; in micro-batches to bound memory
         old_logprobs = torch.cat(
             [
-                completion_logprobs(model, ids, att, width)
-                for ids, att in zip(input_ids.tensor_split(chunks_for_old), attention.tensor_split(chunks_for_old))
+                completion_logprobs(model, input_ids[i : i + micro], attention[i : i + micro], width)
+                for i in range(0, input_ids.shape[0], micro)
             ]
         )
     losses, clips = [], []
@@ -156,17 +156,26 @@ def grpo_update(
         rng.shuffle(groups_order)
         for part in range(chunks):
             rows = [r for g in groups_order[part::chunks] for r in rows_of[g]]
-            idx = torch.tensor(rows, device=device)
-            logprobs = completion_logprobs(model, input_ids[idx], attention[idx], width)
-            loss, stats = clipped_policy_loss(
-                logprobs, old_logprobs[idx], advantages[idx], mask[idx], settings.eps_low, settings.eps_high
-            )
+            step_tokens = float(mask[rows].sum().clamp_min(1.0))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            step_loss = step_clipped = 0.0
+            # Gradient accumulation over micro-batches: each piece's token-mean is reweighted by
+            # its share of the step's tokens, so the gradient equals the whole step's token-mean
+            # and only peak memory depends on micro_batch_size.
+            for i in range(0, len(rows), micro):
+                idx = torch.tensor(rows[i : i + micro], device=device)
+                logprobs = completion_logprobs(model, input_ids[idx], attention[idx], width)
+                loss, stats = clipped_policy_loss(
+                    logprobs, old_logprobs[idx], advantages[idx], mask[idx], settings.eps_low, settings.eps_high
+                )
+                share = float(mask[idx].sum()) / step_tokens
+                (loss * share).backward()
+                step_loss += stats["loss"] * share
+                step_clipped += stats["clip_fraction"] * share
             torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
             optimizer.step()
-            losses.append(stats["loss"])
-            clips.append(stats["clip_fraction"])
+            losses.append(step_loss)
+            clips.append(step_clipped)
     return UpdateStats(
         seconds=time.perf_counter() - started,
         sequences=int(input_ids.shape[0]),

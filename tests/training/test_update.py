@@ -77,3 +77,20 @@ def test_training_on_a_peers_text_raises_its_good_completion(problem, tmp_path, 
     assert not stats.skipped and stats.sequences == 4
     assert logprob_of(good) > before_good + 0.5
     assert logprob_of(bad) < before_bad
+
+
+def test_micro_batches_change_memory_not_the_update(problem, tmp_path):
+    """Gradient accumulation over micro-batches gives the same step as one big pass. (Plain SGD
+    shows the gradient itself; Adam would amplify float rounding in near-zero coordinates.)"""
+    g = group(problem, ["<answer>5</answer>", "<answer>1</answer> and more text", "no tag", "<answer>55</answer>"],
+              [1.0, 0.0, 0.0, 0.5])
+    results = []
+    for micro in (1, 3, 64):
+        pol = policy("tiny", tmp_path)
+        settings = TrainingSettings(lr=1e-3, max_new_tokens=64, micro_batch_size=micro, minibatches=1)
+        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), [g], settings, random.Random(0))
+        results.append(torch.cat([p.detach().flatten() for p in pol.model.parameters()]))
+    assert torch.allclose(results[0], results[2], atol=1e-5)
+    assert torch.allclose(results[1], results[2], atol=1e-5)
+    initial = torch.cat([p.detach().flatten() for p in policy("tiny", tmp_path).model.parameters()])
+    assert (results[2] - initial).abs().max() > 1e-3  # the step did move the weights
