@@ -6,7 +6,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 # Gossip-layer counters that are refusals of a peer's message (the rest are our own sends).
-TRANSPORT_REJECTIONS = ("malformed_frame", "malformed_message", "oversized", "duplicate", "not_allowed")
+TRANSPORT_REJECTIONS = (
+    "malformed_frame",
+    "malformed_message",
+    "oversized",
+    "duplicate",
+    "not_allowed",
+    "unsigned",
+    "bad_signature",
+)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.validators import signature_validator
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -252,6 +253,18 @@ class _GuardedPubsub(Pubsub):
         if not (self._service.is_allowed(msg_forwarder) and self._service.is_allowed_bytes(msg.from_id)):
             self._service._count("not_allowed")
             return
+        if msg_forwarder != self.my_id and not self._is_msg_seen(msg):
+            # libp2p drops these silently under strict signing; check first so they are counted.
+            if not msg.signature:
+                self._service._count("unsigned")
+                return
+            try:
+                valid = signature_validator(msg)
+            except Exception:  # noqa: BLE001 - a garbage key is a bad signature too
+                valid = False
+            if not valid:
+                self._service._count("bad_signature")
+                return
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as error:

@@ -1,0 +1,47 @@
+"""Strict signing: a peer's unsigned or wrongly signed message is dropped and counted, and
+its properly signed messages still get through."""
+
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX, Pubsub
+
+from tests.protocol.test_gossip import TOPIC, assert_empty, receive_all, start_node, wait_for_mesh
+
+
+async def wait_count(counters, name, timeout=10.0):
+    with trio.fail_after(timeout):
+        while not counters.get(name):
+            await trio.sleep(0.05)
+
+
+async def test_unsigned_and_wrongly_signed_messages_are_dropped_and_counted():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            victim = await start_node(nursery)
+            attacker = await start_node(nursery, peers=[victim.addr])
+            await wait_for_mesh([victim, attacker])
+            pubsub = attacker.service._pubsub
+
+            pubsub.strict_signing = False  # publish without any signature
+            await attacker.service.publish(b"unsigned")
+            await wait_count(victim.counters, "unsigned")
+
+            # signed, but by a key that is not the one the message names
+            forged = rpc_pb2.Message(
+                data=b"forged", topicIDs=[TOPIC], from_id=pubsub.my_id.to_bytes(), seqno=pubsub._next_seqno()
+            )
+            forged.signature = create_new_key_pair().private_key.sign(
+                PUBSUB_SIGNING_PREFIX.encode() + forged.SerializeToString()
+            )
+            forged.key = pubsub.host.get_public_key().serialize()
+            await Pubsub.push_msg(pubsub, pubsub.my_id, forged)  # past the sender's own check
+            pubsub.strict_signing = True
+            await wait_count(victim.counters, "bad_signature")
+            assert_empty(victim)
+
+            assert await attacker.service.publish(b"signed")
+            [message] = await receive_all(victim, 1)
+            assert message.data == b"signed" and message.sender == attacker.service.peer_id
+            assert victim.counters["unsigned"] == 1 and victim.counters["bad_signature"] == 1
+            nursery.cancel_scope.cancel()
