@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import trio
 
@@ -21,7 +22,18 @@ log = logging.getLogger("sapo.exchange")
 class GroupEncoder:
     """Turns this node's local groups into signed-sender wire frames."""
 
-    def __init__(self, *, peer_id: str, swarm: str, model_id: str, rg_version: str, compress: bool = True):
+    def __init__(
+        self,
+        *,
+        peer_id: str,
+        swarm: str,
+        model_id: str,
+        rg_version: str,
+        compress: bool = True,
+        clock: Callable[[], float] = time.time,
+    ):
+        # `clock` stamps created_at; the experiment harness passes its simulated round clock.
+        self.clock = clock
         self.peer_id = peer_id
         self.swarm = swarm
         self.model_id = model_id
@@ -35,7 +47,7 @@ class GroupEncoder:
             swarm=self.swarm,
             sender_round=round_index,
             model_id=self.model_id,
-            created_at=time.time(),
+            created_at=self.clock(),
             reasoning_gym_version=self.rg_version,
         )
         return encode(msg, compress=self.compress)

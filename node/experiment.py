@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sapo.node.core import Node, warm_start_settings
 from sapo.node.counters import NodeCounters

@@ -13,13 +13,12 @@ import logging
 from typing import Any
 
 import multiaddr
-import torch
 import trio
 
 from sapo.node.judge import new_noise_host
 from sapo.node.metrics import RoundRecord
 from sapo.protocol import judge_wire as wire
-from sapo.training.generation import ANSWER_CLOSE
+from sapo.training.generation import greedy_completions
 from sapo.training.policy import Policy
 from sapo.training.tasks import Problem
 
@@ -34,27 +33,7 @@ CLOSE_TIMEOUT_SECONDS = 5.0
 
 def answer_greedily(policy: Policy, problem: Problem, max_new_tokens: int) -> str:
     """One greedy completion (pass@1), cut at the closing </answer> like training rollouts."""
-    tokenizer = policy.tokenizer
-    encoded = tokenizer([policy.prompt(problem)], return_tensors="pt", add_special_tokens=False)
-    was_training = policy.model.training
-    policy.model.eval()
-    try:
-        with torch.inference_mode():
-            out = policy.model.generate(
-                input_ids=encoded["input_ids"].to(policy.device),
-                attention_mask=encoded["attention_mask"].to(policy.device),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                stop_strings=[ANSWER_CLOSE],
-                tokenizer=tokenizer,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-    finally:
-        if was_training:
-            policy.model.train()
-    text = tokenizer.decode(out[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-    cut = text.find(ANSWER_CLOSE)
-    return text if cut < 0 else text[: cut + len(ANSWER_CLOSE)]
+    return greedy_completions(policy, [policy.prompt(problem)], max_new_tokens)[0]
 
 
 class JudgeClient:

@@ -15,8 +15,7 @@ from typing import Callable
 from sapo.node.counters import NodeCounters
 from sapo.node.exchange import GroupEncoder
 from sapo.node.intake import Intake
-from sapo.protocol.codec import DecodeLimits, encode
-from sapo.protocol.messages import to_wire
+from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
 from sapo.training.rollouts import QuestionGroup
@@ -24,30 +23,10 @@ from sapo.training.rollouts import QuestionGroup
 Clock = Callable[[], float]
 
 
-class ClockedEncoder(GroupEncoder):
-    """GroupEncoder with `created_at` from the experiment's round clock instead of the wall."""
-
-    def __init__(self, *, clock: Clock, **kwargs):
-        super().__init__(**kwargs)
-        self.clock = clock
-
-    def frame(self, group: QuestionGroup, round_index: int) -> bytes:
-        msg = to_wire(
-            group,
-            sender=self.peer_id,
-            swarm=self.swarm,
-            sender_round=round_index,
-            model_id=self.model_id,
-            created_at=self.clock(),
-            reasoning_gym_version=self.rg_version,
-        )
-        return encode(msg, compress=self.compress)
-
-
 @dataclass
 class Member:
     peer_id: str
-    encoder: ClockedEncoder
+    encoder: GroupEncoder
     intake: Intake | None  # None: the member never trains on external groups, so it skips checks
     counters: NodeCounters
 
@@ -73,7 +52,7 @@ class MemoryHub:
         compress: bool = True,
     ) -> "MemoryExchange":
         """Add a member; with `inbox=None` it only publishes."""
-        encoder = ClockedEncoder(
+        encoder = GroupEncoder(
             clock=self.clock, peer_id=peer_id, swarm=self.swarm, model_id=model_id, rg_version=self.rg_version, compress=compress
         )
         intake = None

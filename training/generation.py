@@ -130,3 +130,28 @@ def generate_groups(
         for problem, texts in zip(problems, completions)
     ]
     return GenerationResult(groups, time.perf_counter() - started, new_tokens)
+
+
+def greedy_completions(policy: Policy, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """One greedy completion per prompt (pass@1 evaluation), cut at the closing </answer>."""
+    tokenizer = policy.tokenizer
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        with torch.inference_mode():
+            output = policy.model.generate(
+                input_ids=encoded["input_ids"].to(policy.device),
+                attention_mask=encoded["attention_mask"].to(policy.device),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                stop_strings=[ANSWER_CLOSE],
+                tokenizer=tokenizer,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+    finally:
+        if was_training:
+            policy.model.train()
+    texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+    return [_trim_after_answer(t) for t in texts]

@@ -99,26 +99,11 @@ def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSetting
 def evaluate_greedy(policy: Policy, tasks: list[TaskSpec], count: int, dataset_seed: int, max_new_tokens: int) -> float:
     """Mean verifier score of greedy answers on `count` held-out problems (pass@1)."""
     from sapo.training.rewards import score_completion
-    from sapo.training.generation import ANSWER_CLOSE
+    from sapo.training.generation import greedy_completions
 
     sampler = TaskSampler(tasks, dataset_seed=dataset_seed, rng_seed=random.Random(dataset_seed).randrange(2**31))
     problems = sampler.sample(count)
-    tokenizer = policy.tokenizer
-    tokenizer.padding_side = "left"
-    prompts = [policy.prompt(p) for p in problems]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    policy.model.eval()
-    with torch.inference_mode():
-        out = policy.model.generate(
-            input_ids=enc["input_ids"].to(policy.device),
-            attention_mask=enc["attention_mask"].to(policy.device),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            stop_strings=[ANSWER_CLOSE],
-            tokenizer=tokenizer,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    texts = greedy_completions(policy, [policy.prompt(p) for p in problems], max_new_tokens)
     return sum(score_completion(p, t) for p, t in zip(problems, texts)) / len(problems)
 
 

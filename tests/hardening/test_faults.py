@@ -3,7 +3,6 @@ an unusable data dir, and a bootstrap peer that is down at start or goes away an
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -3,11 +3,9 @@ dir, and an identity key others can read is refused."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
