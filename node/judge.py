@@ -30,6 +30,7 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sapo.protocol import judge_wire as wire
+from sapo.protocol.hosts import check_listen, new_noise_host
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.messages import WireProblemSpec
 from sapo.training.rewards import score_completion
@@ -58,23 +59,6 @@ CREATE TABLE IF NOT EXISTS results (
 );
 CREATE INDEX IF NOT EXISTS results_by_peer ON results (peer_id, node_round);
 """
-
-
-def new_noise_host(key_pair: Any, listen: list[multiaddr.Multiaddr]) -> Any:
-    """A py-libp2p host that speaks Noise only (a default host also accepts plaintext) over yamux."""
-    from libp2p import new_host
-    from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
-    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
-    from libp2p.security.noise.transport import Transport as NoiseTransport
-    from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
-    from libp2p.stream_muxer.yamux.yamux import Yamux
-
-    return new_host(
-        key_pair=key_pair,
-        sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519().private_key)},
-        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
-        listen_addrs=listen,
-    )
 
 
 class JudgeSettings(BaseModel):
@@ -110,11 +94,7 @@ class JudgeSettings(BaseModel):
     @field_validator("listen")
     @classmethod
     def _listen_is_a_multiaddr(cls, listen: str) -> str:
-        try:
-            multiaddr.Multiaddr(listen)
-        except Exception as error:
-            raise ValueError(f"listen {listen!r} is not a multiaddr ({error}); e.g. /ip4/0.0.0.0/tcp/4101") from error
-        return listen
+        return check_listen(listen, "/ip4/0.0.0.0/tcp/4101")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import multiaddr
 import trio
 
-from sapo.node.judge import new_noise_host
+from sapo.protocol.hosts import new_noise_host
 from sapo.node.metrics import RoundRecord
 from sapo.protocol import judge_wire as wire
 from sapo.training.generation import greedy_completions

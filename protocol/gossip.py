@@ -20,19 +20,15 @@ import multiaddr
 import trio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from libp2p import new_host
 from libp2p.crypto.keys import KeyPair
-from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
-from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
-from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from sapo.protocol.hosts import check_listen, new_noise_host
 from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger("sapo.gossip")
@@ -113,13 +109,7 @@ class GossipSettings(BaseModel):
     @field_validator("listen")
     @classmethod
     def _listen_is_a_multiaddr(cls, listen: str) -> str:
-        try:
-            multiaddr.Multiaddr(listen)
-        except Exception as error:
-            raise ValueError(
-                f"listen {listen!r} is not a multiaddr ({error}); e.g. /ip4/0.0.0.0/tcp/4001"
-            ) from error
-        return listen
+        return check_listen(listen, "/ip4/0.0.0.0/tcp/4001")
 
     @field_validator("peers")
     @classmethod
@@ -375,19 +365,7 @@ class GossipService:
         """Listen, subscribe, keep the bootstrap peers dialled; runs until cancelled."""
         settings = self.settings
         listen = multiaddr.Multiaddr(settings.listen)
-        host = new_host(
-            key_pair=self.key_pair,
-            # Noise alone: a default host also offers TLS, secio and /plaintext/2.0.0, and
-            # accepts a plaintext-only dialler.
-            sec_opt={
-                NOISE_PROTOCOL_ID: NoiseTransport(
-                    self.key_pair, noise_privkey=create_new_x25519_key_pair().private_key
-                )
-            },
-            muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
-            listen_addrs=[listen],
-            psk=settings.psk,
-        )
+        host = new_noise_host(self.key_pair, [listen], psk=settings.psk)
         # py-libp2p retries each dial 3 times internally; our keeper owns the back-off.
         network = host.get_network()
         if hasattr(network, "retry_config"):

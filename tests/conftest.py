@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,3 +59,12 @@ def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "cond
 def shared_models_dir(tmp_path_factory) -> Path:
     """One models cache for the whole session, so SmolLM2 is converted from GGUF once."""
     return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture
+def nodes():
+    """Processes a test starts (tests.processes.NodeProcess or alike); killed afterwards."""
+    started: list = []
+    yield started
+    for process in started:
+        process.stop(signal.SIGKILL)

@@ -14,15 +14,7 @@ import pytest
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.training.checkpoints import PARTIAL_PREFIX, latest_checkpoint, save_checkpoint, verify_checkpoint
 from tests.conftest import sapo_node, wait_for
-from tests.hardening.processes import PLUMBING, TINY, NodeProcess, free_port, since, wait_rounds
-
-
-@pytest.fixture
-def nodes():
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop(signal.SIGKILL)
+from tests.processes import PLUMBING, TINY, NodeProcess, free_port, since, wait_rounds
 
 
 def round_dirs(root):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 
@@ -16,7 +15,7 @@ import pytest
 
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from tests.conftest import wait_for
-from tests.hardening.processes import PLUMBING, NodeProcess, since
+from tests.processes import PLUMBING, NodeProcess, since
 
 CUT_SECONDS = 30
 HEAL_BOUND_SECONDS = 60
@@ -59,14 +58,6 @@ def namespaces():
     finally:
         for ns in reversed(created):
             ip("netns", "del", ns, check=False)
-
-
-@pytest.fixture
-def nodes():
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop(signal.SIGKILL)
 
 
 def received(node: NodeProcess) -> int:

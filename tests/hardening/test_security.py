@@ -3,7 +3,6 @@ dir, and an identity key others can read is refused."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,20 +16,12 @@ from sapo.protocol.gossip import GossipService, GossipSettings, load_swarm_key
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.training.tasks import reasoning_gym_version
 from tests.conftest import sapo_node
-from tests.hardening.processes import PLUMBING, TINY, NodeProcess
+from tests.processes import PLUMBING, TINY, NodeProcess
 from tests.node.test_hostile_peer import honest_group
 
 TOPIC = "sapo/default/rollouts/1"
 PSK = "6f" * 32
 SWARM_KEY = f"/key/swarm/psk/1.0.0/\n/base16/\n{PSK}\n"
-
-
-@pytest.fixture
-def nodes():
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop(signal.SIGKILL)
 
 
 class Peer:

@@ -2,17 +2,16 @@
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from sapo.node.judge import DB_FILE_NAME, load_results
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from tests.conftest import LOOPBACK_LISTEN, sapo_node, wait_for
-from tests.node.test_swarm_processes import NodeProcess
+from tests.node.test_swarm_processes import start_node
+from tests.processes import free_port, stop_process
 
 JUDGE_LISTEN = re.compile(r"judge listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)")
 
@@ -37,29 +36,9 @@ class JudgeProcess:
         return JUDGE_LISTEN.search(line)
 
     def stop(self, sig=signal.SIGTERM, timeout=30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, sig, timeout)
         self.log.close()
-        return self.proc.returncode
-
-
-@pytest.fixture
-def processes():
-    started = []
-    yield started
-    for process in started:
-        process.stop(signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return code
 
 
 def judged_counts(data_dir: Path) -> dict[str, int]:
@@ -70,7 +49,7 @@ def judged_counts(data_dir: Path) -> dict[str, int]:
     return counts
 
 
-def test_two_nodes_are_judged_and_results_survive_a_judge_restart(tmp_path, processes):
+def test_two_nodes_are_judged_and_results_survive_a_judge_restart(tmp_path, nodes):
     judge_dir = tmp_path / "judge"
     # The judge's identity and port are known up front, so the nodes can start alongside it
     # (an evaluation due before the judge is up is only logged: that path runs here too).
@@ -78,12 +57,12 @@ def test_two_nodes_are_judged_and_results_survive_a_judge_restart(tmp_path, proc
     port = free_port()
     address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{judge_id}"
     judge = JudgeProcess(judge_dir, f"/ip4/127.0.0.1/tcp/{port}")
-    processes.append(judge)
+    nodes.append(judge)
     extra = ["--local", "1", "--external", "1", "--rounds", "0", "--judge", address, "--judge-every", "1"]
-    first = NodeProcess(tmp_path / "n0", [], extra)
-    processes.append(first)
-    second = NodeProcess(tmp_path / "n1", [first.address], extra)
-    processes.append(second)
+    first = start_node(tmp_path / "n0", [], extra)
+    nodes.append(first)
+    second = start_node(tmp_path / "n1", [first.address], extra)
+    nodes.append(second)
     assert judge.wait_listening() == address
 
     wait_for(
@@ -100,7 +79,7 @@ def test_two_nodes_are_judged_and_results_survive_a_judge_restart(tmp_path, proc
 
     # Same data dir: same judge identity, and every committed row is still there.
     restarted = JudgeProcess(judge_dir)
-    processes.append(restarted)
+    nodes.append(restarted)
     assert restarted.wait_listening().endswith(f"/p2p/{judge_id}")
     assert load_results(judge_dir / DB_FILE_NAME) == before
     assert restarted.stop() == 0

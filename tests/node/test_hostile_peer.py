@@ -14,7 +14,7 @@ from sapo.protocol.identity import peer_id_of
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
 from tests.conftest import FAST_TINY, read_metrics
-from tests.node.test_swarm_processes import LISTEN
+from tests.processes import LISTEN
 
 TOPIC = "sapo/default/rollouts/1"
 

@@ -1,56 +1,14 @@
 """Three real node processes, started through the CLI, gossiping over libp2p on 127.0.0.1."""
 
-import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import pytest
-
-from tests.conftest import FAST_TINY, read_metrics, wait_for
-
-LISTEN = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/(\w+))")
+from tests.conftest import wait_for
+from tests.processes import NodeProcess, with_peers
 
 
-class NodeProcess:
-    def __init__(self, data_dir: Path, peers: list[str], extra: list[str]):
-        self.data_dir = data_dir
-        self.log = (data_dir.parent / f"{data_dir.name}.log").open("w")
-        args = [sys.executable, "-m", "sapo.node.cli", "start", *FAST_TINY, *extra, "--data-dir", str(data_dir)]
-        if peers:
-            args += ["--peers", *peers]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = wait_for(self._listen_line, timeout=120, interval=0, what=f"{data_dir.name} to listen")
-        self.address, self.peer_id = line.group(1), line.group(2)
-
-    def _listen_line(self):
-        line = self.proc.stdout.readline()
-        if not line and self.proc.poll() is not None:
-            raise AssertionError(f"node exited early with code {self.proc.returncode}; see {self.log.name}")
-        return LISTEN.search(line)
-
-    def metrics(self) -> list[dict]:
-        return read_metrics(self.data_dir)
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
-@pytest.fixture
-def nodes():
-    started: list[NodeProcess] = []
-    yield started
-    for node in started:
-        node.stop(signal.SIGKILL)
+def start_node(data_dir, peers: list[str], extra: list[str]) -> NodeProcess:
+    return NodeProcess(data_dir, with_peers(extra, peers))
 
 
 def used_external_from_both_others(node: NodeProcess, others: list[NodeProcess]) -> bool:
@@ -65,10 +23,10 @@ def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nod
     # The untrained tiny model mostly scores 0, so the zero-advantage filter would drop nearly
     # every group; the uniform sampler lets this test watch the plumbing, not the learning.
     extra = ["--local", "2", "--external", "2", "--sampler", "uniform", "--rounds", "0"]
-    first = NodeProcess(tmp_path / "n0", [], extra)
+    first = start_node(tmp_path / "n0", [], extra)
     nodes.append(first)
-    nodes.append(NodeProcess(tmp_path / "n1", [first.address], extra))
-    nodes.append(NodeProcess(tmp_path / "n2", [first.address], extra))
+    nodes.append(start_node(tmp_path / "n1", [first.address], extra))
+    nodes.append(start_node(tmp_path / "n2", [first.address], extra))
     for node in nodes:
         others = [o for o in nodes if o is not node]
         wait_for(lambda: used_external_from_both_others(node, others), timeout=180, what=f"{node.data_dir.name} to train on both peers' groups")
@@ -78,7 +36,7 @@ def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nod
     old_id = victim.peer_id
     victim.stop(signal.SIGKILL)
     last_round = max(r["round"] for r in victim.metrics())
-    restarted = NodeProcess(victim.data_dir, [first.address], extra)
+    restarted = start_node(victim.data_dir, [first.address], extra)
     nodes[2] = restarted
     assert restarted.peer_id == old_id
     received_before = restarted.metrics()[-1]["round"] if restarted.metrics() else 0
@@ -103,9 +61,9 @@ def test_heterogeneous_tokenizers_train_on_each_others_text(tmp_path, nodes):
     the other's completions (a quick warm start gives them rewards with some signal)."""
     common = ["--local", "2", "--external", "2", "--rounds", "0", "--warm-start-steps", "150",
               "--models-dir", str(tmp_path / "models"), "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}']
-    char = NodeProcess(tmp_path / "char", [], [*common, "--model", "tiny"])
+    char = start_node(tmp_path / "char", [], [*common, "--model", "tiny"])
     nodes.append(char)
-    bpe = NodeProcess(tmp_path / "bpe", [char.address], [*common, "--model", "tiny-bpe"])
+    bpe = start_node(tmp_path / "bpe", [char.address], [*common, "--model", "tiny-bpe"])
     nodes.append(bpe)
 
     def trained_on_peer(node, peer):

@@ -1,5 +1,5 @@
-"""Real `sapo-node start` processes for the hardening tests: started through the CLI, optionally
-inside a network namespace, with their "listening on" line parsed for the address peers dial."""
+"""Real `sapo-node` processes for the tests: started through the CLI, optionally inside a
+network namespace, with their "listening on" line parsed for the address peers dial."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class NodeProcess:
     """One node; `prefix` runs it under another command (e.g. `ip netns exec NS`)."""
 
     def __init__(self, data_dir: Path, args: list[str], *, prefix: list[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0",
-                 start_timeout: float = 60):
+                 start_timeout: float = 120):
         self.data_dir = data_dir
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.log = self.log_path.open("a")
@@ -65,16 +65,22 @@ class NodeProcess:
         return self.proc.poll() is None
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig, timeout)
         if self.proc.stdout:
             self.proc.stdout.close()
         self.log.close()
+
+
+def stop_process(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30) -> int:
+    """Signal a child and wait; kill it if it does not exit in time. Returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def wait_rounds(node: NodeProcess, more: int, timeout: float) -> int:
@@ -94,3 +100,7 @@ def since(rows: list[dict], t: float) -> list[dict]:
 
 def deadline(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+def with_peers(args: list[str], peers: list[str]) -> list[str]:
+    return [*args, "--peers", *peers] if peers else list(args)
