@@ -118,7 +118,7 @@ async def _stop(members: list[SwarmMember], timeout: float) -> None:
 
 
 async def run_swarm(
-    nodes: int, data_dir: Path, node_args: list[str], seed: int = 0, progress_every: float = 5.0, stop_timeout: float = 60.0
+    nodes: int, data_dir: Path, node_args: list[str], seed: int = 0, progress_every: float = 5.0, stop_timeout: float = 600.0
 ) -> int:
     """Start the nodes, show progress until they all finish, stop them all on Ctrl-C.
     Returns the number of nodes that failed."""
@@ -130,11 +130,21 @@ async def run_swarm(
         async with trio.open_nursery() as nursery:
 
             async def stop_on_signal() -> None:
+                # A node mid-update finishes its step so its checkpoint matches a whole round;
+                # with a large model that can take minutes, so a second Ctrl-C kills at once.
+                stopping = False
                 async for _ in signals:
-                    print("stopping the swarm...", flush=True)
-                    with trio.CancelScope(shield=True):
-                        await _stop(members, stop_timeout)
-                    return
+                    if not stopping:
+                        stopping = True
+                        print("stopping the swarm: each node finishes its current step "
+                              "(Ctrl-C again to kill them now)...", flush=True)
+                        nursery.start_soon(_stop, members, stop_timeout)
+                    else:
+                        print("killing the swarm's nodes", flush=True)
+                        for m in members:
+                            if m.process is not None and m.process.returncode is None:
+                                m.process.kill()
+                        return
 
             nursery.start_soon(stop_on_signal)
             try:
