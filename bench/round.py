@@ -1,19 +1,30 @@
-"""Time one GRPO round (generate, score, encode + update) per model, on the same batch.
+"""Time one GRPO round (generate, score, encode + update) per model, against genrl and TRL.
 
 Each model runs in its own child process, so its peak RSS and its load time are its own.
 The round is the node's round without the network: sample problems, generate G completions
 each (`sample_completions`, as `generate_groups` does), score them with the task's verifier
 (`score_group`), then `grpo_update` (which re-encodes the text and takes the clipped steps).
 
-    .venv/bin/python bench/round.py                      # tiny and smollm2-135m, the defaults
-    .venv/bin/python bench/round.py --models tiny --rounds 3 --no-lora
-    .venv/bin/python bench/round.py --smoke              # tiny only, tiny sizes, < 20 s
+The same round then runs in each peer framework, each in its own venv and child process,
+through its own public API (bench/peer_bench/): Gensyn's genrl 0.1.11
+(`GRPOLanguageTrainerModule.generate` and `.train`) and TRL's `GRPOTrainer` (one step of
+Q x G sequences). Same model directory, same prompt text (the project's, checked token for
+token), same G, max_new_tokens, LoRA, lr, seed and torch threads. A peer that is not
+installed or fails is reported with its error, never given a row.
+
+    .venv/bin/python bench/round.py                      # tiny and smollm2-135m, sapo vs genrl vs TRL
+    .venv/bin/python bench/round.py --models tiny --rounds 3 --no-lora --peers none
+    .venv/bin/python bench/round.py --smoke              # tiny only, tiny sizes, < 20 s without peers
+    bash bench/peer_bench/setup.sh                       # makes the peer venvs in bench/peers/
 
 A round whose groups all have equal rewards has nothing to learn, and `grpo_update` skips it
 (a random-weight tiny model scores 0 everywhere). With `--force-signal` (the default) such
-groups get alternating 0/1 rewards before the update, so every model pays for a full update
-on every group: the timing is the worst case, not an accident of what was sampled. The real
-reward mean and the number of groups with real signal are printed beside it.
+groups get alternating 0/1 rewards before the update, in the peers too, so every framework
+pays for a full update on every group: the timing is the worst case, not an accident of what
+was sampled. The real reward mean and the number of groups with real signal are printed beside it.
+
+Generation tokens/s is set against the memory-bandwidth bound of decoding (bench/bandwidth.py):
+each step reads all weights and the batch's KV cache, at the measured copy bandwidth.
 """
 
 from __future__ import annotations
@@ -24,11 +35,19 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
+from peer_bench.common import RESULT_MARKER as PEER_RESULT_MARKER
+from peer_bench.common import Clock, peak_rss_mb, reset_peak_rss, summarize
+
 RESULT_MARKER = "BENCH_ROUND_RESULT "
-DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
+BENCH = Path(__file__).resolve().parent
+DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
+DEFAULT_PEERS_DIR = BENCH / "peers"
+PEERS = ("genrl", "trl")
 TASK = "basic_arithmetic"  # its easy settings (training.tasks.EASY_CONFIGS): SmolLM2 scores here
 
 
@@ -54,44 +73,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="give all-equal-reward groups alternating 0/1 rewards so the update is never skipped",
     )
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"peer frameworks to compare with: {', '.join(PEERS)}, or 'none'"
+    )
+    parser.add_argument(
+        "--peers-dir", type=Path, default=DEFAULT_PEERS_DIR, help="where bench/peer_bench/setup.sh made the peer venvs"
+    )
+    parser.add_argument(
+        "--peer-micro-batch",
+        type=int,
+        default=8,
+        help="TRL's per_device_train_batch_size (gradient accumulation makes up Q x G); genrl has no such option",
+    )
+    parser.add_argument("--peer-timeout", type=float, default=3600, help="seconds before a peer's run is abandoned")
+    parser.add_argument("--bandwidth-mb", type=float, default=256, help="size of the copy that measures bandwidth")
     parser.add_argument("--smoke", action="store_true", help="tiny only, tiny sizes: a quick check that this runs")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
     args = parser.parse_args(argv)
     if args.smoke:
         args.models, args.questions, args.generations, args.max_new_tokens, args.rounds = "tiny", 2, 4, 16, 2
-    for name in ("questions", "generations", "max_new_tokens", "rounds", "threads"):
+        args.bandwidth_mb = 64
+    for name in ("questions", "generations", "max_new_tokens", "rounds", "threads", "peer_micro_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args.peer_list = [] if args.peers.strip() in ("", "none") else [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = sorted(set(args.peer_list) - set(PEERS))
+    if unknown:
+        parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)} or 'none'")
     return args
 
 
 # --- the child: one model ----------------------------------------------------------------------
 
 
-def peak_rss_mb() -> float:
-    """Peak RSS since the last `reset_peak_rss` (Linux VmHWM), else since process start."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def reset_peak_rss() -> bool:
-    """Linux lets a process reset its own VmHWM; then the round's peak excludes loading."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 def run_model(args: argparse.Namespace, model: str) -> dict:
     import random
+    from importlib.metadata import version
 
     import torch
 
@@ -108,14 +125,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
 
     torch.set_num_threads(args.threads)
     args.models_dir.mkdir(parents=True, exist_ok=True)
+    lora = LoraOptions() if args.lora else None
     started = time.perf_counter()
-    policy = load_policy(
-        model,
-        device="cpu",
-        lora=LoraOptions() if args.lora else None,
-        seed=args.seed,
-        models_dir=args.models_dir,
-    )
+    policy = load_policy(model, device="cpu", lora=lora, seed=args.seed, models_dir=args.models_dir)
     load_seconds = time.perf_counter() - started
     load_peak = peak_rss_mb()
     settings = TrainingSettings(
@@ -129,10 +141,10 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
     tasks = TaskSampler(default_task_specs([TASK]), dataset_seed=args.seed, rng_seed=args.seed)
     peak_is_round_only = reset_peak_rss()
 
-    rounds = []
+    rounds, batches = [], []
     for round_index in range(args.rounds):
         problems = tasks.sample(args.questions)
-        t0 = time.perf_counter()
+        clock = Clock()
         prompts = [policy.prompt(p) for p in problems]
         completions, new_tokens = sample_completions(
             policy,
@@ -142,9 +154,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
             temperature=settings.temperature,
             seed=args.seed * 1_000_003 + round_index,  # the node's per-round seed
         )
-        t1 = time.perf_counter()
+        clock.lap("generate")
         rewards = [score_group(p, texts) for p, texts in zip(problems, completions)]
-        t2 = time.perf_counter()
+        clock.lap("score")
         real_signal = sum(1 for r in rewards if len(set(r)) > 1)
         real_mean = sum(map(sum, rewards)) / sum(map(len, rewards))
         if args.force_signal:
@@ -154,31 +166,36 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
             for p, texts, r in zip(problems, completions, rewards)
         ]
         update = grpo_update(policy, optimizer, groups, settings, update_rng)
-        t3 = time.perf_counter()
+        clock.lap("update")
+        prompt_lengths = [len(ids) for ids in policy.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        batches.append({"prompts": prompts, "answers": [p.answer for p in problems], "padded_prompt": max(prompt_lengths)})
         rounds.append(
             {
-                "generate_s": t1 - t0,
-                "score_s": t2 - t1,
-                "update_s": t3 - t2,
-                "total_s": t3 - t0,
+                **clock.times(),
                 "tokens": new_tokens,
                 "update_skipped": update.skipped,
                 "update_tokens": update.tokens,
                 "real_reward_mean": real_mean,
                 "real_signal_groups": real_signal,
+                # settings.minibatches steps per pass, but never more steps than groups with signal
+                "optimizer_steps": 0 if update.skipped else settings.updates_per_batch
+                * min(settings.minibatches, sum(1 for r in rewards if len(set(r)) > 1)),
             }
         )
         print(
-            f"  [{model}] round {round_index}{' (warm-up)' if args.rounds > 1 and round_index == 0 else ''}: "
-            f"generate {t1 - t0:.2f}s, score {t2 - t1:.3f}s, encode+update {t3 - t2:.2f}s, "
+            f"  [sapo {model}] round {round_index}{' (warm-up)' if args.rounds > 1 and round_index == 0 else ''}: "
+            f"{clock.summary()}, "
             f"{new_tokens} tokens, real reward {real_mean:.3f}, "
             f"{real_signal}/{len(groups)} groups with real signal",
             file=sys.stderr,
             flush=True,
         )
-    timed = rounds[1:] if len(rounds) > 1 else rounds
-    mean = {k: sum(r[k] for r in timed) / len(timed) for k in ("generate_s", "score_s", "update_s", "total_s", "tokens")}
+    summary = summarize(rounds)
+    timed = rounds[-summary["timed_rounds"] :]
+    geometry = DecodeGeometry.of(policy.model)
     return {
+        "framework": "sapo",
+        "version": f"sapo {version('sapo')}, transformers {version('transformers')}, torch {torch.__version__}",
         "model": model,
         "parameters": sum(p.numel() for p in policy.model.parameters()),
         "trainable": sum(p.numel() for p in policy.trainable_parameters()),
@@ -186,16 +203,50 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
         "load_peak_rss_mb": load_peak,
         "round_peak_rss_mb": peak_rss_mb(),
         "peak_is_round_only": peak_is_round_only,
-        "timed_rounds": len(timed),
         "skipped_updates": sum(r["update_skipped"] for r in timed),
-        "real_reward_mean": sum(r["real_reward_mean"] for r in timed) / len(timed),
-        **mean,
-        "tokens_per_s": mean["tokens"] / mean["generate_s"] if mean["generate_s"] > 0 else 0.0,
-        "rounds": rounds,
+        "optimizer_steps": max(r["optimizer_steps"] for r in timed),
+        **summary,
+        "decode_batch": args.questions * args.generations,  # one generate call for all Q x G
+        "geometry": {"weight_bytes": geometry.weight_bytes, "kv_bytes_per_token": geometry.kv_bytes_per_token},
+        # mean context of a decoding step if the batch runs max_new_tokens steps
+        "decode_context": sum(b["padded_prompt"] for b in batches[-len(timed):]) / len(timed) + args.max_new_tokens / 2,
+        "peer_job": {
+            "model": model,
+            "model_dir": export_for_peers(model, args) if args.peer_list else None,
+            "batches": [{"prompts": b["prompts"], "answers": b["answers"]} for b in batches],
+            "prompt_token_ids": policy.tokenizer(batches[0]["prompts"][0], add_special_tokens=False)["input_ids"],
+            "generations": args.generations,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": settings.temperature,
+            "lr": settings.lr,
+            "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout},
+            "eps_low": settings.eps_low,
+            "eps_high": settings.eps_high,
+            "threads": args.threads,
+            "seed": args.seed,
+            "force_signal": args.force_signal,
+            "peer_micro_batch": args.peer_micro_batch,
+        },
     }
 
 
-# --- the parent: one child per model, then the table ------------------------------------------
+def export_for_peers(model: str, args: argparse.Namespace) -> str | None:
+    """A plain HF directory (model + tokenizer) of the same initial weights, for the peers to load."""
+    from sapo.training.tiny import build_tiny, is_tiny
+
+    if is_tiny(model):
+        folder = args.models_dir / f"{model}-seed{args.seed}"
+        base, tokenizer = build_tiny(model, args.seed)  # the same weights load_policy built
+        base.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return str(folder)
+    if model == "smollm2-135m":
+        return str(args.models_dir / "smollm2-135m")  # the fp32 cache load_policy just used
+    path = Path(model).expanduser()
+    return str(path) if path.is_dir() else None  # a hub id: the offline peers cannot load it
+
+
+# --- the parent: one child per model and framework, then the table -------------------------------
 
 
 def run_child(args: argparse.Namespace, model: str, argv: list[str]) -> dict:
@@ -208,8 +259,58 @@ def run_child(args: argparse.Namespace, model: str, argv: list[str]) -> dict:
     raise SystemExit(f"benchmark of {model!r} failed (exit {child.returncode}); its output:\n{child.stdout}")
 
 
-def print_table(args: argparse.Namespace, results: list[dict]) -> None:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+def run_peer(args: argparse.Namespace, peer: str, job: dict) -> dict | str:
+    """The peer's result, or why there is none (its real error)."""
+    python = args.peers_dir / peer / "bin" / "python"
+    if not python.exists():
+        return f"not installed: {python} is missing; make it with `bash bench/peer_bench/setup.sh`"
+    if job["model_dir"] is None:
+        return f"no local model directory for {job['model']!r} (the peers load one offline)"
+    with tempfile.TemporaryDirectory(prefix=f"bench-{peer}-") as tmp:
+        job_file = Path(tmp) / "job.json"
+        job_file.write_text(json.dumps(job))
+        threads = str(args.threads)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": threads,
+            "MKL_NUM_THREADS": threads,
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "WANDB_MODE": "disabled",
+            "PYTHONUNBUFFERED": "1",
+        }
+        command = [str(python), str(BENCH / "peer_bench" / f"{peer}_round.py"), str(job_file)]
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp, timeout=args.peer_timeout)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {args.peer_timeout:.0f} s (--peer-timeout)"
+    for line in child.stderr.splitlines():
+        if line.startswith(f"  [{peer}]"):
+            print(line.replace(f"[{peer}]", f"[{peer} {job['model']}]"), file=sys.stderr, flush=True)
+    for line in child.stdout.splitlines():
+        if line.startswith(PEER_RESULT_MARKER):
+            return json.loads(line[len(PEER_RESULT_MARKER) :])
+    tail = "\n".join((child.stdout + child.stderr).strip().splitlines()[-20:])
+    return f"failed (exit {child.returncode}); the end of its output:\n{indent(tail)}"
+
+
+def load_average() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def indent(text: str) -> str:
+    return "\n".join("      " + line for line in text.splitlines())
+
+
+def add_decode_bound(row: dict, sapo: dict, bandwidth_gbs: float) -> None:
+    """The memory-bound decoding limit for the row's own decode batch."""
+    geometry = DecodeGeometry(**sapo["geometry"])  # same model and LoRA in every framework
+    row["bound_tokens_per_s"] = decode_bound_tokens_per_s(geometry, row["decode_batch"], sapo["decode_context"], bandwidth_gbs)
+
+
+def print_table(
+    args: argparse.Namespace, results: list[dict], missing: list[tuple[str, str, str]], bandwidth_gbs: float
+) -> None:
     print()
     print(
         f"GRPO round benchmark: {args.questions} questions x {args.generations} generations, "
@@ -218,8 +319,9 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
     )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-        f"load average {load:.2f} at the end. Timings are CONTENDED when other jobs share the CPUs "
-        f"(the load average says how much)."
+        f"load average {args.load_at_start:.2f} at the start, {load_average():.2f} at the end. Wall times are "
+        f"CONTENDED when other jobs share the CPUs (the load average says how much); CPU s is the process's CPU "
+        f"time (all its threads), the steadier figure: with 1 thread, about what the step takes on a quiet core."
     )
     timed = results[0]["timed_rounds"] if results else 0
     print(
@@ -227,32 +329,91 @@ def print_table(args: argparse.Namespace, results: list[dict]) -> None:
         f"{' after 1 warm-up round' if args.rounds > 1 else ' (no warm-up)'}; load time is not in the round."
         + (" Flat-reward groups got forced 0/1 rewards (--force-signal)." if args.force_signal else "")
     )
-    columns = [
+    print(
+        f"memory bandwidth (torch copy, {args.threads} thread{'s' if args.threads > 1 else ''}): "
+        f"{bandwidth_gbs:.1f} GB/s; 'bound tok/s' = decode batch x bandwidth / (weights + batch x KV per token x "
+        f"context), context = padded prompt + max_new_tokens/2 (bench/bandwidth.py)"
+    )
+    times = [
         ("model", "{model}"),
-        ("params", "{parameters_m}"),
-        ("load s", "{load_s:.1f}"),
+        ("framework", "{framework}"),
         ("generate s", "{generate_s:.2f}"),
         ("score s", "{score_s:.3f}"),
         ("enc+update s", "{update_s:.2f}"),
         ("total s", "{total_s:.2f}"),
+        ("generate CPU s", "{generate_cpu_s:.2f}"),
+        ("enc+update CPU s", "{update_cpu_s:.2f}"),
+        ("total CPU s", "{total_cpu_s:.2f}"),
+        ("opt steps", "{optimizer_steps}"),
+        ("skipped", "{skipped}"),
+    ]
+    details = [
+        ("model", "{model}"),
+        ("framework", "{framework}"),
+        ("params", "{parameters_m}"),
+        ("load s", "{load_s:.1f}"),
         ("tokens", "{tokens:.0f}"),
         ("tok/s", "{tokens_per_s:.1f}"),
-        ("peak RSS MB (load)", "{load_peak_rss_mb:.0f}"),
+        ("tok/CPU s", "{tokens_per_cpu_s:.1f}"),
+        ("decode batch", "{decode_batch}"),
+        ("bound tok/s", "{bound_tokens_per_s:.0f}"),
+        ("of bound", "{of_bound_pct}"),
+        ("of bound (CPU)", "{of_bound_cpu_pct}"),
+        ("peak RSS MB (load)", "{load_peak}"),
         ("peak RSS MB (round)", "{round_peak_rss_mb:.0f}"),
         ("reward", "{real_reward_mean:.3f}"),
-        ("skipped", "{skipped_updates}"),
     ]
-    rows = [[h for h, _ in columns]]
+    fields = [
+        {
+            **r,
+            "parameters_m": f"{r['parameters'] / 1e6:.1f}M",
+            "of_bound_pct": f"{100 * r['tokens_per_s'] / r['bound_tokens_per_s']:.1f}%",
+            "of_bound_cpu_pct": f"{100 * r['tokens_per_cpu_s'] / r['bound_tokens_per_s']:.1f}%",
+            "load_peak": f"{r['load_peak_rss_mb']:.0f}" if "load_peak_rss_mb" in r else "-",
+            "skipped": r.get("skipped_updates", "-"),
+        }
+        for r in results
+    ]
+    for columns in (times, details):
+        print()
+        print_rows([[h for h, _ in columns]] + [[fmt.format(**f) for _, fmt in columns] for f in fields])
+    if results and not all(r["peak_is_round_only"] for r in results):
+        print("note: this OS cannot reset the peak RSS; 'round' peak includes loading")
+    if any(r["model"].startswith("tiny") for r in results):
+        print("note: a tiny model's weights fit in the CPU caches, so its bandwidth bound means little")
+    print_ratios(results)
+    print()
+    for framework in dict.fromkeys(r["framework"] for r in results):
+        ran = [r for r in results if r["framework"] == framework]
+        # a peer's update that leaves its trainable weights as they were is a broken update
+        changed = ", ".join(f"{r['model']} {'yes' if r['weights_changed'] else 'NO'}" for r in ran if "weights_changed" in r)
+        print(f"{framework}: {ran[0]['version']}" + (f"; update changed the trainable weights: {changed}" if changed else ""))
+    for peer, model, reason in missing:
+        print(f"{peer} ({model}) has no row: {reason}")
+
+
+def print_ratios(results: list[dict]) -> None:
+    """sapo's seconds over each peer's, per model and step: below 1, sapo is faster."""
+    keys = ("total_s", "total_cpu_s", "generate_s", "generate_cpu_s", "update_s", "update_cpu_s")
+    rows = [["model", "ratio", "total", "total CPU", "generate", "generate CPU", "enc+update", "enc+update CPU"]]
     for r in results:
-        fields = {**r, "parameters_m": f"{r['parameters'] / 1e6:.1f}M"}
-        rows.append([fmt.format(**fields) for _, fmt in columns])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+        if r["framework"] == "sapo":
+            continue
+        sapo = next(s for s in results if s["framework"] == "sapo" and s["model"] == r["model"])
+        rows.append([r["model"], f"sapo/{r['framework']}"] + [f"{sapo[k] / r[k]:.2f}" if r[k] > 0 else "-" for k in keys])
+    if len(rows) == 1:
+        return
+    print()
+    print("seconds per round, sapo / peer (below 1: sapo is faster)")
+    print_rows(rows)
+
+
+def print_rows(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for n, row in enumerate(rows):
         print("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
-    if results and not all(r["peak_is_round_only"] for r in results):
-        print("note: this OS cannot reset the peak RSS; 'round' peak includes loading")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,12 +423,24 @@ def main(argv: list[str] | None = None) -> int:
         result = run_model(args, args.worker)
         print(RESULT_MARKER + json.dumps(result), flush=True)
         return 0
+    args.load_at_start = load_average()
+    bandwidth = copy_bandwidth_gbs(args.bandwidth_mb, repeats=3, threads=args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    results = []
+    results, missing = [], []
     for model in models:
         print(f"benchmarking {model} ...", file=sys.stderr, flush=True)
-        results.append(run_child(args, model, argv))
-    print_table(args, results)
+        sapo = run_child(args, model, argv)
+        add_decode_bound(sapo, sapo, bandwidth)
+        results.append(sapo)
+        for peer in args.peer_list:
+            print(f"benchmarking {model} in {peer} ...", file=sys.stderr, flush=True)
+            outcome = run_peer(args, peer, sapo["peer_job"])
+            if isinstance(outcome, str):
+                missing.append((peer, model, outcome))
+                continue
+            add_decode_bound(outcome, sapo, bandwidth)
+            results.append(outcome)
+    print_table(args, results, missing, bandwidth)
     return 0
 
 

@@ -10,10 +10,12 @@ flood: a real `sapo-node start` process; one attacker GossipService publishes va
        groups at --flood-rate per second (its own GossipSub spam limit switched off, as a
        hostile client would) while an honest peer publishes 4 per second, for --flood-seconds.
        Prints the node's RSS before/after, its inbox size against the cap, the honest peer's
-       delivery, and what became of the flooder's messages.
+       delivery, and what became of the flooder: how many of its groups got in, when the
+       node's peer guard banned it (protocol/peer_guard.py) and dropped its connection, and
+       how often its redials were refused.
 
     .venv/bin/python bench/soak.py                    # 100,000 cases, 400/s flood for 20 s
-    .venv/bin/python bench/soak.py --smoke            # 2,000 cases, 5 s flood
+    .venv/bin/python bench/soak.py --smoke            # 2,000 cases, 8 s flood
 """
 
 from __future__ import annotations
@@ -165,6 +167,12 @@ class FloodReport:
     flooder_still_connected: bool
     node_alive: bool
     rounds_during: int
+    banned_after: float | None  # seconds from the first flood message to the node's "banned peer" log line
+    flooder_disconnected_after: float | None  # ... to its "dropped the connection to banned peer" line
+    redials_refused: int  # the flooder's reconnections the node refused while it was banned
+    peers_banned: int
+    node_rate_limited: int
+    node_refused_banned: int
 
     def lines(self) -> list[str]:
         return [
@@ -176,9 +184,28 @@ class FloodReport:
             f"  honest peer's groups accepted: {self.honest_accepted}; flooder's accepted: {self.flooder_accepted}",
             f"  node received (gossip layer): {self.node_received}; transport counters: {self.transport}",
             f"  rejected: {self.rejected}",
-            f"  flooder's fate: {self.rate_limited_warnings} 'Rate limit exceeded' drops logged by GossipSub (scored down), "
-            f"still connected at the end: {self.flooder_still_connected}; inbox share capped by --inbox-peer-share",
+            f"  flooder's fate: peers_banned={self.peers_banned}, banned {_seconds(self.banned_after)} and "
+            f"disconnected {_seconds(self.flooder_disconnected_after)} after its first message"
+            + f" (still connected at the end: {self.flooder_still_connected}); the node dropped {self.node_rate_limited} "
+            f"of its messages over the rate limit, then {self.node_refused_banned} messages and connections while it was "
+            f"banned, {self.redials_refused} of them redials; "
+            f"{self.rate_limited_warnings} 'Rate limit exceeded' drops logged by GossipSub",
         ]
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}s"
+
+
+def _logged_at(log_text: str, needle: str) -> float | None:
+    """Wall time of the node's first log line holding `needle` (asctime, local time, ms)."""
+    import datetime
+
+    for line in log_text.splitlines():
+        if needle in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    return None
 
 
 def _read_metrics(data_dir: Path) -> list[dict]:
@@ -291,18 +318,23 @@ async def _flood(seconds: float, rate: float, workdir: Path) -> FloodReport:
                         await trio.sleep(1)
 
                 nursery.start_soon(watch_inbox)
-                t0 = trio.current_time()
+                t0, wall0 = trio.current_time(), time.time()
                 async with trio.open_nursery() as load:
                     load.start_soon(flood_task)
                     load.start_soon(honest_task)
                 elapsed = trio.current_time() - t0
                 await trio.sleep(3)  # let the intake drain
+                # Open connections only. The node's own log times the ban and the disconnect: this
+                # process, flooding flat out, notices a closed connection seconds late.
                 still_connected = bool(flooder.connected_peers())
                 nursery.cancel_scope.cancel()
         rows = _read_metrics(data)
         last = rows[-1]
         log.flush()
         text = log_path.read_text()
+        transport = last["transport"]
+        banned_at = _logged_at(text, f"banned peer {flooder_id}")
+        disconnected_at = _logged_at(text, f"dropped the connection to banned peer {flooder_id}")
         return FloodReport(
             seconds=elapsed, attempted=counts["attempted"], flooder_published=counts["flooder_published"],
             honest_published=counts["honest_published"], rss_before_mb=rss_before,
@@ -312,6 +344,11 @@ async def _flood(seconds: float, rate: float, workdir: Path) -> FloodReport:
             transport=last["transport"], rejected=last["rejected"],
             rate_limited_warnings=text.count("Rate limit exceeded"), flooder_still_connected=still_connected,
             node_alive=proc.poll() is None, rounds_during=last["round"] - rounds_before,
+            banned_after=None if banned_at is None else banned_at - wall0,
+            flooder_disconnected_after=None if disconnected_at is None else disconnected_at - wall0,
+            peers_banned=transport.get("peers_banned", 0), node_rate_limited=transport.get("rate_limited", 0),
+            node_refused_banned=transport.get("banned", 0),
+            redials_refused=text.count(f"refusing peer {flooder_id}: banned"),
         )
     finally:
         if proc.poll() is None:
@@ -340,12 +377,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--flood-rate", type=float, default=400.0, help="attacker publishes per second (default: 400)")
     parser.add_argument("--flood-seconds", type=float, default=20.0)
-    parser.add_argument("--smoke", action="store_true", help="2,000 cases and a 5 s flood")
+    parser.add_argument("--smoke", action="store_true", help="2,000 cases and an 8 s flood (long enough to see the ban)")
     parser.add_argument("--skip-fuzz", action="store_true")
     parser.add_argument("--skip-flood", action="store_true")
     args = parser.parse_args()
     if args.smoke:
-        args.cases, args.hypothesis_cases, args.flood_seconds = 2000, 1000, 5.0
+        args.cases, args.hypothesis_cases, args.flood_seconds = 2000, 1000, 8.0
     failed = False
     if not args.skip_fuzz:
         report = fuzz(args.cases, args.seed, args.hypothesis_cases)
@@ -355,6 +392,7 @@ def main() -> int:
         report = flood(args.flood_seconds, args.flood_rate)
         print("\n".join(report.lines()), flush=True)
         failed |= not report.node_alive or report.honest_accepted == 0 or report.inbox_peak > report.inbox_cap
+        failed |= not report.peers_banned
     return 1 if failed else 0
 
 

@@ -100,14 +100,34 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_experiment(args: argparse.Namespace) -> int:
-    from sapo.node.experiment import run_experiment
-    from sapo.node.experiment_settings import EXPERIMENT_NODE_DEFAULTS, ExperimentSettings
+def experiment_node_flags(node_args: list[str]) -> list[str]:
+    """Every study node's flags: the experiment's defaults, then the user's flags on top."""
+    from sapo.node.experiment_settings import EXPERIMENT_NODE_DEFAULTS, EXPERIMENT_TINY_DEFAULTS
+    from sapo.training.tiny import is_tiny
 
-    base = settings_from_args(build_parser().parse_args(["start", *EXPERIMENT_NODE_DEFAULTS, *args.node_args]))
+    base = settings_from_args(build_parser().parse_args(["start", *EXPERIMENT_NODE_DEFAULTS, *node_args]))
+    if not is_tiny(base.model.model):
+        return [*EXPERIMENT_NODE_DEFAULTS, *node_args]
+    return [*EXPERIMENT_NODE_DEFAULTS, *EXPERIMENT_TINY_DEFAULTS, *node_args]
+
+
+def experiment_node_settings(node_args: list[str]):
+    return settings_from_args(build_parser().parse_args(["start", *experiment_node_flags(node_args)]))
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from sapo.node.experiment import resummarize, run_experiment
+    from sapo.node.experiment_settings import ExperimentSettings
+
+    if getattr(args, "resummarize", None):
+        summary = resummarize(Path(args.resummarize), int(args.ma_window) if getattr(args, "ma_window", None) else None)
+        print(f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds")
+        return 0
+    node_flags = experiment_node_flags(args.node_args)
+    base = experiment_node_settings(args.node_args)
     study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
     _configure_logging(base.run.log_level)
-    summary = run_experiment(study, base)
+    summary = run_experiment(study, base, node_flags)
     print(f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
           f"in {summary['timing']['wall_seconds']:.0f}s", flush=True)
     return 0
@@ -122,7 +142,9 @@ def _add_experiment_parser(sub) -> None:
         help="run the controlled I/J study with all nodes in one process",
         description="Run every --configs arm for --seeds seeds with all nodes in one process, sharing "
         "through an in-memory exchange (the real codec and checks). Any other flag is a node setting "
-        "for every node (see `sapo-node start --help`); defaults here: --model tiny --torch-threads 1.",
+        "for every node (see `sapo-node start --help`); defaults here: --model tiny-micro --updates-per-batch 1 "
+        "--minibatches 1 --torch-threads 1, and for tiny models --tasks basic_arithmetic --max-new-tokens 24 "
+        "--warm-start-steps 300 --lr 3e-4.",
     )
     for name, info in ExperimentSettings.model_fields.items():
         default = info.get_default(call_default_factory=True)

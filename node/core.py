@@ -17,6 +17,7 @@ import torch
 from sapo.node.counters import NodeCounters
 from sapo.node.metrics import MetricsLog, RoundRecord
 from sapo.node.settings import NodeSettings
+from sapo.sampling.balance import AdaptiveBalance
 from sapo.sampling.inbox import Inbox
 from sapo.sampling.mixer import TrainingSet, mix
 from sapo.sampling.strategies import get_sampler
@@ -74,6 +75,13 @@ class Node:
         s = settings.sampling
         self.inbox = Inbox(s.inbox_max_groups, s.inbox_max_bytes, s.inbox_max_age_seconds, s.inbox_peer_share)
         self.sampler = get_sampler(s.sampler)
+        self.balance = (
+            AdaptiveBalance(total=s.local + s.external, external=s.external, period=s.balance_period)
+            if s.balance == "adaptive"
+            else None
+        )
+        self.split = (s.local, s.external)  # this round's I/J
+        self.last_reward: float | None = None
         self.round = 0
         self.cumulative_reward = 0.0
         if checkpoint is not None:
@@ -106,13 +114,16 @@ class Node:
             one_shot=m.one_shot,
             weights_from=weights_from,
             adapter_from=adapter_from,
+            precision=m.precision,
         )
 
     # --- one round's steps, in data-flow order -------------------------------------------
 
-    def generate(self, round_index: int, count: int | None = None) -> GenerationResult:
-        """`count` overrides I for this round (the experiment's adaptive balance)."""
-        problems = self.tasks.sample(self.settings.sampling.local if count is None else count)
+    def generate(self, round_index: int) -> GenerationResult:
+        """This round's I local groups; an adaptive balance picks this round's I/J first."""
+        s = self.settings.sampling
+        self.split = self.balance.split(round_index) if self.balance else (s.local, s.external)
+        problems = self.tasks.sample(self.split[0])
         t = self.training
         return generate_groups(
             self.policy,
@@ -125,10 +136,9 @@ class Node:
             stop=self.stop_requested,
         )
 
-    def mix(self, local: GenerationResult, external_count: int | None = None, now: float | None = None) -> TrainingSet:
-        """`external_count` overrides J; `now` replaces the wall clock (the experiment's round clock)."""
-        count = self.settings.sampling.external if external_count is None else external_count
-        return mix(local.groups, self.inbox, count, self.sampler, self.mix_rng, time.time() if now is None else now)
+    def mix(self, local: GenerationResult, now: float | None = None) -> TrainingSet:
+        """The round's J external groups with its local ones; `now` replaces the wall clock (the experiment's round clock)."""
+        return mix(local.groups, self.inbox, self.split[1], self.sampler, self.mix_rng, time.time() if now is None else now)
 
     def train(self, training_set: TrainingSet) -> UpdateStats | None:
         if self.optimizer is None:
@@ -147,6 +157,10 @@ class Node:
         rewards = [r for g in generation.groups for r in g.rewards]
         completions = [c for g in generation.groups for c in g.completions]
         reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
+        if self.balance is not None and self.last_reward is not None:
+            # the previous round's step shows up in this round's reward
+            self.balance.observe(round_index - 1, reward_mean - self.last_reward)
+        self.last_reward = reward_mean
         self.round = round_index
         self.cumulative_reward += reward_mean
         by_task: dict[str, list[float]] = {}
@@ -197,6 +211,8 @@ class Node:
             "mix_rng": self.mix_rng.getstate(),
             "update_rng": self.update_rng.getstate(),
             "tasks": self.tasks.state_dict(),
+            "balance": self.balance.state_dict() if self.balance else None,
+            "last_reward": self.last_reward,
         }
         state = {
             "round": self.round,
@@ -219,6 +235,9 @@ class Node:
         self.mix_rng.setstate(_as_state(trainer["mix_rng"]))
         self.update_rng.setstate(_as_state(trainer["update_rng"]))
         self.tasks.load_state_dict(trainer["tasks"])
+        if self.balance is not None and trainer.get("balance"):
+            self.balance.load_state_dict(trainer["balance"])
+        self.last_reward = trainer.get("last_reward")
         self.round = int(state["round"])
         self.cumulative_reward = float(state["cumulative_reward"])
         self.metrics.truncate_after(self.round)

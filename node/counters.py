@@ -14,6 +14,8 @@ TRANSPORT_REJECTIONS = (
     "not_allowed",
     "unsigned",
     "bad_signature",
+    "rate_limited",  # over the author's token bucket (protocol/peer_guard.py)
+    "banned",  # from, or relayed by, a banned peer; or its connection refused
 )
 
 

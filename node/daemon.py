@@ -20,6 +20,7 @@ from sapo.node.settings import NodeSettings
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.gossip import GossipService, GossipSettings, ReceivedMessage, load_swarm_key
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peer_guard import PENALTIES
 from sapo.protocol.verify import VerifyPolicy
 from sapo.training.generation import GenerationInterrupted
 from sapo.training.tasks import reasoning_gym_version
@@ -87,6 +88,10 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
             max_message_bytes=net.max_message_bytes,
             psk=load_swarm_key(net.swarm_key) if net.swarm_key else None,
             allow_peers=net.allow_peers,
+            discover_peers=net.discover_peers,
+            peer_message_rate=net.peer_message_rate,
+            peer_message_burst=net.peer_message_burst,
+            ban_seconds=net.ban_seconds,
         ),
         key_pair,
         send,
@@ -102,6 +107,7 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
         limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
         policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
         max_age_seconds=settings.sampling.inbox_max_age_seconds,
+        on_reject=lambda signer, reason: _report_from_worker(service, signer, reason),
     )
     encoder = GroupEncoder(
         peer_id=node.peer_id, swarm=net.swarm, model_id=settings.model.model, rg_version=rg_version, compress=net.compress
@@ -112,6 +118,16 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
     for address in service.listen_addrs:
         print(f"listening on {address}", flush=True)
     return exchange
+
+
+def _report_from_worker(service: GossipService, signer: str, reason: str) -> None:
+    """The intake runs in a worker thread; the peer score lives in the trio thread."""
+    if PENALTIES.get(reason, 0) <= 0:
+        return  # duplicates, stale groups, version skew: nothing to charge, no thread hop
+    try:
+        trio.from_thread.run_sync(service.penalize_sender, signer, reason)
+    except (trio.RunFinishedError, trio.Cancelled, RuntimeError):
+        pass  # shutting down, or called outside a trio worker (nothing to score then)
 
 
 async def wait_for_peers(exchange: GossipExchange, count: int, timeout: float) -> None:

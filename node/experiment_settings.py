@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Node settings the experiment defaults differently from `start` (a flag given overrides them).
-EXPERIMENT_NODE_DEFAULTS = ["--model", "tiny", "--torch-threads", "1", "--log-level", "WARNING"]
+# One clipped step per round (the paper's GRPO), one torch thread per node (they share the CPU).
+EXPERIMENT_NODE_DEFAULTS = [
+    "--model", "tiny-micro", "--updates-per-batch", "1", "--minibatches", "1",
+    "--torch-threads", "1", "--log-level", "WARNING",
+]
+# The CPU-scale stand-in (README, "The local/external study"), only for tiny models: a longer warm
+# start, the rate that learned in the one-step-per-round prototype, easy arithmetic and short
+# answers. 300 rounds x 2 seeds x 4 configs of 8 nodes then fit in about half an hour on 2 cores.
+EXPERIMENT_TINY_DEFAULTS = [
+    "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--warm-start-steps", "300", "--lr", "3e-4",
+]
 CLOCK_EPOCH = 1_700_000_000.0
 MA_WINDOW = 100
 METRIC_DEFINITIONS = {
     "reward": "per node and round: mean verifier reward of that node's local completions",
     "cumulative_reward": "sum over rounds of a node's reward, averaged over the learning nodes (paper's metric)",
-    "ma_curve": "trailing moving average (window min(100, rounds)) of the node-averaged reward per round",
+    "ma_curve": "trailing moving average (window: summary's ma_window, 100 unless the study is short) of the node-averaged reward per round",
     "peak_ma": "maximum of the MA curve; peak_round is the round at which it is reached",
     "oscillation": "mean absolute change of the MA curve between consecutive rounds after its peak",
     "final_ma": "last point of the MA curve",
@@ -73,14 +83,33 @@ class ExperimentSettings(BaseModel):
     )
     out: Path = Field(default=Path("sapo-experiment"), description="output directory")
     specialists: bool = Field(default=False, description="node k warm-starts only on its share of --tasks (needs >= 2 tasks)")
-    mixed_sizes: bool = Field(default=False, description="node models cycle tiny-small, tiny, tiny-large")
+    mixed_sizes: bool = Field(default=False, description="node models cycle tiny-micro, tiny-small, tiny")
     mixed_tokenizers: bool = Field(default=False, description="node models alternate tiny (char) and tiny-bpe")
     scripted_solvers: int = Field(default=0, ge=0, le=64, description="extra generate-only peers that answer by script")
     solver_accuracy: float = Field(default=0.5, ge=0, le=1, description="probability a scripted solver's answer is correct")
     format_discovery: float | None = Field(
-        default=None, ge=0, le=1, description="warm-start tag rate for all nodes, so the <answer> format must be discovered"
+        default=0.3, ge=0, le=1, description="warm-start tag rate for all nodes, so the <answer> format must be discovered"
     )
     round_seconds: float = Field(default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)")
+    ma_window: int | None = Field(
+        default=None, ge=1, le=10_000,
+        description="moving-average window of the curves and peak/oscillation metrics (default: 100, the paper's, "
+        "or a third of the rounds if that is shorter)",
+    )
+    resummarize: Path | None = Field(
+        default=None, description="recompute the outputs of the study in this directory from its raw.jsonl, and exit"
+    )
+    transport: Literal["memory", "libp2p"] = Field(
+        default="memory",
+        description="memory: lockstep rounds in one process; libp2p: each run is a real `sapo-node swarm` of node "
+        "processes on 127.0.0.1 (a fidelity check; homogeneous fixed I/J only)",
+    )
+    max_minutes: float | None = Field(
+        default=None, gt=0, description="stop starting rounds after this long; configs are compared over the rounds all completed"
+    )
+    jobs: int | None = Field(
+        default=None, ge=1, le=256, description="runs in parallel, one process each (default: one per CPU core)"
+    )
     progress: bool = Field(default=True, description="progress bar on stderr")
 
     @field_validator("configs", mode="before")
@@ -97,6 +126,13 @@ class ExperimentSettings(BaseModel):
         parse_configs(self.configs)
         if len(set(self.configs)) != len(self.configs):
             raise ValueError(f"configs repeat: {self.configs}")
+        if self.transport == "libp2p":
+            unsupported = [name for name in ("specialists", "mixed_sizes", "mixed_tokenizers") if getattr(self, name)]
+            unsupported += ["scripted_solvers"] if self.scripted_solvers else []
+            unsupported += ["adaptive"] if "adaptive" in self.configs else []
+            if unsupported:
+                raise ValueError(f"--transport libp2p runs homogeneous fixed-I/J studies; drop {', '.join(unsupported)} "
+                                 "or use the in-memory transport")
         if self.mixed_sizes and self.mixed_tokenizers:
             raise ValueError("choose one of --mixed-sizes and --mixed-tokenizers")
         return self

@@ -1,6 +1,8 @@
 """The receive path: frame -> decoded message -> checks -> verified group -> inbox.
 
 Every refusal has a named reason, counted per reason; nothing a peer sends can raise past here.
+Each refusal is also reported to `on_reject(signer, reason)`, which the daemon wires to the
+gossip layer's peer score, so a peer that keeps sending junk ends up banned.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
+from typing import Callable
 
 from sapo.node.counters import NodeCounters
 from sapo.protocol.codec import DecodeLimits, decode
@@ -35,6 +38,7 @@ class Intake:
         policy: VerifyPolicy,
         max_age_seconds: float,
         seen_capacity: int = 65_536,
+        on_reject: Callable[[str, str], None] | None = None,
     ):
         self.inbox = inbox
         self.counters = counters
@@ -46,6 +50,7 @@ class Intake:
         self.max_age_seconds = max_age_seconds
         self._seen: OrderedDict[bytes, None] = OrderedDict()
         self._seen_capacity = seen_capacity
+        self.on_reject = on_reject
 
     def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
         """Admit one frame from `signer` (the libp2p peer that signed it) or count why not."""
@@ -56,6 +61,8 @@ class Intake:
             self.counters.rejected[exc.reason.value] += 1
             level = logging.DEBUG if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality) else logging.INFO
             log.log(level, "rejected group from %s: %s", signer[:16], exc)
+            if self.on_reject is not None:
+                self.on_reject(signer, exc.reason.value)
             return None
         except Exception:  # noqa: BLE001 - a bug in a check must not take the node down
             self.counters.rejected["internal_error"] += 1

@@ -35,6 +35,13 @@ class NodeMetrics:
         self.rejected = Counter("sapo_rejected_groups", "group messages refused, by reason", ["reason"], registry=r)
         self.published = Counter("sapo_published_groups", "local groups published", registry=r)
         self.peers = Gauge("sapo_connected_peers", "connected peers", registry=r)
+        self.transport = Counter(
+            "sapo_transport_events",
+            "gossip-layer events by name: peers_banned, rate_limited, banned, peers_discovered, "
+            "discovery_connected, dial_failed, ... (protocol/README.md)",
+            ["event"],
+            registry=r,
+        )
         self.tokens_per_second = Gauge("sapo_generation_tokens_per_second", "generated tokens per second, last round", registry=r)
         self.step_seconds = Gauge("sapo_step_seconds", "seconds of the last round, by phase", ["phase"], registry=r)
         self._window: deque[float] = deque(maxlen=ma_window)
@@ -52,6 +59,8 @@ class NodeMetrics:
         self._advance(self.published, "published", record.published)
         for reason, count in record.rejected.items():
             self._advance(self.rejected.labels(reason=reason), f"rejected:{reason}", count)
+        for event, count in record.transport.items():
+            self._advance(self.transport.labels(event=event), f"transport:{event}", count)
         self.peers.set(len(record.peers))
         self.tokens_per_second.set(record.tokens_per_second)
         self.step_seconds.labels(phase="generate").set(record.generate_seconds)

@@ -60,6 +60,22 @@ class NetworkSettings(BaseModel):
         default_factory=list,
         description="if given, only these peer ids may connect and have their groups accepted or relayed",
     )
+    discover_peers: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="ask connected peers for the signed records of peers they know and dial them until this many "
+        "peers are connected (0 = only the --peers); lets a swarm grow past one bootstrap node's mesh",
+    )
+    peer_message_rate: float = Field(
+        default=50.0, gt=0, description="messages per second one peer may publish (token bucket, by its signed sequence "
+        "numbers); more are dropped and lower its score, and a flooder is banned; keep it above any honest node's rate"
+    )
+    peer_message_burst: int = Field(default=100, ge=1, description="messages one peer may publish in a burst")
+    ban_seconds: float = Field(
+        default=600.0, gt=0, description="a peer whose score falls too low (flooding, junk, bad signatures) is "
+        "disconnected and refused for this long"
+    )
     judge: str | None = Field(
         default=None,
         description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "

@@ -1,4 +1,4 @@
-"""The one way this project makes a libp2p host: TCP, Noise only, yamux.
+"""The one way this project makes a libp2p host (TCP, Noise only, yamux), and who it is connected to.
 
 A default py-libp2p host also offers TLS, secio and /plaintext/2.0.0, and accepts a
 plaintext-only dialler; gossip and the judge both go through here so neither can.
@@ -11,6 +11,7 @@ from typing import Any
 import multiaddr
 from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
+from libp2p.peer.id import ID
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -36,3 +37,14 @@ def check_listen(listen: str, example: str) -> str:
     except Exception as error:
         raise ValueError(f"listen {listen!r} is not a multiaddr ({error}); e.g. {example}") from error
     return listen
+
+
+def open_peers(host: Any) -> list[ID]:
+    """Peers with an open connection. The host's own list keeps a closed connection for a while
+    (until the swarm's cleanup task runs, which a busy node may not get to for seconds)."""
+    network = host.get_network()
+    return [
+        peer
+        for peer in host.get_connected_peers()
+        if any(not connection.is_closed for connection in network.get_connections(peer))
+    ]

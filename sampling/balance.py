@@ -2,7 +2,7 @@
 
 The rule, paired probes with a hill-climbing step:
 - The node holds a centre J. Within each period of `period` rounds it alternates probes, J + step
-  on even rounds and J - step on odd ones (clipped to [0, total]), so both sides are tried under
+  on even rounds and J - step on odd ones (clipped to [0, total - 1]), so both sides are tried under
   the same conditions and the slow upward trend of learning cancels out of the comparison.
 - After each round it reports the *gain* of that round's training: its local reward in the next
   round minus its local reward in this one (a GRPO step on round t's set shows up in round t+1).
@@ -27,17 +27,24 @@ class AdaptiveBalance:
     _gains: dict[int, list[float]] = field(default_factory=lambda: {+1: [], -1: []})
 
     def __post_init__(self) -> None:
-        if self.total < 1 or not 0 <= self.external <= self.total:
-            raise ValueError(f"adaptive balance needs 0 <= J ({self.external}) <= I + J ({self.total})")
+        if self.total < 1 or not 0 <= self.external <= self.max_external:
+            raise ValueError(f"adaptive balance needs 0 <= J ({self.external}) < I + J ({self.total}): "
+                             "a node keeps at least one local group")
         if self.step < 1 or self.period < 2:
             raise ValueError("adaptive balance needs step >= 1 and period >= 2")
+
+    @property
+    def max_external(self) -> int:
+        # At least one local group every round: it is what the node shares, and its reward is
+        # what the balance measures (a round without local rollouts would read as reward 0).
+        return self.total - 1
 
     def _side(self, round_index: int) -> int:
         return +1 if round_index % 2 == 0 else -1
 
     def split(self, round_index: int) -> tuple[int, int]:
         """(I, J) to use in this round."""
-        j = min(self.total, max(0, self.external + self._side(round_index) * self.step))
+        j = min(self.max_external, max(0, self.external + self._side(round_index) * self.step))
         return self.total - j, j
 
     def observe(self, round_index: int, gain: float) -> None:
@@ -51,8 +58,17 @@ class AdaptiveBalance:
         if plus and minus:
             diff = sum(plus) / len(plus) - sum(minus) / len(minus)
             if diff > self.margin:
-                self.external = min(self.total, self.external + self.step)
+                self.external = min(self.max_external, self.external + self.step)
             elif diff < -self.margin:
                 self.external = max(0, self.external - self.step)
         self._gains = {+1: [], -1: []}
         self.history.append((round_index, self.external))
+
+    def state_dict(self) -> dict:
+        return {"external": self.external, "history": [list(h) for h in self.history],
+                "gains": {"plus": list(self._gains[+1]), "minus": list(self._gains[-1])}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.external = int(state["external"])
+        self.history = [(int(r), int(j)) for r, j in state["history"]]
+        self._gains = {+1: [float(g) for g in state["gains"]["plus"]], -1: [float(g) for g in state["gains"]["minus"]]}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -10,6 +12,12 @@ class SamplingSettings(BaseModel):
 
     local: int = Field(default=4, ge=0, le=256, description="I: local question groups generated and trained on per round")
     external: int = Field(default=4, ge=0, le=256, description="J: external question groups from peers trained on per round")
+    balance: Literal["fixed", "adaptive"] = Field(
+        default="fixed",
+        description="fixed: always I/J; adaptive: the node moves its own J (I + J fixed, starting at J) by "
+        "comparing the reward gain after rounds with more and with fewer external groups",
+    )
+    balance_period: int = Field(default=10, ge=2, le=10_000, description="rounds between adaptive-balance decisions")
     sampler: str = Field(
         default="nonzero-uniform",
         description="how external groups are chosen: nonzero-uniform (drop all-zero-advantage groups, "

@@ -14,12 +14,17 @@ class ModelSettings(BaseModel):
     model: str = Field(
         default="smollm2-135m",
         description="policy to train: 'smollm2-135m' (built-in, offline), a tiny variant "
-        "('tiny', 'tiny-bpe', 'tiny-small', 'tiny-large'), a local HF directory or a hub id "
+        "('tiny', 'tiny-bpe', 'tiny-micro', 'tiny-small', 'tiny-large'), a local HF directory or a hub id "
         "such as Qwen/Qwen2.5-0.5B-Instruct",
         min_length=1,
     )
     device: str = Field(default="auto", description="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps")
     lora: bool = Field(default=False, description="train a LoRA adapter instead of the full model")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="forward-pass precision: auto = bf16 autocast on CUDA GPUs that support it, fp32 on CPU and MPS; "
+        "weights and optimizer state stay fp32",
+    )
     lora_rank: int = Field(default=16, ge=1, le=512, description="LoRA rank r (alpha = 2r)")
     prompt_style: Literal["auto", "chat", "plain"] = Field(
         default="auto", description="chat template with system prompt, or the bare question (auto: plain for tiny models)"
@@ -63,11 +68,12 @@ class TrainingSettings(BaseModel):
         default=2, ge=1, le=32, description="passes over each round's batch; >1 makes the PPO clip active"
     )
     minibatches: int = Field(default=2, ge=1, le=64, description="optimizer steps per pass")
-    micro_batch_size: int = Field(
-        default=4,
+    micro_batch_size: int | None = Field(
+        default=None,
         ge=1,
         le=1024,
-        description="sequences per forward/backward pass; gradients accumulate, so this changes peak memory, not the update",
+        description="sequences per forward/backward pass (default: as many as fit about 2 GiB of activations); "
+        "gradients accumulate, so this changes peak memory, not the update",
     )
     eps_low: float = Field(default=0.2, ge=0, lt=1, description="lower clip range of the ratio")
     eps_high: float = Field(default=0.28, ge=0, lt=10, description="upper clip range of the ratio")

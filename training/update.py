@@ -17,18 +17,68 @@ from sapo.training.generation import ANSWER_CLOSE
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    """Prompts left-padded, completions right-padded, so every completion starts at the same
-    column and only the last C+1 positions need logits (the prompt's never do)."""
+    """A round's groups in this node's tokens: one prompt per group, one completion per row.
 
-    input_ids: torch.Tensor  # [B, P + C]
-    attention_mask: torch.Tensor  # [B, P + C]
-    completion_mask: torch.Tensor  # [B, C]
+    `padded(rows)` lays rows out for one forward pass: prompts left-padded, completions
+    right-padded to the batch's longest completion C, so every completion starts at the same
+    column and only the last C+1 positions need logits (the prompt's never do).
+    """
+
+    prompts: list[list[int]]  # per group
+    completions: list[list[int]]  # per row
+    group_of: list[int]  # which group each row belongs to
     advantages: torch.Tensor  # [B]
-    group_of: list[int]  # which question group each row belongs to
+    pad_id: int
 
     @property
     def completion_length(self) -> int:
-        return self.completion_mask.shape[1]
+        return max(len(c) for c in self.completions)
+
+    # The whole batch padded at once (what the plain forward pass sees), for tools and tests.
+    @property
+    def completion_mask(self) -> torch.Tensor:
+        return self.padded(range(len(self.completions)))[2]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.padded(range(len(self.completions)))[0]
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self.padded(range(len(self.completions)))[1]
+
+    def padded(self, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = list(rows)
+        width = self.completion_length
+        prompt_len = max(len(self.prompts[self.group_of[r]]) for r in rows)
+        input_ids = torch.full((len(rows), prompt_len + width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        completion_mask = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, row in enumerate(rows):
+            prompt, completion = self.prompts[self.group_of[row]], self.completions[row]
+            input_ids[i, prompt_len - len(prompt) : prompt_len] = torch.tensor(prompt)
+            input_ids[i, prompt_len : prompt_len + len(completion)] = torch.tensor(completion)
+            attention[i, prompt_len - len(prompt) : prompt_len + len(completion)] = 1
+            completion_mask[i, : len(completion)] = 1.0
+        return input_ids, attention, completion_mask
+
+    def completion_rows(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Completions alone, right-padded to C: the part that follows a shared prompt."""
+        rows = list(rows)
+        ids = torch.full((len(rows), self.completion_length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(ids.shape, dtype=torch.float32)
+        for i, row in enumerate(rows):
+            completion = self.completions[row]
+            ids[i, : len(completion)] = torch.tensor(completion)
+            mask[i, : len(completion)] = 1.0
+        return ids, mask
+
+    def shared_prompt_saves(self) -> bool:
+        """True when running each group's prompt once beats repeating it in every row: the
+        usual SAPO case of G samples of short answers behind a long one-shot prompt."""
+        padded = sum(len(self.prompts[g]) + len(c) for c, g in zip(self.completions, self.group_of))
+        shared = sum(len(p) for p in self.prompts) + sum(len(c) for c in self.completions)
+        return 2 * shared < padded
 
 
 @dataclass(frozen=True)
@@ -55,11 +105,11 @@ def encode_groups(policy: Policy, groups: list[QuestionGroup], max_completion_to
         return None
     prompt_ids = tokenizer([policy.prompt(g.problem) for g in useful], add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer([c for g in useful for c in g.completions], add_special_tokens=False)["input_ids"]
-    rows: list[tuple[list[int], list[int]]] = []
+    completions: list[list[int]] = []
     advantages: list[float] = []
     group_of: list[int] = []
     cursor = 0
-    for group_index, (group, prompt) in enumerate(zip(useful, prompt_ids)):
+    for group_index, group in enumerate(useful):
         group_adv = group_advantages(torch.tensor(group.rewards)).tolist()
         for text, adv in zip(group.completions, group_adv):
             ids = list(completion_ids[cursor])[:max_completion_tokens]
@@ -68,23 +118,18 @@ def encode_groups(policy: Policy, groups: list[QuestionGroup], max_completion_to
                 ids.append(tokenizer.eos_token_id)
             if not ids:
                 continue
-            rows.append((list(prompt), ids))
+            completions.append(ids)
             advantages.append(adv)
             group_of.append(group_index)
-    if not rows:
+    if not completions:
         return None
-    prompt_len = max(len(p) for p, _ in rows)
-    completion_len = max(len(c) for _, c in rows)
-    pad = tokenizer.pad_token_id
-    input_ids = torch.full((len(rows), prompt_len + completion_len), pad, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    completion_mask = torch.zeros((len(rows), completion_len), dtype=torch.float32)
-    for i, (prompt, completion) in enumerate(rows):
-        input_ids[i, prompt_len - len(prompt) : prompt_len] = torch.tensor(prompt)
-        input_ids[i, prompt_len : prompt_len + len(completion)] = torch.tensor(completion)
-        attention[i, prompt_len - len(prompt) : prompt_len + len(completion)] = 1
-        completion_mask[i, : len(completion)] = 1.0
-    return EncodedBatch(input_ids, attention, completion_mask, torch.tensor(advantages, dtype=torch.float32), group_of)
+    return EncodedBatch(
+        prompts=[list(p) for p in prompt_ids],
+        completions=completions,
+        group_of=group_of,
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        pad_id=tokenizer.pad_token_id,
+    )
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> torch.Tensor:
@@ -107,6 +152,42 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) -> torch.Tensor:
+    """Like `completion_logprobs` for rows that share one prompt, which runs once.
+
+    The prompt's keys and values are computed a single time and repeated for every row, so
+    its cost (and its backward) is paid once instead of once per sample. The gradient is the
+    same: each row's attention reads the same prompt activations, and their gradients add up.
+    """
+    device = completions.device
+    rows, width = completions.shape
+    prompt_ids = torch.tensor([prompt], device=device)
+    out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)
+    cache = out.cache
+    cache.batch_repeat_interleave(rows)
+    attention = torch.ones((rows, len(prompt) + width), dtype=torch.long, device=device)
+    positions = torch.arange(len(prompt), len(prompt) + width, device=device).expand(rows, width)
+    # Padding sits after each completion, so causal attention keeps it out of the real tokens.
+    tail = model(input_ids=completions, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True)
+    logits = torch.cat([out.logits[:, -1:, :].expand(rows, 1, -1), tail.logits[:, :-1, :]], dim=1).float()
+    picked = logits.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: float = 2 * 2**30) -> int:
+    """Rows per forward/backward pass that keep activations near the budget.
+
+    Per token, a decoder layer keeps roughly 16 hidden-size and 4 MLP-size fp32 values for its
+    backward pass; each completion position adds its vocabulary logits (kept three times: the
+    logits, their fp32 copy and the log-softmax). Small models fit a round in one pass.
+    """
+    config = model.config
+    per_token = 4 * config.num_hidden_layers * (16 * config.hidden_size + 4 * config.intermediate_size)
+    width = batch.completion_length
+    per_row = per_token * (max(len(p) for p in batch.prompts) + width) + 12 * config.vocab_size * width
+    return max(1, int(activation_budget_bytes // per_row))
+
+
 def make_optimizer(policy: Policy, settings: TrainingSettings) -> torch.optim.Optimizer:
     params = policy.trainable_parameters()
     if settings.optimizer == "adamw":
@@ -121,29 +202,39 @@ def grpo_update(
     settings: TrainingSettings,
     rng: random.Random,
 ) -> UpdateStats:
-    """Old log-probs once, then `updates_per_batch` passes of `minibatches` clipped steps each."""
+    """`updates_per_batch` passes of `minibatches` clipped steps each, from old log-probs taken once."""
     started = time.perf_counter()
     batch = encode_groups(policy, groups, settings.max_new_tokens)
     if batch is None:
         return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True)
     device = policy.device
-    input_ids = batch.input_ids.to(device)
-    attention = batch.attention_mask.to(device)
-    mask = batch.completion_mask.to(device)
-    advantages = batch.advantages.to(device)
-    width = batch.completion_length
     model = policy.model
     model.eval()  # no dropout: old and new log-probs must come from the same function
-    micro = settings.micro_batch_size
-    with torch.no_grad():
-        # computed once, reused by every pass; in micro-batches to bound memory
-        old_logprobs = torch.cat(
-            [
-                completion_logprobs(model, input_ids[i : i + micro], attention[i : i + micro], width)
-                for i in range(0, input_ids.shape[0], micro)
-            ]
-        )
-    losses, clips = [], []
+    advantages = batch.advantages.to(device)
+    micro = settings.micro_batch_size or auto_micro_batch_size(model, batch)
+    shared = batch.shared_prompt_saves()
+
+    def pieces(rows: list[int]) -> list[list[int]]:
+        # With a shared prompt a forward pass holds rows of one group; otherwise any rows.
+        if not shared:
+            return [rows[i : i + micro] for i in range(0, len(rows), micro)]
+        by_group: dict[int, list[int]] = {}
+        for row in rows:
+            by_group.setdefault(batch.group_of[row], []).append(row)
+        return [part[i : i + micro] for part in by_group.values() for i in range(0, len(part), micro)]
+
+    def logprobs_of(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        with policy.autocast():
+            return _logprobs_of(rows)
+
+    def _logprobs_of(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        if shared:
+            ids, mask = batch.completion_rows(rows)
+            prompt = batch.prompts[batch.group_of[rows[0]]]
+            return shared_prompt_logprobs(model, prompt, ids.to(device)), mask.to(device)
+        ids, attention, mask = batch.padded(rows)
+        return completion_logprobs(model, ids.to(device), attention.to(device), batch.completion_length), mask.to(device)
+
     # Minibatches hold whole question groups: a group's advantages sum to zero, so the tokens
     # its completions share (the answer tag, say) get no net push. Split across steps, they
     # would, and Adam turns that noise into full-size updates.
@@ -152,34 +243,49 @@ def grpo_update(
         rows_of.setdefault(group, []).append(row)
     groups_order = list(rows_of)
     chunks = max(1, min(settings.minibatches, len(groups_order)))
+    plan: list[list[int]] = []
     for _ in range(settings.updates_per_batch):
         rng.shuffle(groups_order)
-        for part in range(chunks):
-            rows = [r for g in groups_order[part::chunks] for r in rows_of[g]]
-            step_tokens = float(mask[rows].sum().clamp_min(1.0))
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = step_clipped = 0.0
-            # Gradient accumulation over micro-batches: each piece's token-mean is reweighted by
-            # its share of the step's tokens, so the gradient equals the whole step's token-mean
-            # and only peak memory depends on micro_batch_size.
-            for i in range(0, len(rows), micro):
-                idx = torch.tensor(rows[i : i + micro], device=device)
-                logprobs = completion_logprobs(model, input_ids[idx], attention[idx], width)
-                loss, stats = clipped_policy_loss(
-                    logprobs, old_logprobs[idx], advantages[idx], mask[idx], settings.eps_low, settings.eps_high
-                )
-                share = float(mask[idx].sum()) / step_tokens
-                (loss * share).backward()
-                step_loss += stats["loss"] * share
-                step_clipped += stats["clip_fraction"] * share
-            torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
-            optimizer.step()
-            losses.append(step_loss)
-            clips.append(step_clipped)
+        plan += [[r for g in groups_order[part::chunks] for r in rows_of[g]] for part in range(chunks)]
+
+    # Old log-probs: the first step runs on unchanged weights, so its own forward pass gives
+    # them exactly; every other row needs one gradient-free pass before anything moves.
+    old_logprobs = torch.zeros((len(batch.completions), batch.completion_length), device=device)
+    first_step = set(plan[0])
+    later = [r for r in range(len(batch.completions)) if r not in first_step]
+    if later:
+        with torch.no_grad():
+            for rows in pieces(later):
+                old_logprobs[rows] = logprobs_of(rows)[0]
+
+    losses, clips = [], []
+    for step, step_rows in enumerate(plan):
+        step_tokens = sum(len(batch.completions[r]) for r in step_rows)
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = step_clipped = 0.0
+        # Gradient accumulation over micro-batches: each piece's token-mean is reweighted by
+        # its share of the step's tokens, so the gradient equals the whole step's token-mean
+        # and only peak memory depends on the micro-batch size.
+        for rows in pieces(step_rows):
+            logprobs, mask = logprobs_of(rows)
+            if step == 0:
+                old_logprobs[rows] = logprobs.detach()
+            loss, stats = clipped_policy_loss(
+                logprobs, old_logprobs[rows], advantages[rows], mask, settings.eps_low, settings.eps_high
+            )
+            share = float(mask.sum()) / step_tokens
+            (loss * share).backward()
+            step_loss += stats["loss"] * share
+            step_clipped += stats["clip_fraction"] * share
+        torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
+        optimizer.step()
+        losses.append(step_loss)
+        clips.append(step_clipped)
+    tokens = sum(len(c) for c in batch.completions)
     return UpdateStats(
         seconds=time.perf_counter() - started,
-        sequences=int(input_ids.shape[0]),
-        tokens=int(mask.sum().item()),
+        sequences=len(batch.completions),
+        tokens=tokens,
         loss=sum(losses) / len(losses),
         clip_fraction=sum(clips) / len(clips),
         skipped=False,

@@ -19,14 +19,43 @@ def run_script(name: str, *args: str, timeout: float) -> subprocess.CompletedPro
 
 
 def test_round_benchmark_smoke(tmp_path):
-    done = run_script("round.py", "--models-dir", str(tmp_path / "models"), timeout=60)
+    # An empty peers dir: the peer path runs and must say "not installed", whatever this machine has.
+    # About 11 s on a quiet 2-core machine; the timeout only catches a hang (at load average 14 it took over 60 s).
+    done = run_script(
+        "round.py", "--models-dir", str(tmp_path / "models"), "--peers-dir", str(tmp_path / "peers"), timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "GRPO round benchmark" in done.stdout
-    header = next(line for line in done.stdout.splitlines() if line.startswith("model "))
-    for column in ("generate s", "score s", "enc+update s", "total s", "tok/s", "peak RSS MB (round)"):
-        assert column in header, header
-    row = next(line for line in done.stdout.splitlines() if line.startswith("tiny "))
-    assert row.split()[-1] == "0", f"the smoke round's update was skipped: {row}"
+    out = done.stdout
+    assert "GRPO round benchmark" in out
+    assert "memory bandwidth (torch copy, 1 thread):" in out
+    times, details = [line for line in out.splitlines() if line.startswith("model ")]
+    for column in ("framework", "generate s", "score s", "enc+update s", "total s", "total CPU s", "skipped"):
+        assert column in times, times
+    for column in ("tok/s", "tok/CPU s", "bound tok/s", "of bound", "peak RSS MB (round)"):
+        assert column in details, details
+    rows = [line for line in out.splitlines() if line.startswith("tiny ")]
+    assert len(rows) == 2 and all(row.split()[1] == "sapo" for row in rows), rows  # no peer row without a peer
+    assert rows[0].split()[-1] == "0", f"the smoke round's update was skipped: {rows[0]}"
+    for peer in ("genrl", "trl"):
+        line = next(line for line in out.splitlines() if line.startswith(f"{peer} (tiny) has no row: "))
+        assert "not installed" in line and "setup.sh" in line, line
+
+
+def test_round_benchmark_rejects_unknown_peer(tmp_path):
+    done = run_script("round.py", "--peers", "verl", timeout=60)
+    assert done.returncode == 2 and "unknown verl" in done.stderr
+
+
+def test_bandwidth_smoke(capsys, monkeypatch):
+    # In this process: the other tests have already paid for importing torch and transformers.
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bandwidth
+
+    assert bandwidth.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "copy bandwidth, 1 thread:" in out
+    row = next(line for line in out.splitlines() if line.startswith("tiny "))
+    assert row.split()[1] == "4.0", row  # 997,120 fp32 weights
 
 
 def test_gossip_benchmark_smoke():
@@ -37,3 +66,18 @@ def test_gossip_benchmark_smoke():
         assert label in done.stdout, done.stdout
     delivered = next(line for line in done.stdout.splitlines() if line.startswith("delivered / expected"))
     assert not delivered.rstrip().endswith("= 0.0000"), f"nothing was delivered: {delivered}"
+
+
+def test_gossip_during_update_smoke(tmp_path):
+    # An estimated 20 s on an idle 2-core machine (12 s of CPU, most of it importing torch and libp2p);
+    # the timeout only catches a hang: at load average 19 on 2 cores the same run took 160 s.
+    done = run_script("gossip_during_update.py", "--models-dir", str(tmp_path / "models"), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "gossip latency during a GRPO update" in out
+    assert "ratio p99(update) / p99(idle):" in out
+    for phase in ("idle", "update"):
+        row = next(line for line in out.splitlines() if line.startswith(f"{phase} "))
+        assert int(row.split()[2]) > 0, f"no message was timed in the {phase} phase: {row}"
+    updates = next(line for line in out.splitlines() if line.startswith("updates: "))
+    assert "(0 skipped)" in updates, updates

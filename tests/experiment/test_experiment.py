@@ -36,9 +36,10 @@ STUDY = [
 @pytest.fixture(scope="module")
 def two_studies(tmp_path_factory) -> tuple[Path, Path]:
     outs = []
-    for name in ("a", "b"):
+    # b runs its two configs in two worker processes: the same results in any process
+    for name, jobs in (("a", "1"), ("b", "2")):
         out = tmp_path_factory.mktemp(name)
-        assert main([*STUDY, "--out", str(out)]) == 0
+        assert main([*STUDY, "--out", str(out), "--jobs", jobs]) == 0
         outs.append(out)
     return outs[0], outs[1]
 
@@ -85,11 +86,15 @@ def test_adaptive_balance_follows_the_measured_gain():
         _, j = balance.split(r)
         balance.observe(r, gain=0.01 * j)
     assert balance.external == 7 and sum(balance.split(13)) == 8
-    for r in range(13, 41):  # now fewer external groups gain more
+    for r in range(13, 25):  # ... but a node always keeps one local group
+        _, j = balance.split(r)
+        balance.observe(r, gain=0.01 * j)
+    assert balance.external == 7 and balance.split(24) == (1, 7)
+    for r in range(25, 53):  # now fewer external groups gain more
         _, j = balance.split(r)
         balance.observe(r, gain=-0.01 * j)
     assert balance.external == 0
-    assert balance.split(41) == (8, 0) and balance.split(42) == (7, 1)  # clipped, I + J kept
+    assert balance.split(53) == (8, 0) and balance.split(54) == (7, 1)  # clipped, I + J kept
 
 
 def test_adaptive_balance_holds_without_a_difference():
@@ -111,7 +116,7 @@ def test_configs_parse_and_reject():
 def test_heterogeneity_assignments():
     base = load_settings({"model": "tiny"})
     assert [node_model(base, ExperimentSettings(mixed_sizes=True), k) for k in range(4)] == [
-        "tiny-small", "tiny", "tiny-large", "tiny-small"]
+        "tiny-micro", "tiny-small", "tiny", "tiny-micro"]
     assert [node_model(base, ExperimentSettings(mixed_tokenizers=True), k) for k in range(3)] == ["tiny", "tiny-bpe", "tiny"]
     tasks = default_task_specs(["basic_arithmetic", "base_conversion", "bf"])
     assert [t.name for t in specialist_tasks(tasks, 8, 4)] == ["base_conversion"]
@@ -148,3 +153,75 @@ def test_scripted_solver_accuracy():
     problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 0, 0).sample(5)
     assert {r for g in ScriptedSolver(1.0).generate_groups(problems, 4).groups for r in g.rewards} == {1.0}
     assert {r for g in ScriptedSolver(0.0).generate_groups(problems, 4).groups for r in g.rewards} == {0.0}
+
+
+def test_spread_counts_the_first_round_each_node_holds_the_threshold():
+    from sapo.node.experiment import spread_metrics
+
+    fast = [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    slow = [0.0] * 4 + [1.0] * 4
+    never = [0.5] * 8
+    spread = spread_metrics([fast, slow], threshold=0.9)
+    # trailing 5-round mean: fast's first full window of ones ends at round 6; slow's best window is 0.8
+    assert spread["first_round_per_node"] == [6, None]
+    assert spread["first_node_round"] == 6 and spread["all_nodes_round"] is None
+    assert spread_metrics([fast, fast])["all_nodes_round"] == 6
+    assert spread_metrics([never], threshold=0.5)["first_round_per_node"] == [5]
+
+
+def test_max_minutes_compares_configs_over_the_rounds_all_completed(tmp_path):
+    out = tmp_path / "timed"
+    # a deadline already past: no run completes a round, which is an error, not an empty summary
+    with pytest.raises(RuntimeError, match="before any run completed a round"):
+        main([*STUDY, "--out", str(out), "--jobs", "1", "--max-minutes", "1e-9"])
+
+
+def test_study_defaults_apply_the_tiny_stand_in_only_to_tiny_models():
+    from sapo.node.cli import experiment_node_settings
+
+    tiny = experiment_node_settings([])
+    assert tiny.model.model == "tiny-micro" and tiny.training.lr == 3e-4
+    assert tiny.tasks.tasks == ["basic_arithmetic"] and tiny.training.max_new_tokens == 24
+    assert tiny.training.updates_per_batch == 1 and tiny.training.minibatches == 1
+    real = experiment_node_settings(["--model", "smollm2-135m", "--lora"])
+    assert real.training.lr is None and real.model.warm_start_steps is None  # the model's own defaults
+    assert len(real.tasks.tasks) == 9 and real.training.max_new_tokens == 256
+    assert experiment_node_settings(["--lr", "1e-3"]).training.lr == 1e-3  # the user's flag wins
+
+
+def test_the_same_study_runs_over_real_libp2p_node_processes(tmp_path):
+    """--transport libp2p: each run is a `sapo-node swarm` on 127.0.0.1; the summary has the same shape."""
+    out = tmp_path / "libp2p"
+    assert main([
+        "experiment", "--transport", "libp2p", "--nodes", "2", "--configs", "2/0,1/1", "--rounds", "2", "--seeds", "1",
+        "--no-progress", "--out", str(out),
+        "--generations", "4", "--max-new-tokens", "8", "--warm-start-steps", "0", "--sampler", "uniform",
+    ]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["study"]["transport"] == "libp2p" and set(summary["results"]) == {"2/0", "1/1"}
+    rows = _raw(out)
+    assert len(rows) == 2 * 2 * 2 and all(r["transport"] == "libp2p" for r in rows)
+    assert all(r["external_groups"] == 0 for r in rows if r["config"] == "2/0")
+    # over the network, round visibility is not lockstep: a node gets the other's groups once they arrive
+    assert sum(r["external_groups"] for r in rows if r["config"] == "1/1") >= 1
+    assert all(r["local_groups"] == 1 for r in rows if r["config"] == "1/1")
+
+
+def test_libp2p_transport_refuses_what_only_the_in_memory_study_can_do():
+    with pytest.raises(ValueError, match="homogeneous fixed-I/J"):
+        ExperimentSettings(transport="libp2p", configs="8/0,adaptive")
+    with pytest.raises(ValueError, match="scripted_solvers"):
+        ExperimentSettings(transport="libp2p", scripted_solvers=2)
+
+
+def test_resummarize_recomputes_the_same_results_from_raw(two_studies, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(two_studies[0], copy)
+    before = json.loads((copy / "summary.json").read_text())
+    (copy / "summary.md").unlink()
+    assert main(["experiment", "--resummarize", str(copy)]) == 0
+    after = json.loads((copy / "summary.json").read_text())
+    assert after["results"] == before["results"] and after["runs"] == before["runs"]
+    assert (copy / "summary.md").read_text().startswith("# SAPO I/J study")

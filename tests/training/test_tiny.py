@@ -13,6 +13,7 @@ TEXT = "Calculate 7 - 9.\n<answer>-2</answer>"
 # (low, high) parameter counts each variant promises.
 PARAM_RANGES = {
     "tiny": (0.8e6, 1.3e6),
+    "tiny-micro": (0.1e6, 0.2e6),
     "tiny-small": (0.3e6, 0.7e6),
     "tiny-large": (8e6, 12e6),
     "tiny-bpe": (0.8e6, 1.5e6),

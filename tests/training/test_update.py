@@ -8,7 +8,14 @@ from sapo.training.config import TrainingSettings
 from sapo.training.policy import load_policy
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
+from sapo.training.update import (
+    auto_micro_batch_size,
+    completion_logprobs,
+    encode_groups,
+    grpo_update,
+    make_optimizer,
+    shared_prompt_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +101,41 @@ def test_micro_batches_change_memory_not_the_update(problem, tmp_path):
     assert torch.allclose(results[1], results[2], atol=1e-5)
     initial = torch.cat([p.detach().flatten() for p in policy("tiny", tmp_path).model.parameters()])
     assert (results[2] - initial).abs().max() > 1e-3  # the step did move the weights
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-bpe"])
+def test_shared_prompt_pass_gives_the_padded_pass_logprobs_and_gradient(problem, tmp_path, name):
+    pol = policy(name, tmp_path)
+    g = group(problem, ["<answer>5</answer>", "I think it is <answer>12</answer>", "7", "<answer>1"],
+              [1.0, 0.0, 0.0, 0.5])
+    batch = encode_groups(pol, [g], max_completion_tokens=64)
+    rows = list(range(4))
+    weights = torch.linspace(0.5, 2.0, batch.completion_length)
+
+    def loss_and_grad(logprobs):
+        pol.model.zero_grad(set_to_none=True)
+        value = (logprobs * batch.completion_mask * weights).sum()
+        value.backward()
+        return value.detach(), torch.cat([p.grad.flatten() for p in pol.model.parameters() if p.grad is not None])
+
+    padded_value, padded_grad = loss_and_grad(
+        completion_logprobs(pol.model, batch.input_ids, batch.attention_mask, batch.completion_length))
+    ids, _ = batch.completion_rows(rows)
+    shared_value, shared_grad = loss_and_grad(shared_prompt_logprobs(pol.model, batch.prompts[0], ids))
+    assert torch.allclose(shared_value, padded_value, atol=1e-4)
+    assert torch.allclose(shared_grad, padded_grad, atol=1e-4, rtol=1e-3)
+    assert padded_grad.abs().max() > 1e-3
+
+
+def test_auto_micro_batch_fits_a_tiny_round_and_splits_a_large_model(problem, tmp_path):
+    from transformers import LlamaConfig
+
+    pol = policy("tiny", tmp_path)
+    batch = encode_groups(pol, [group(problem, ["<answer>5</answer>"] * 4 + ["x"] * 4, [1.0] * 4 + [0.0] * 4)], 64)
+    assert auto_micro_batch_size(pol.model, batch) >= 64
+
+    class Large:  # SmolLM2-135M's shape, with a 300-token prompt and 256-token completions
+        config = LlamaConfig(num_hidden_layers=30, hidden_size=576, intermediate_size=1536, vocab_size=49152)
+
+    long = type(batch)([[1] * 300], [[1] * 256] * 8, [0] * 8, batch.advantages, 0)
+    assert 1 <= auto_micro_batch_size(Large, long) <= 4

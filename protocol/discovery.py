@@ -1,0 +1,477 @@
+"""Peer discovery: ask a connected peer whom it knows, dial a few of them (`/sapo/peers/1`).
+
+Why: with bootstrap dialling alone a swarm is a star around its bootstrap node. GossipSub caps
+the hub's mesh at D_high (12) and the pruned leaves keep re-grafting, get GRAFT-flood penalties
+and miss most messages (17.8 % delivery at 16 nodes, bench/README.md); GossipSub's peer
+exchange (do_px) did not fix it in py-libp2p 0.8.1. Leaves need links to each other.
+
+How: every node holds a libp2p *signed peer record* of itself (an Envelope sealed with its
+identity key: peer id + listen addresses). Every `interval` seconds (every second while it
+has fewer than `target` peers and its asks still teach it new ones) it opens one stream to a
+random connected peer and sends its own record; the peer answers with its own record and up
+to 15 records of peers *it is connected to* (so what we learn was alive a moment ago). We check every record (signature,
+signer = the record's peer id, address shapes; see `check_record`), keep at most
+`max_tracked`, and dial random unconnected ones until we have `target` peers. Dials respect
+the caller's `may_dial` (allow list, bans); a peer that fails to answer is retried with
+back-off and forgotten after a few failures.
+
+A record names addresses as its peer sees them, and a node listening on 0.0.0.0 can only say
+"0.0.0.0". So each record travels with the IP its server saw that peer connect from (a hint,
+unsigned); an unspecified address takes the hint's IP. A wrong hint costs a failed dial, not
+an impersonation: Noise authenticates the peer id on every connection.
+
+Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB).
+    request   {"v": 1, "self": <envelope bytes>}
+    response  {"v": 1, "self": <envelope bytes>, "peers": [[<envelope bytes>, <ip str or nil>], ...]}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+import struct
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import msgpack
+import multiaddr
+import trio
+from libp2p.crypto.keys import KeyPair
+from libp2p.peer.envelope import consume_envelope, seal_record
+from libp2p.peer.id import ID
+from libp2p.peer.peer_record import PeerRecord
+from libp2p.peer.peerinfo import PeerInfo
+
+from sapo.protocol.hosts import open_peers
+
+logger = logging.getLogger("sapo.discovery")
+
+PROTOCOL_ID = "/sapo/peers/1"
+WIRE_VERSION = 1
+RECORD_DOMAIN = "libp2p-peer-record"
+# An Ed25519 record with a handful of addresses is ~200 bytes; 2 KiB leaves room, not abuse.
+MAX_RECORD_BYTES = 2048
+MAX_ADDRS_PER_RECORD = 8
+RECORDS_PER_RESPONSE = 15
+MAX_FRAME_BYTES = 64 * 1024
+# One request/response, stream open included; a peer slower than this is not worth waiting for.
+STREAM_TIMEOUT_SECONDS = 5.0
+# While below target and still learning, ask again after this long (a star fills in within a
+# few asks); asks that teach nothing new back off from here to `interval`.
+FAST_INTERVAL_SECONDS = 1.0
+# A peer asking more often than this is refused: answering costs a signature check.
+MIN_SERVE_INTERVAL_SECONDS = 0.5
+MAX_CONCURRENT_SERVES = 8
+# Failed dials back off 2, 4, 8... s (at most a minute); after this many the record is dropped.
+MAX_DIAL_FAILURES = 4
+_HEADER = struct.Struct(">I")
+
+
+class BadRecord(ValueError):
+    """A peer record (or discovery frame) we refuse; the message is one bounded log line."""
+
+
+@dataclass
+class KnownPeer:
+    peer_id: ID
+    addrs: list[multiaddr.Multiaddr]  # dialable: /ip4|ip6/<ip>/tcp/<port>/p2p/<peer_id>
+    seq: int
+    envelope: bytes
+    observed_ip: str | None
+    failures: int = 0
+    next_dial_at: float = 0.0
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+def seal_own_record(key_pair: KeyPair, listen_addrs: list[multiaddr.Multiaddr]) -> bytes:
+    """This node's signed peer record (its transport addresses, without /p2p/)."""
+    peer_id = ID.from_pubkey(key_pair.public_key)
+    record = PeerRecord(peer_id, [_strip_p2p(a) for a in listen_addrs][:MAX_ADDRS_PER_RECORD])
+    return seal_record(record, key_pair.private_key).marshal_envelope()
+
+
+def check_record(envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> KnownPeer:
+    """A signed peer record we may dial, or BadRecord. The signature must verify, the signing key
+    must be the record's peer id (and `expect_peer`, when the record is a peer's own), and at
+    least one address must be /ip4|ip6/<ip>/tcp/<port>[/p2p/<that id>]."""
+    if not isinstance(envelope, bytes) or not 0 < len(envelope) <= MAX_RECORD_BYTES:
+        raise BadRecord(f"record is not 1..{MAX_RECORD_BYTES} bytes")
+    try:
+        env, record = consume_envelope(envelope, RECORD_DOMAIN)
+        signer = ID.from_pubkey(env.public_key)
+    except Exception as error:  # noqa: BLE001 - libp2p raises many types on garbage
+        raise BadRecord(f"not a validly signed peer record ({type(error).__name__})") from None
+    if record.peer_id != signer:
+        raise BadRecord(f"record names {str(record.peer_id)[:16]} but is signed by {str(signer)[:16]}")
+    if expect_peer is not None and signer != expect_peer:
+        raise BadRecord(f"record of {str(signer)[:16]} sent as the record of {str(expect_peer)[:16]}")
+    addrs: list[multiaddr.Multiaddr] = []
+    for address in record.addrs[: 4 * MAX_ADDRS_PER_RECORD]:
+        dialable = _dialable(address, signer, observed_ip)
+        if dialable is not None and dialable not in addrs:
+            addrs.append(dialable)
+    if not addrs:
+        raise BadRecord(f"record of {str(signer)[:16]} has no dialable /ip4|ip6/.../tcp/... address")
+    return KnownPeer(signer, addrs[:MAX_ADDRS_PER_RECORD], record.seq, envelope, observed_ip)
+
+
+def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -> multiaddr.Multiaddr | None:
+    try:
+        names = [p.name for p in address.protocols()]
+        if names[-1:] == ["p2p"]:
+            if address.value_for_protocol("p2p") != peer.to_base58():
+                return None
+            names = names[:-1]
+        if names not in (["ip4", "tcp"], ["ip6", "tcp"]):
+            return None
+        ip = ipaddress.ip_address(address.value_for_protocol(names[0]))
+        port = int(address.value_for_protocol("tcp"))
+    except Exception:  # noqa: BLE001 - a malformed address is simply not dialable
+        return None
+    if not 0 < port < 65536 or ip.is_multicast or ip.is_reserved:
+        return None
+    hint = _ip_or_none(observed_ip)
+    if ip.is_unspecified:
+        if hint is None or hint.version != ip.version or hint.is_unspecified:
+            return None
+        ip = hint
+    elif ip.is_loopback and hint is not None and not hint.is_loopback:
+        return None  # the peer is not on our machine: its 127.0.0.1 would be ourselves
+    family = "ip4" if ip.version == 4 else "ip6"
+    return multiaddr.Multiaddr(f"/{family}/{ip}/tcp/{port}/p2p/{peer.to_base58()}")
+
+
+def _ip_or_none(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _strip_p2p(address: multiaddr.Multiaddr) -> multiaddr.Multiaddr:
+    text = str(address)
+    return multiaddr.Multiaddr(text.split("/p2p/")[0]) if "/p2p/" in text else address
+
+
+# --- wire -----------------------------------------------------------------------------------------
+
+
+def encode_request(own_record: bytes) -> bytes:
+    return _frame({"v": WIRE_VERSION, "self": own_record})
+
+
+def encode_response(own_record: bytes, peers: list[tuple[bytes, str | None]]) -> bytes:
+    return _frame({"v": WIRE_VERSION, "self": own_record, "peers": [[e, ip] for e, ip in peers[:RECORDS_PER_RESPONSE]]})
+
+
+def decode_request(payload: bytes) -> bytes:
+    obj = _unpack(payload)
+    if set(obj) != {"v", "self"}:
+        raise BadRecord("request must hold exactly 'v' and 'self'")
+    return _record_bytes(obj["self"])
+
+
+def decode_response(payload: bytes) -> tuple[bytes, list[tuple[bytes, str | None]]]:
+    obj = _unpack(payload)
+    if set(obj) != {"v", "self", "peers"}:
+        raise BadRecord("response must hold exactly 'v', 'self' and 'peers'")
+    peers = obj["peers"]
+    if not isinstance(peers, list) or len(peers) > RECORDS_PER_RESPONSE:
+        raise BadRecord(f"'peers' must be a list of at most {RECORDS_PER_RESPONSE}")
+    out: list[tuple[bytes, str | None]] = []
+    for item in peers:
+        if not (isinstance(item, list) and len(item) == 2 and (item[1] is None or isinstance(item[1], str))):
+            raise BadRecord("each peer must be [record bytes, ip string or nil]")
+        out.append((_record_bytes(item[0]), item[1]))
+    return _record_bytes(obj["self"]), out
+
+
+def _frame(obj: dict) -> bytes:
+    payload = msgpack.packb(obj, use_bin_type=True)
+    if len(payload) > MAX_FRAME_BYTES:
+        raise BadRecord(f"frame of {len(payload)} bytes is over {MAX_FRAME_BYTES}")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def _unpack(payload: bytes) -> dict:
+    try:
+        obj = msgpack.unpackb(
+            payload, raw=False, strict_map_key=True, max_bin_len=MAX_RECORD_BYTES, max_str_len=64,
+            max_array_len=RECORDS_PER_RESPONSE, max_map_len=4, max_ext_len=0,
+        )
+    except Exception as error:  # noqa: BLE001 - msgpack raises several types on garbage
+        raise BadRecord(f"not a bounded msgpack map ({type(error).__name__})") from None
+    if not isinstance(obj, dict) or obj.get("v") != WIRE_VERSION or isinstance(obj.get("v"), bool):
+        raise BadRecord(f"not a version {WIRE_VERSION} discovery map")
+    return obj
+
+
+def _record_bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes) or not 0 < len(value) <= MAX_RECORD_BYTES:
+        raise BadRecord(f"a record must be 1..{MAX_RECORD_BYTES} bytes")
+    return value
+
+
+async def read_frame(stream: Any) -> bytes:
+    """One frame's payload; the length is checked before the payload is read. Callers bound time."""
+    header = await _read_exactly(stream, _HEADER.size)
+    (length,) = _HEADER.unpack(header)
+    if not 0 < length <= MAX_FRAME_BYTES:
+        raise BadRecord(f"declared frame length {length} is not 1..{MAX_FRAME_BYTES}")
+    return await _read_exactly(stream, length)
+
+
+async def _read_exactly(stream: Any, n: int) -> bytes:
+    chunks, remaining = [], n
+    while remaining:
+        chunk = await stream.read(remaining)
+        if not chunk:
+            raise BadRecord(f"stream ended after {n - remaining} of {n} bytes")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+# --- the table of known peers ---------------------------------------------------------------------
+
+
+class PeerTable:
+    """At most `max_peers` checked records, newest-learned last; the oldest makes way."""
+
+    def __init__(self, max_peers: int) -> None:
+        self.max_peers = max_peers
+        self._peers: OrderedDict[ID, KnownPeer] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __contains__(self, peer_id: ID) -> bool:
+        return peer_id in self._peers
+
+    def add(self, entry: KnownPeer) -> bool:
+        """Store or refresh; True if the peer was not known before. An older record is ignored."""
+        known = self._peers.get(entry.peer_id)
+        if known is not None:
+            if entry.seq >= known.seq:
+                known.addrs, known.seq, known.envelope = entry.addrs, entry.seq, entry.envelope
+                known.observed_ip = entry.observed_ip or known.observed_ip
+            self._peers.move_to_end(entry.peer_id)
+            return False
+        self._peers[entry.peer_id] = entry
+        while len(self._peers) > self.max_peers:
+            self._peers.popitem(last=False)
+        return True
+
+    def remove(self, peer_id: ID) -> None:
+        self._peers.pop(peer_id, None)
+
+    def records_of(self, peers: list[ID]) -> list[tuple[bytes, str | None]]:
+        """Records (with their observed IPs) of those `peers` we hold, at most one response's worth."""
+        held = [self._peers[p] for p in peers if p in self._peers]
+        chosen = random.sample(held, min(len(held), RECORDS_PER_RESPONSE))
+        return [(entry.envelope, entry.observed_ip) for entry in chosen]
+
+    def candidates(self, now: float, skip: Callable[[ID], bool]) -> list[KnownPeer]:
+        return [e for e in self._peers.values() if e.next_dial_at <= now and not skip(e.peer_id)]
+
+    def dial_failed(self, peer_id: ID, now: float) -> None:
+        entry = self._peers.get(peer_id)
+        if entry is None:
+            return
+        entry.failures += 1
+        if entry.failures >= MAX_DIAL_FAILURES:
+            self.remove(peer_id)
+        else:
+            entry.next_dial_at = now + min(60.0, 2.0**entry.failures)
+
+    def dial_ok(self, peer_id: ID) -> None:
+        entry = self._peers.get(peer_id)
+        if entry is not None:
+            entry.failures, entry.next_dial_at = 0, 0.0
+
+
+# --- the service ----------------------------------------------------------------------------------
+
+
+class PeerDiscovery:
+    """Serves `/sapo/peers/1` and keeps up to `target` peers connected by dialling discovered ones.
+
+    The gossip service owns the host and passes in what discovery must not decide alone:
+    `may_dial(peer_id)` (allow list, ban list, not ourselves), `dial(PeerInfo) -> bool`
+    (its bounded dial) and `count(name)` (its counters)."""
+
+    def __init__(
+        self,
+        key_pair: KeyPair,
+        *,
+        target: int,
+        interval: float,
+        max_tracked: int,
+        may_dial: Callable[[ID], bool],
+        dial: Callable[[PeerInfo], Awaitable[bool]],
+        count: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.key_pair = key_pair
+        self.target = target
+        self.interval = interval
+        self.max_tracked = max_tracked
+        self.may_dial = may_dial
+        self.dial = dial
+        self.count = count
+        self.clock = clock
+        self.table = PeerTable(max_tracked)
+        self._me = ID.from_pubkey(key_pair.public_key)
+        self._host: Any = None
+        self._own = b""
+        self._last_served: dict[ID, float] = {}
+        self._serving = 0
+
+    def attach(self, host: Any) -> None:
+        """Seal our record (the host must be listening) and start answering requests."""
+        self._own = seal_own_record(self.key_pair, list(host.get_transport_addrs()))
+        host.set_stream_handler(PROTOCOL_ID, self.handle)
+        self._host = host
+
+    async def handle(self, stream: Any) -> None:
+        """Answer one request. Never raises: a bad or slow peer costs its own stream."""
+        peer = stream.muxed_conn.peer_id
+        now = self.clock()
+        busy = self._serving >= MAX_CONCURRENT_SERVES or now - self._last_served.get(peer, -1e9) < MIN_SERVE_INTERVAL_SECONDS
+        if busy or not self.may_dial(peer):
+            self.count("discovery_refused")
+            await _reset(stream)
+            return
+        self._remember_served(peer, now)
+        self._serving += 1
+        try:
+            with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
+                theirs = decode_request(await read_frame(stream))
+                self._learn(theirs, _remote_ip(stream), expect_peer=peer)
+                connected = [p for p in open_peers(self._host) if p != peer]
+                await stream.write(encode_response(self._own, self.table.records_of(connected)))
+                self.count("discovery_served")
+            with trio.move_on_after(1.0):
+                await stream.close()
+        except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
+            self.count("discovery_bad_request")
+            logger.debug("discovery request from %s refused: %s", peer, error)
+            await _reset(stream)
+        finally:
+            self._serving -= 1
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Ask and dial until cancelled."""
+        task_status.started()
+        await trio.sleep(random.uniform(0.1, 0.5))  # nodes started together should not ask in lock step
+        fruitless = 0  # asks in a row that taught us nobody new
+        while True:
+            connected = list(open_peers(self._host))
+            known = len(self.table)
+            if connected:
+                await self.ask(random.choice(connected))
+                await self.dial_some()
+            fruitless = 0 if len(self.table) > known or not connected else fruitless + 1
+            if len(open_peers(self._host)) >= self.target:
+                wait = self.interval
+            else:
+                # Short of peers: ask again soon, but after a few empty answers back off, or a
+                # swarm smaller than `target` would be asked once a second forever.
+                wait = min(FAST_INTERVAL_SECONDS * 2 ** max(0, fruitless - 2), self.interval)
+            await trio.sleep(wait * random.uniform(0.75, 1.25))
+
+    async def ask(self, peer: ID) -> None:
+        """One exchange with `peer`: our record out, its record and its peers' records in."""
+        stream = None
+        try:
+            with trio.fail_after(STREAM_TIMEOUT_SECONDS):
+                stream = await self._host.new_stream(peer, [PROTOCOL_ID])
+                await stream.write(encode_request(self._own))
+                own, peers = decode_response(await read_frame(stream))
+            self.count("discovery_asked")
+            self._learn(own, _remote_ip(stream), expect_peer=peer)
+            for envelope, observed_ip in peers:
+                self._learn(envelope, observed_ip)
+        except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not asked again soon
+            self.count("discovery_failed")
+            logger.debug("asking %s for peers failed: %s: %s", peer, type(error).__name__, error)
+        finally:
+            if stream is not None:
+                with trio.move_on_after(1.0):
+                    await _close(stream)
+
+    async def dial_some(self) -> None:
+        """Dial random known, unconnected, dialable peers until `target` are connected."""
+        connected = set(open_peers(self._host))
+        need = self.target - len(connected)
+        if need <= 0:
+            return
+        now = self.clock()
+        pool = self.table.candidates(now, skip=lambda p: p in connected or p == self._me or not self.may_dial(p))
+        chosen = random.sample(pool, min(need, len(pool)))
+        if not chosen:
+            return
+        async with trio.open_nursery() as nursery:
+            for entry in chosen:
+                nursery.start_soon(self._dial_one, entry)
+
+    async def _dial_one(self, entry: KnownPeer) -> None:
+        self.count("discovery_dials")
+        if await self.dial(PeerInfo(entry.peer_id, entry.addrs)):
+            self.table.dial_ok(entry.peer_id)
+            self.count("discovery_connected")
+            logger.info("connected to discovered peer %s", entry.peer_id)
+        else:
+            self.table.dial_failed(entry.peer_id, self.clock())
+            self.count("discovery_dial_failed")
+
+    def forget(self, peer_id: ID) -> None:
+        self.table.remove(peer_id)
+
+    def _learn(self, envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> None:
+        try:
+            entry = check_record(envelope, observed_ip, expect_peer)
+        except BadRecord as error:
+            self.count("records_rejected")
+            logger.debug("peer record refused: %s", error)
+            return
+        if entry.peer_id == self._me or not self.may_dial(entry.peer_id):
+            return
+        if self.table.add(entry):
+            self.count("peers_discovered")
+
+    def _remember_served(self, peer: ID, now: float) -> None:
+        self._last_served[peer] = now
+        if len(self._last_served) > self.max_tracked:
+            cutoff = now - MIN_SERVE_INTERVAL_SECONDS
+            self._last_served = {p: t for p, t in self._last_served.items() if t >= cutoff}
+
+
+def _remote_ip(stream: Any) -> str | None:
+    try:
+        remote = stream.get_remote_address()
+    except Exception:  # noqa: BLE001 - not every transport knows
+        return None
+    return remote[0] if remote else None
+
+
+async def _reset(stream: Any) -> None:
+    with trio.move_on_after(1.0):
+        try:
+            await stream.reset()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def _close(stream: Any) -> None:
+    try:
+        await stream.close()
+    except Exception:  # noqa: BLE001
+        pass

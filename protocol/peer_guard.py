@@ -1,0 +1,171 @@
+"""Per-peer score and rate guard: a flooder, or a peer that keeps sending junk, is banned for a while.
+
+Every message a peer *authors* (the signer, checked before anything here is asked) draws from
+that peer's token bucket (`rate` per second, up to `burst`) as many tokens as it stands for
+publishes: its signed sequence number minus the highest one we have seen from that author
+(at least 1, at most `burst`). libp2p numbers an author's publishes one by one, so this counts
+what the author sends, not what reaches us: a node that trains on a busy CPU reads only ~35-50
+messages a second from one peer (TCP backpressure throttles a 400/s flood long before it
+arrives, and the flooder's own send queue drops the rest), which by arrivals alone looks like an
+honest tiny-model node (~27/s here); by sequence numbers the flooder is 10x over.
+
+A message over the bucket is dropped and costs the author one point of score per publish over
+the limit; a message that fails a check costs more (see `PENALTIES`). Score drifts back towards
+0 by `RECOVERY_PER_SECOND`, so an honest peer's rare slip is forgotten, while a peer publishing
+at 100x the normal rate loses hundreds of points a second and crosses `BAN_SCORE` at once. A
+banned peer is disconnected by the gossip layer, refused when it reconnects, and its messages
+are dropped unread until the ban expires. A flooder that numbers its messages 1, 2, 3... is
+held to `rate` by arrivals instead (it cannot get more through than that, but it may not be
+banned while the node is too busy to read faster).
+
+py-libp2p 0.8.1 has GossipSub v1.1 peer scoring, but it never disconnects anyone, it scores
+forwarders rather than authors, and it knows nothing of our application's rejections (a spoofed
+answer key is a valid libp2p message). So the node keeps its own, small score.
+
+Only authenticated ids are scored (the signer of a valid signature, or the directly connected
+peer for transport-level junk), so one peer cannot get another banned. A swarm of sybil
+identities is not addressed here: each fresh key gets a full bucket (`--allow-peers` or a
+`--swarm-key` is the defence against that).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+# Score at or below which a peer is banned. With RECOVERY_PER_SECOND = 1 a peer may run at most
+# one point a second in deficit forever; 100 points is 100 s of slack for bursts and slips.
+BAN_SCORE = -100.0
+RECOVERY_PER_SECOND = 1.0
+# What one offence costs. Each publish over the bucket costs 1: an honest node a little over the
+# rate (60/s against 50/s) takes ~20 s to get banned, and loses its excess messages anyway, so
+# set the rate above any honest publisher's; a 400/s flooder is 350 points a second in deficit.
+# Provably hostile input costs 10; version skew between honest nodes costs nothing.
+PENALTIES: dict[str, float] = {
+    "rate_limited": 1.0,
+    # transport: the direct peer sent it (honest peers validate before they forward)
+    "unsigned": 10.0,
+    "bad_signature": 10.0,
+    "malformed_message": 10.0,
+    "malformed_frame": 50.0,
+    "oversized": 10.0,
+    # intake: the signer wrote it
+    "bad_frame": 10.0,
+    "bad_compression": 10.0,
+    "bad_msgpack": 10.0,
+    "bad_schema": 10.0,
+    "too_deep": 10.0,
+    "field_too_long": 10.0,
+    "too_many_completions": 10.0,
+    "spoofed_answer_key": 10.0,
+    "sender_mismatch": 10.0,
+    # a node with a newer allowlist or task table sends these honestly: cheap, like a rate overrun
+    "config_out_of_range": 1.0,
+    "unknown_dataset": 1.0,
+}
+
+
+@dataclass
+class _PeerState:
+    tokens: float
+    score: float
+    updated: float
+    banned_until: float = 0.0
+    highest_seqno: int | None = None
+
+
+class PeerGuard:
+    """Token bucket + decaying score per peer id (bytes); pure bookkeeping, no I/O.
+
+    The caller acts on the verdicts: `admit` says whether to process a message, `penalize`
+    returns True when that call banned the peer (disconnect it then)."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        ban_seconds: float,
+        max_tracked: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.ban_seconds = ban_seconds
+        self.max_tracked = max_tracked
+        self.clock = clock
+        # Least recently heard first; beyond max_tracked the quietest peer is forgotten. A banned
+        # peer is never forgotten early (it would come back with a clean slate), see _evict.
+        self._peers: OrderedDict[bytes, _PeerState] = OrderedDict()
+
+    def admit(self, peer: bytes, seqno: int | None = None) -> str | None:
+        """None if a message authored by `peer` (with its signed `seqno`) may go on, else why not:
+        'banned', or 'rate_limited' (then the author has been charged, and may be banned now)."""
+        state = self._state(self.clock(), peer)
+        if state.banned_until:
+            return "banned"
+        cost = 1.0
+        if seqno is not None:
+            if state.highest_seqno is not None:
+                # A replayed or reordered message (lower number) was paid for by the gap before it.
+                cost = float(min(max(seqno - state.highest_seqno, 1), self.burst))
+            state.highest_seqno = max(seqno, state.highest_seqno or 0)
+        if state.tokens >= cost:
+            state.tokens -= cost
+            return None
+        over = cost - state.tokens
+        state.tokens = 0.0
+        self.penalize(peer, "rate_limited", times=over)
+        return "rate_limited"
+
+    def penalize(self, peer: bytes, reason: str, times: float = 1.0) -> bool:
+        """Charge `peer` for `times` offences; True if this is what banned it."""
+        amount = PENALTIES.get(reason, 0.0) * times
+        if amount <= 0:
+            return False
+        now = self.clock()
+        state = self._state(now, peer)
+        if state.banned_until:
+            return False
+        state.score -= amount
+        if state.score > BAN_SCORE:
+            return False
+        state.banned_until = now + self.ban_seconds
+        return True
+
+    def is_banned(self, peer: bytes) -> bool:
+        state = self._peers.get(peer)
+        if state is None or not state.banned_until:
+            return False
+        return self._state(self.clock(), peer).banned_until > 0
+
+    def banned(self) -> list[bytes]:
+        now = self.clock()
+        return [peer for peer, s in list(self._peers.items()) if s.banned_until and self._state(now, peer).banned_until]
+
+    def score(self, peer: bytes) -> float:
+        return self._state(self.clock(), peer).score
+
+    def _state(self, now: float, peer: bytes) -> _PeerState:
+        state = self._peers.get(peer)
+        if state is None:
+            state = self._peers[peer] = _PeerState(tokens=self.burst, score=0.0, updated=now)
+            self._evict()
+            return state
+        self._peers.move_to_end(peer)
+        if state.banned_until and now >= state.banned_until:
+            # the ban is served: a clean slate, as if we had never met
+            state.banned_until, state.score, state.tokens = 0.0, 0.0, self.burst
+        elapsed = max(0.0, now - state.updated)
+        state.updated = now
+        state.tokens = min(self.burst, state.tokens + elapsed * self.rate)
+        state.score = min(0.0, state.score + elapsed * RECOVERY_PER_SECOND)
+        return state
+
+    def _evict(self) -> None:
+        while len(self._peers) > self.max_tracked:
+            victim = next((p for p, s in self._peers.items() if not s.banned_until), None)
+            if victim is None:  # all banned: drop the oldest ban rather than grow without bound
+                victim = next(iter(self._peers))
+            del self._peers[victim]

@@ -1,0 +1,42 @@
+"""bf16 autocast: chosen by device, and when on, forward passes run in bf16 while weights stay fp32."""
+
+import random
+
+import pytest
+import torch
+
+from sapo.training.config import TrainingSettings
+from sapo.training.policy import load_policy, use_bf16
+from sapo.training.rollouts import QuestionGroup
+from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
+
+
+def test_auto_precision_is_fp32_on_cpu_and_explicit_choices_are_kept():
+    cpu = torch.device("cpu")
+    assert use_bf16("auto", cpu) is False and use_bf16("bf16", cpu) is True and use_bf16("fp32", cpu) is False
+    with pytest.raises(ValueError, match="precision"):
+        use_bf16("fp16", cpu)
+
+
+def test_bf16_policy_runs_its_forward_in_bf16_and_keeps_fp32_weights(tmp_path):
+    problem = TaskSampler(default_task_specs(["basic_arithmetic"]), 3, 3).sample(1)[0]
+    group = QuestionGroup(problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>-9</answer>"],
+                          rewards=[1.0, 0.0], origin="peer")
+    fp32 = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, precision="fp32")
+    bf16 = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, precision="bf16")
+    batch = encode_groups(fp32, [group], 32)
+    seen = []
+    hook = bf16.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    with torch.no_grad():
+        reference = completion_logprobs(fp32.model, batch.input_ids, batch.attention_mask, batch.completion_length)
+        with bf16.autocast():
+            low = completion_logprobs(bf16.model, batch.input_ids, batch.attention_mask, batch.completion_length)
+    hook.remove()
+    assert seen == [torch.bfloat16] and low.dtype == torch.float32
+    mask = batch.completion_mask.bool()
+    assert (low[mask] - reference[mask]).abs().max() < 0.1  # bf16 keeps about 3 significant digits
+    stats = grpo_update(bf16, make_optimizer(bf16, TrainingSettings(lr=1e-3)), [group], TrainingSettings(lr=1e-3),
+                        random.Random(0))
+    assert not stats.skipped and torch.isfinite(torch.tensor(stats.loss))
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
