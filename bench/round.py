@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-timeout", type=float, default=3600, help="seconds before a peer's run is abandoned")
     parser.add_argument("--bandwidth-mb", type=float, default=256, help="size of the copy that measures bandwidth")
     parser.add_argument("--smoke", action="store_true", help="tiny only, tiny sizes: a quick check that this runs")
+    parser.add_argument("--updates-per-batch", type=int, default=2,
+                        help="sapo's passes over the batch (node default 2; 1 with --minibatches 1 is the peers' one step)")
+    parser.add_argument("--minibatches", type=int, default=2, help="sapo's optimizer steps per pass (node default 2)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
     args = parser.parse_args(argv)
     if args.smoke:
@@ -134,6 +137,8 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
         generations=args.generations,
         max_new_tokens=args.max_new_tokens,
         lr=default_learning_rate(model, args.lora),
+        updates_per_batch=args.updates_per_batch,
+        minibatches=args.minibatches,
     )
     optimizer = make_optimizer(policy, settings)
     update_rng = random.Random(args.seed)
