@@ -43,6 +43,7 @@ from pathlib import Path
 import trio
 
 from gossip import build_groups, percentile
+from round import print_rows
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
@@ -384,14 +385,6 @@ def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sen
         + ", ".join(f"{k}={v}" for k, v in sorted(record.counters.items()))
     )
     return ratio
-
-
-def print_rows(rows: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for n, row in enumerate(rows):
-        print("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,7 +124,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         print(f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds")
         return 0
     node_flags = experiment_node_flags(args.node_args)
-    base = experiment_node_settings(args.node_args)
+    base = settings_from_args(build_parser().parse_args(["start", *node_flags]))
     study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
     _configure_logging(base.run.log_level)
     summary = run_experiment(study, base, node_flags)

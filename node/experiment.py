@@ -280,8 +280,8 @@ def spread_metrics(per_node: list[list[float]], threshold: float = SPREAD_FORMAT
     its last node does."""
     firsts = []
     for curve in per_node:
-        ma = moving_average(curve, min(SPREAD_WINDOW, len(curve)))
         window = min(SPREAD_WINDOW, len(curve))
+        ma = moving_average(curve, window)
         firsts.append(next((i + window for i, v in enumerate(ma) if v >= threshold), None))
     reached = [f for f in firsts if f is not None]
     return {
@@ -398,12 +398,13 @@ def run_over_libp2p(
     failed = trio.run(run_swarm, study.nodes, run_dir, flags, base.run.seed + 1000 * seed, 30.0)
     if failed:
         raise RuntimeError(f"{config.name} seed {seed}: {failed} node(s) failed; see {run_dir}/node-*/node.log")
-    rewards, formats = [], []
+    rewards, formats, external = [], [], 0
     with (run_dir / "raw.jsonl").open("w") as raw:
         for k in range(study.nodes):
             records = [json.loads(line) for line in (run_dir / f"node-{k}" / "metrics.jsonl").read_text().splitlines()]
             rewards.append([r["reward_mean"] for r in records])
             formats.append([r["format_rate"] for r in records])
+            external += sum(r["external_groups"] for r in records)
             for r in records:
                 raw.write(json.dumps({
                     "config": config.name, "seed": seed, "node": k, "round": r["round"], "reward": r["reward_mean"],
@@ -415,7 +416,6 @@ def run_over_libp2p(
         for r in range(1, study.rounds + 1):
             progress(config.name, seed, r, statistics.fmean(curve[r - 1] for curve in rewards))
     records = sum(len(curve) for curve in rewards)
-    external = sum(json.loads(line)["external_groups"] for line in (run_dir / "raw.jsonl").read_text().splitlines())
     seconds = time.perf_counter() - started
     return {
         "seed": seed,

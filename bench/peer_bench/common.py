@@ -119,3 +119,11 @@ class Clock:
             "total_cpu_s": sum(self.laps[f"{s}_cpu_s"] for s in STEPS),
         }
         return {**self.laps, **total}
+
+
+def trainable_snapshot(model) -> float:
+    # A cheap fingerprint of the trainable weights: an update that changes nothing is a broken update.
+    import torch
+
+    with torch.no_grad():
+        return float(sum(p.double().square().sum() for p in model.parameters() if p.requires_grad))

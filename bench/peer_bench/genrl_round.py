@@ -33,7 +33,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Clock, emit, force_signal, log, peak_rss_mb, read_job, reset_peak_rss, score, summarize  # noqa: E402
+from common import (  # noqa: E402
+    Clock, emit, force_signal, log, peak_rss_mb, read_job, reset_peak_rss, score, summarize, trainable_snapshot,
+)
 
 PASS_THROUGH_TEMPLATE = "{{ messages[-1]['content'] }}"
 
@@ -184,14 +186,6 @@ def check_prompt(tokenizer, job: dict) -> None:
     if templated != prompt or ids != job["prompt_token_ids"]:
         raise SystemExit(f"genrl's prompt differs from the project's: {templated!r} -> {ids[:20]}... "
                          f"vs {prompt!r} -> {job['prompt_token_ids'][:20]}...")
-
-
-def trainable_snapshot(model) -> float:
-    # A cheap fingerprint of the trainable weights: an update that changes nothing is a broken update.
-    import torch
-
-    with torch.no_grad():
-        return float(sum(p.double().square().sum() for p in model.parameters() if p.requires_grad))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, force_signal, log, peak_rss_mb, read_job, reset_peak_rss, score, summarize  # noqa: E402
+from common import (  # noqa: E402
+    emit, force_signal, log, peak_rss_mb, read_job, reset_peak_rss, score, summarize, trainable_snapshot,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -222,14 +224,6 @@ def check_prompt(tokenizer, job: dict) -> None:
     if ids != job["prompt_token_ids"]:
         raise SystemExit(f"TRL's prompt tokens differ from the project's: {ids[:20]}... vs "
                          f"{job['prompt_token_ids'][:20]}...")
-
-
-def trainable_snapshot(model) -> float:
-    # A cheap fingerprint of the trainable weights: an update that changes nothing is a broken update.
-    import torch
-
-    with torch.no_grad():
-        return float(sum(p.double().square().sum() for p in model.parameters() if p.requires_grad))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,7 @@ async def test_peer_sending_junk_groups_is_banned_and_cut_off(tmp_path, nodes):
 
     with trio.fail_after(50):
         async with trio.open_nursery() as nursery:
-            await nursery.start(junk.service.run)
-            while node.peer_id not in junk.service.connected_peers():
-                await trio.sleep(0.1)
-            await trio.sleep(2)  # heartbeats: the mesh forms
+            await junk.join(nursery, node)
             assert await junk.service.publish(junk.encoder.frame(group, 1))  # one honest group first
             for i in range(6):  # then junk: 10 points each, banned at -100
                 assert await junk.service.publish(b"\xde\xad junk %d" % i)  # bad_frame

@@ -41,6 +41,13 @@ class Peer:
                                     rg_version=reasoning_gym_version())
         self.published = 0
 
+    async def join(self, nursery, node: NodeProcess) -> None:
+        """Run this peer's service until it is connected to `node` and their mesh has formed."""
+        await nursery.start(self.service.run)
+        while node.peer_id not in self.service.connected_peers():
+            await trio.sleep(0.1)
+        await trio.sleep(2)  # heartbeats: the mesh forms
+
     async def publish_honest(self) -> None:
         if await self.service.publish(self.encoder.frame(honest_group(), 1)):
             self.published += 1

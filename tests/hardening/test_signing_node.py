@@ -37,10 +37,7 @@ async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keep
 
     with trio.fail_after(50):
         async with trio.open_nursery() as nursery:
-            await nursery.start(attacker.service.run)
-            while node.peer_id not in attacker.service.connected_peers():
-                await trio.sleep(0.1)
-            await trio.sleep(2)  # heartbeats: the mesh forms
+            await attacker.join(nursery, node)
             rounds_before = node.last_round()
             pubsub = attacker.service._pubsub
 
