@@ -32,7 +32,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +122,10 @@ class Learner:
     index: int
     node: Node
     exchange: MemoryExchange
-    rewards: list[float] = field(default_factory=list)
-    format_rates: list[float] = field(default_factory=list)
+
+    @property
+    def records(self) -> list:
+        return self.node.metrics.records
 
 
 @dataclass
@@ -207,8 +209,6 @@ def lockstep_round(
         update = node.train(training_set)
         seconds += time.perf_counter() - started
         record = node.record(round_index, generation, training_set, update, seconds, learner.exchange.peers())
-        learner.rewards.append(record.reward_mean)
-        learner.format_rates.append(record.format_rate)
         rows.append(
             {
                 "node": learner.index,
@@ -364,16 +364,17 @@ def run_one(
     for learner in learners:
         learner.node.metrics.flush()
     seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
+    done = len(learners[0].records)
     return {
         "seed": seed,
-        "rewards": [l.rewards for l in learners],
-        "format_rates": [l.format_rates for l in learners],
+        "rewards": [[r.reward_mean for r in l.records] for l in learners],
+        "format_rates": [[r.format_rate for r in l.records] for l in learners],
         "external_groups_mean": _external_mean(learners),
         "balance_history": {l.index: l.node.balance.history for l in learners if l.node.balance},
         # CPU time too: on a shared machine it predicts an uncontended run better than wall time
         "seconds": {"setup": setup_seconds, "total": seconds,
-                    "per_node_round": (seconds - setup_seconds) / (max(1, len(learners[0].rewards)) * study.nodes),
-                    "cpu_per_node_round": (cpu - setup_cpu) / (max(1, len(learners[0].rewards)) * study.nodes)},
+                    "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
+                    "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes)},
     }
 
 
@@ -592,7 +593,7 @@ def resummarize(out: Path, ma_window_override: int | None = None) -> dict[str, A
 
 
 def _external_mean(learners: list[Learner]) -> float:
-    records = [r for l in learners for r in l.node.metrics.records]
+    records = [r for l in learners for r in l.records]
     return sum(r.external_groups for r in records) / len(records) if records else 0.0
 
 
