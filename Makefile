@@ -36,7 +36,7 @@ test-all: $(STAMP)
 
 # Regenerate README's settings reference from the settings models.
 docs: $(STAMP)
-	$(PY) -m sapo.node.settings_doc README.md
+	$(PY) -m sapo.node.daemon.settings_doc README.md
 
 clean:
 	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm

@@ -44,7 +44,7 @@ from pathlib import Path
 import trio
 
 SWARM = "bench"
-TOPIC = "sapo/bench/rollouts/1"
+SWARM = "bench"
 COMPLETIONS_PER_GROUP = 8
 COMPLETION_CHARS = 1_000  # about 256 tokens of SmolLM2 text
 GROUPS_PER_NODE_POOL = 8  # distinct questions per node, reused round after round
@@ -236,9 +236,9 @@ async def publish_rounds(node: BenchNode, args: argparse.Namespace, totals: Tota
 
 
 def gossip_settings(args: argparse.Namespace, peers: list[str], discover: bool):
-    from sapo.protocol.gossip import GossipSettings
+    from sapo.protocol.settings import NetworkSettings
 
-    return GossipSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, topic=TOPIC,
+    return NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM,
                           discover_peers=args.discover_peers if discover else 0)
 
 

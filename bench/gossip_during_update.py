@@ -47,7 +47,7 @@ from round import print_rows
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
-TOPIC = "sapo/bench/update-latency/1"
+SWARM = "bench-update-latency"
 SWARM = "bench"
 TASK = "basic_arithmetic"
 LAG_PROBE_SECONDS = 0.010
@@ -87,16 +87,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 < args.rate <= 40:
-        parser.error(f"--rate must be in (0, 40] (GossipSettings.peer_message_rate is 50/s), got {args.rate}")
+        parser.error(f"--rate must be in (0, 40] (NetworkSettings.peer_message_rate is 50/s), got {args.rate}")
     if args.idle_seconds <= 0 or args.busy_seconds <= 0:
         parser.error("--idle-seconds and --busy-seconds must be > 0")
     return args
 
 
 def gossip_settings(peers: list[str]):
-    from sapo.protocol.gossip import GossipSettings
+    from sapo.protocol.settings import NetworkSettings
 
-    return GossipSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, topic=TOPIC, discover_peers=0)
+    return NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM, discover_peers=0)
 
 
 # --- sender B: its own process -------------------------------------------------------------------

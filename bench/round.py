@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
 from peer_bench.common import RESULT_MARKER as PEER_RESULT_MARKER
-from peer_bench.common import Clock, peak_rss_mb, reset_peak_rss, summarize
+from peer_bench.common import STEPS, force_signal, peak_rss_mb, reset_peak_rss, summarize
 
 RESULT_MARKER = "BENCH_ROUND_RESULT "
 BENCH = Path(__file__).resolve().parent
@@ -109,92 +110,114 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- the child: one model ----------------------------------------------------------------------
 
 
+class SignalForcingVerifier:
+    """The node's own verifier, timed, and with --force-signal giving flat groups alternating
+    0/1 rewards (as the peers' force_signal does). Remembers the real rewards for the report."""
+
+    def __init__(self, force: bool):
+        self.force = force
+        self.real: list[list[float]] = []
+        self.seconds = self.cpu_seconds = 0.0
+
+    def __call__(self, problem, completions: list[str]) -> list[float]:
+        from sapo.training.rewards import score_group
+
+        wall, cpu = time.perf_counter(), time.process_time()
+        rewards = score_group(problem, completions)
+        self.real.append(rewards)
+        self.seconds += time.perf_counter() - wall
+        self.cpu_seconds += time.process_time() - cpu
+        return force_signal(rewards) if self.force else rewards
+
+    def take(self) -> tuple[list[list[float]], float, float]:
+        """This round's real rewards and scoring seconds (wall, CPU), then start afresh."""
+        taken = self.real, self.seconds, self.cpu_seconds
+        self.real, self.seconds, self.cpu_seconds = [], 0.0, 0.0
+        return taken
+
+
+def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier):
+    """A node alone, with the bench's round: Q local questions, no external groups, no checkpoints."""
+    from sapo.node.daemon.node import Node
+    from sapo.node.daemon.settings import load_settings
+    from sapo.node.study.nodes import peer_id_for
+
+    settings = load_settings({
+        "model": model, "lora": args.lora, "device": "cpu", "models_dir": args.models_dir, "warm_start_steps": 0,
+        "tasks": [TASK], "local": args.questions, "external": 0, "generations": args.generations,
+        "max_new_tokens": args.max_new_tokens, "updates_per_batch": args.updates_per_batch,
+        "minibatches": args.minibatches, "torch_threads": args.threads, "seed": args.seed,
+        "data_dir": data_dir, "checkpoint_every": 0,
+    })
+    # a real peer id: its local groups are framed for publishing, as the daemon's are
+    return Node(settings, peer_id=peer_id_for(args.seed, 0), verifier=verifier)
+
+
 def run_model(args: argparse.Namespace, model: str) -> dict:
-    import random
     from importlib.metadata import version
 
     import torch
+    import trio
 
-    from sapo.training.config import TrainingSettings, default_learning_rate
-    from sapo.training.generation import sample_completions
-    from sapo.training.policy import LoraOptions, load_policy
-    from sapo.training.rewards import score_group
-    from sapo.training.rollouts import QuestionGroup
-    from sapo.training.tasks import TaskSampler, default_task_specs
-    from sapo.training.update import grpo_update, make_optimizer
+    from sapo.node.daemon.counters import NodeCounters
+    from sapo.node.daemon.memory_exchange import MemoryHub
+    from sapo.node.daemon.round import run_round
+    from sapo.training.grpo import has_signal
 
     import peft  # noqa: F401 - imported here so that load time is loading, not importing
     import transformers  # noqa: F401
 
-    torch.set_num_threads(args.threads)
     args.models_dir.mkdir(parents=True, exist_ok=True)
-    lora = LoraOptions() if args.lora else None
+    verifier = SignalForcingVerifier(args.force_signal)
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-round-"))
     started = time.perf_counter()
-    policy = load_policy(model, device="cpu", lora=lora, seed=args.seed, models_dir=args.models_dir)
+    node = bench_node(args, model, data_dir, verifier)
+    policy = node.policy
     load_seconds = time.perf_counter() - started
     load_peak = peak_rss_mb()
-    settings = TrainingSettings(
-        generations=args.generations,
-        max_new_tokens=args.max_new_tokens,
-        lr=default_learning_rate(model, args.lora),
-        updates_per_batch=args.updates_per_batch,
-        minibatches=args.minibatches,
+    alone = MemoryHub(time.time, swarm="bench", rg_version="bench").join(
+        node.peer_id, model_id=model, inbox=None, counters=NodeCounters(), max_message_bytes=2**20, max_age_seconds=600
     )
-    optimizer = make_optimizer(policy, settings)
-    update_rng = random.Random(args.seed)
-    # Same dataset seed and rng for every model: every model answers the same questions.
-    tasks = TaskSampler(default_task_specs([TASK]), dataset_seed=args.seed, rng_seed=args.seed)
     peak_is_round_only = reset_peak_rss()
 
     rounds, batches = [], []
-    for round_index in range(args.rounds):
-        problems = tasks.sample(args.questions)
-        clock = Clock()
+    for round_index in range(1, args.rounds + 1):
+        result = trio.run(run_round, node, alone, node.plan(round_index), trio.Lock())
+        generation, update = result.generation, result.update
+        real, score_s, score_cpu_s = verifier.take()
+        times = {
+            "generate_s": generation.seconds - score_s, "generate_cpu_s": generation.cpu_seconds - score_cpu_s,
+            "score_s": score_s, "score_cpu_s": score_cpu_s,
+            "update_s": update.seconds, "update_cpu_s": update.cpu_seconds,
+        }
+        times |= {"total_s": sum(times[f"{s}_s"] for s in STEPS), "total_cpu_s": sum(times[f"{s}_cpu_s"] for s in STEPS)}
+        real_signal = sum(1 for r in real if has_signal(r))
+        real_mean = sum(map(sum, real)) / sum(map(len, real))
+        problems = [g.problem for g in generation.groups]
         prompts = [policy.prompt(p) for p in problems]
-        completions, new_tokens = sample_completions(
-            policy,
-            prompts,
-            num_generations=args.generations,
-            max_new_tokens=args.max_new_tokens,
-            temperature=settings.temperature,
-            seed=args.seed * 1_000_003 + round_index,  # the node's per-round seed
-        )
-        clock.lap("generate")
-        rewards = [score_group(p, texts) for p, texts in zip(problems, completions)]
-        clock.lap("score")
-        real_signal = sum(1 for r in rewards if len(set(r)) > 1)
-        real_mean = sum(map(sum, rewards)) / sum(map(len, rewards))
-        if args.force_signal:
-            rewards = [r if len(set(r)) > 1 else [float(i % 2) for i in range(len(r))] for r in rewards]
-        groups = [
-            QuestionGroup(problem=p, completions=texts, rewards=r, model_id=model, sender_round=round_index)
-            for p, texts, r in zip(problems, completions, rewards)
-        ]
-        update = grpo_update(policy, optimizer, groups, settings, update_rng)
-        clock.lap("update")
         prompt_lengths = [len(ids) for ids in policy.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
         batches.append({"prompts": prompts, "answers": [p.answer for p in problems], "padded_prompt": max(prompt_lengths)})
         rounds.append(
             {
-                **clock.times(),
-                "tokens": new_tokens,
+                **times,
+                "tokens": generation.new_tokens,
                 "update_skipped": update.skipped,
                 "update_tokens": update.tokens,
                 "real_reward_mean": real_mean,
                 "real_signal_groups": real_signal,
-                # settings.minibatches steps per pass, but never more steps than groups with signal
-                "optimizer_steps": 0 if update.skipped else settings.updates_per_batch
-                * min(settings.minibatches, sum(1 for r in rewards if len(set(r)) > 1)),
+                "optimizer_steps": update.optimizer_steps,
             }
         )
         print(
-            f"  [sapo {model}] round {round_index}{' (warm-up)' if args.rounds > 1 and round_index == 0 else ''}: "
-            f"{clock.summary()}, "
-            f"{new_tokens} tokens, real reward {real_mean:.3f}, "
-            f"{real_signal}/{len(groups)} groups with real signal",
+            f"  [sapo {model}] round {round_index}{' (warm-up)' if args.rounds > 1 and round_index == 1 else ''}: "
+            + ", ".join(f"{s} {times[f'{s}_s']:.2f}s (CPU {times[f'{s}_cpu_s']:.2f}s)" for s in STEPS)
+            + f", {generation.new_tokens} tokens, real reward {real_mean:.3f}, "
+            f"{real_signal}/{len(generation.groups)} groups with real signal",
             file=sys.stderr,
             flush=True,
         )
+    settings, rank = node.training, node.settings.model.lora_rank
+    shutil.rmtree(data_dir, ignore_errors=True)
     summary = summarize(rounds)
     timed = rounds[-summary["timed_rounds"] :]
     geometry = DecodeGeometry.of(policy.model)
@@ -224,7 +247,7 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
             "max_new_tokens": args.max_new_tokens,
             "temperature": settings.temperature,
             "lr": settings.lr,
-            "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout},
+            "lora": {"rank": rank, "alpha": 2 * rank, "dropout": 0.0} if args.lora else None,
             "eps_low": settings.eps_low,
             "eps_high": settings.eps_high,
             "threads": args.threads,
@@ -237,7 +260,8 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
 
 def export_for_peers(model: str, args: argparse.Namespace) -> str | None:
     """A plain HF directory (model + tokenizer) of the same initial weights, for the peers to load."""
-    from sapo.training.tiny import build_tiny, is_tiny
+    from sapo.training.sources import is_tiny
+    from sapo.training.tiny import build_tiny
 
     if is_tiny(model):
         folder = args.models_dir / f"{model}-seed{args.seed}"

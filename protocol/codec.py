@@ -66,10 +66,16 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def canonical_bytes(msg: BaseModel) -> bytes:
+    """The one byte rule of every message this project sends (rollouts and the judge's): msgpack
+    of the model's JSON form with every map's keys sorted, so equal messages give equal bytes."""
+    return msgpack.packb(_canonical(msg.model_dump(mode="json")), use_bin_type=True)
+
+
 def encode(msg: RolloutGroup, compress: bool = True) -> bytes:
     """The frame for `msg`. Compressed only when that is smaller. Deterministic for a given message
     (and, when compressed, a given zlib build: pin golden bytes on compress=False)."""
-    payload = msgpack.packb(_canonical(msg.model_dump(mode="json")), use_bin_type=True)
+    payload = canonical_bytes(msg)
     if compress:
         packed = zlib.compress(payload, _ZLIB_LEVEL)
         if len(packed) < len(payload):

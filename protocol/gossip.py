@@ -13,12 +13,10 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import multiaddr
 import trio
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
@@ -29,7 +27,8 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
 from sapo.protocol.discovery import PeerDiscovery
-from sapo.protocol.hosts import check_listen, new_noise_host, open_peers
+from sapo.protocol.hosts import new_noise_host, open_peers
+from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -54,172 +53,6 @@ DIAL_TIMEOUT_SECONDS = 10.0
 PUBLISH_TIMEOUT_SECONDS = 5.0
 # Bound on waiting for the pubsub service's internal tasks to start.
 START_TIMEOUT_SECONDS = 10.0
-
-
-class GossipSettings(BaseModel):
-    """Network settings of the gossip transport."""
-
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
-
-    listen: str = Field(
-        "/ip4/0.0.0.0/tcp/4001",
-        description="Multiaddr to listen on (TCP). Use port 0 for any free port.",
-    )
-    peers: list[str] = Field(
-        default_factory=list,
-        description="Bootstrap peers as full multiaddrs ending in /p2p/<peer id>; each is "
-        "redialled with exponential back-off until connected, and again whenever it drops.",
-    )
-    topic: str = Field(min_length=1, description="GossipSub topic, e.g. 'sapo/<swarm>/rollouts/1'.")
-    max_message_bytes: int = Field(
-        256 * 1024,
-        gt=0,
-        le=900 * 1024,
-        description="Largest message payload accepted or published. Bigger messages are "
-        "refused by publish() and rejected (not forwarded) when a peer sends them. Must stay "
-        "under py-libp2p's fixed 1 MiB outbound RPC limit.",
-    )
-    heartbeat_seconds: float = Field(
-        1.0,
-        gt=0,
-        le=60,
-        description="GossipSub heartbeat (mesh maintenance, gossip). py-libp2p's default of "
-        "120 s makes the mesh react very slowly.",
-    )
-    dial_backoff_initial: float = Field(
-        1.0, gt=0, description="First delay (s) before redialling a bootstrap peer."
-    )
-    dial_backoff_max: float = Field(
-        10.0, gt=0, description="Cap (s) on the exponential redial delay; small swarms heal within it."
-    )
-    close_timeout_seconds: float = Field(
-        5.0,
-        gt=0,
-        description="Bound on closing the host at shutdown; close() can hang on a crashed peer.",
-    )
-    psk: str | None = Field(
-        None,
-        description="Optional pre-shared key (64 hex chars = 32 bytes) for a private swarm "
-        "(libp2p pnet, XSalsa20 under Noise). Every node of the swarm needs the same key.",
-    )
-    allow_peers: list[str] = Field(
-        default_factory=list,
-        description="If non-empty, only these peer ids may connect or have their messages "
-        "delivered or forwarded; anyone else is disconnected and counted as not_allowed.",
-    )
-    mesh_degree: int = Field(
-        6, ge=1, le=64, description="GossipSub D: mesh links kept per node (spec default 6)."
-    )
-    mesh_degree_low: int = Field(
-        4, ge=0, le=64, description="GossipSub D_low: below this many mesh links, graft more."
-    )
-    mesh_degree_high: int = Field(
-        12, ge=1, le=128, description="GossipSub D_high: above this many mesh links, prune."
-    )
-    discover_peers: int = Field(
-        4,
-        ge=0,
-        le=64,
-        description="Peer discovery (/sapo/peers/1): ask connected peers for the signed records "
-        "of peers they know and dial them until this many peers are connected. 0 = dial only "
-        "the bootstrap peers (requests from others are still answered). Others dial us too, so a "
-        "node ends up with about 1.5x this many links; 4 gives about D=6, and every link more "
-        "is another copy of every message to process (measured: 16 nodes on 2 cores delivered "
-        "0.97 with 4, 0.91 with 6, 0.84 with 8).",
-    )
-    discovery_interval_seconds: float = Field(
-        10.0, gt=0, le=3600, description="Ask a random connected peer for peers this often "
-        "(every second while fewer than discover_peers are connected and asks still find new ones)."
-    )
-    max_tracked_peers: int = Field(
-        256, ge=1, le=65_536, description="Most discovered peer records kept; the oldest make way."
-    )
-    peer_message_rate: float = Field(
-        50.0,
-        gt=0,
-        description="Messages per second one peer may publish, sustained (a token bucket, "
-        "counted by the author's signed sequence numbers). Messages over it are dropped "
-        "(rate_limited) and lower the peer's score. A node publishes its local groups once a "
-        "round; a tiny-model test node, the fastest, about 27 a second on 2 cores.",
-    )
-    peer_message_burst: int = Field(
-        100, ge=1, description="Token bucket size: messages one peer may publish in a burst."
-    )
-    ban_seconds: float = Field(
-        600.0,
-        gt=0,
-        description="A peer whose score falls below the ban threshold (flooding, junk frames, "
-        "bad signatures) is disconnected and refused for this long.",
-    )
-
-    @field_validator("listen")
-    @classmethod
-    def _listen_is_a_multiaddr(cls, listen: str) -> str:
-        return check_listen(listen, "/ip4/0.0.0.0/tcp/4001")
-
-    @field_validator("peers")
-    @classmethod
-    def _peers_name_their_id(cls, peers: list[str]) -> list[str]:
-        for address in peers:
-            try:
-                info_from_p2p_addr(multiaddr.Multiaddr(address))
-            except Exception as error:
-                raise ValueError(
-                    f"bootstrap peer {address!r} is not a multiaddr ending in /p2p/<peer id> "
-                    f"({error}); e.g. /ip4/10.0.0.5/tcp/4001/p2p/12D3KooW..."
-                ) from error
-        return peers
-
-    @field_validator("psk")
-    @classmethod
-    def _psk_is_32_hex_bytes(cls, psk: str | None) -> str | None:
-        if psk is None:
-            return None
-        try:
-            raw = bytes.fromhex(psk)
-        except ValueError as error:
-            raise ValueError(
-                f"psk must be hex ({error}); generate one with `openssl rand -hex 32`"
-            ) from error
-        if len(raw) != 32:
-            raise ValueError(
-                f"psk must be 32 bytes (64 hex chars), got {len(raw)}; "
-                "generate one with `openssl rand -hex 32`"
-            )
-        return psk
-
-    @field_validator("allow_peers")
-    @classmethod
-    def _allowed_are_peer_ids(cls, peers: list[str]) -> list[str]:
-        for peer in peers:
-            try:
-                ID.from_base58(peer)
-            except Exception as error:
-                raise ValueError(
-                    f"allowed peer {peer!r} is not a base58 peer id ({error}); e.g. 12D3KooW..."
-                ) from error
-        return peers
-
-    @field_validator("mesh_degree_high")
-    @classmethod
-    def _mesh_degrees_ordered(cls, high: int, info: Any) -> int:
-        low, degree = info.data.get("mesh_degree_low"), info.data.get("mesh_degree")
-        if low is not None and degree is not None and not low <= degree <= high:
-            raise ValueError(
-                f"mesh degrees must satisfy mesh_degree_low ({low}) <= mesh_degree ({degree}) "
-                f"<= mesh_degree_high ({high})"
-            )
-        return high
-
-    @field_validator("dial_backoff_max")
-    @classmethod
-    def _backoff_max_not_below_initial(cls, value: float, info: Any) -> float:
-        initial = info.data.get("dial_backoff_initial")
-        if initial is not None and value < initial:
-            raise ValueError(
-                f"dial_backoff_max ({value}) must be >= dial_backoff_initial ({initial})"
-            )
-        return value
 
 
 @dataclass(frozen=True)
@@ -363,7 +196,7 @@ class GossipService:
 
     def __init__(
         self,
-        settings: GossipSettings,
+        settings: NetworkSettings,
         key_pair: KeyPair,
         incoming: trio.MemorySendChannel[ReceivedMessage],
         counters: dict[str, int] | None = None,
@@ -725,28 +558,6 @@ async def cut_connections(host: Any, peer_id: ID) -> None:
         logger.debug("closing connection to %s failed: %s", peer_id, error)
 
 
-SWARM_KEY_HEADER = ("/key/swarm/psk/1.0.0/", "/base16/")
-
-
-def load_swarm_key(path: Path) -> str:
-    """The 64-hex-char pre-shared key from a standard libp2p `swarm.key` file:
-    `/key/swarm/psk/1.0.0/`, `/base16/`, then the key, one per line."""
-    try:
-        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read swarm key {path}: {error}") from error
-    if len(lines) != 3 or tuple(lines[:2]) != SWARM_KEY_HEADER:
-        raise ValueError(
-            f"swarm key {path} is not a libp2p swarm.key file: expected the lines "
-            f"{SWARM_KEY_HEADER[0]!r}, {SWARM_KEY_HEADER[1]!r} and 64 hex characters. Make one with: "
-            "printf '/key/swarm/psk/1.0.0/\\n/base16/\\n%s\\n' $(openssl rand -hex 32) > swarm.key"
-        )
-    key = lines[2].lower()
-    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-        raise ValueError(f"swarm key {path}: the key line must be 64 hex characters (32 bytes)")
-    return key
-
-
 def _peer_str(peer_id_bytes: bytes) -> str:
     try:
         return ID(peer_id_bytes).to_base58()
@@ -754,4 +565,4 @@ def _peer_str(peer_id_bytes: bytes) -> str:
         return peer_id_bytes.hex()
 
 
-__all__ = ["GossipService", "GossipSettings", "ReceivedMessage", "load_swarm_key"]
+__all__ = ["GossipService", "NetworkSettings", "ReceivedMessage"]

@@ -30,15 +30,6 @@ def new_noise_host(key_pair: Any, listen: list[multiaddr.Multiaddr], psk: str | 
     )
 
 
-def check_listen(listen: str, example: str) -> str:
-    """A pydantic validator body: `listen` must parse as a multiaddr."""
-    try:
-        multiaddr.Multiaddr(listen)
-    except Exception as error:
-        raise ValueError(f"listen {listen!r} is not a multiaddr ({error}); e.g. {example}") from error
-    return listen
-
-
 def open_peers(host: Any) -> list[ID]:
     """Peers with an open connection. The host's own list keeps a closed connection for a while
     (until the swarm's cleanup task runs, which a busy node may not get to for seconds)."""

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sapo.protocol.codec import canonical_bytes
 from sapo.protocol.messages import WireProblemSpec
 
 PROTOCOL_ID = "/sapo/judge/1"
@@ -117,17 +118,9 @@ _KINDS: dict[str, type[_Message]] = {
 }
 
 
-def _canonical(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _canonical(value[k]) for k in sorted(value)}
-    if isinstance(value, list):
-        return [_canonical(v) for v in value]
-    return value
-
-
 def encode(msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """The length-prefixed frame for `msg`. Refuses (ValueError) to build an oversized one."""
-    payload = msgpack.packb(_canonical(msg.model_dump(mode="json")), use_bin_type=True)
+    payload = canonical_bytes(msg)
     if len(payload) > max_frame_bytes:
         raise ValueError(f"{msg.kind} is {len(payload)} bytes, over the {max_frame_bytes}-byte frame limit")
     return _HEADER.pack(len(payload)) + payload

@@ -1,4 +1,7 @@
-"""An adaptive local/external balance: a node moves its own I/J (I + J fixed) by what it measures.
+"""How many local (I) and external (J) groups a node trains on in a round: its `RoundPlan`.
+
+A fixed balance always plans the configured I/J. An adaptive balance moves a node's own I/J
+(I + J fixed) by what it measures.
 
 The rule, paired probes with a hill-climbing step:
 - The node holds a centre J. Within each period of `period` rounds it alternates probes, J + step
@@ -14,6 +17,33 @@ The rule, paired probes with a hill-climbing step:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a round is asked to do, decided before it starts and handed to every step."""
+
+    index: int  # the round number, from 1
+    local: int  # I: local question groups to generate and train on
+    external: int  # J: external groups to take from the inbox
+
+
+@dataclass(frozen=True)
+class FixedBalance:
+    local: int
+    external: int
+
+    def plan(self, round_index: int) -> RoundPlan:
+        return RoundPlan(round_index, self.local, self.external)
+
+    def observe(self, round_index: int, gain: float) -> None:
+        """A fixed balance learns nothing from a round."""
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Nothing to restore: the settings say what the split is."""
 
 
 @dataclass
@@ -42,10 +72,10 @@ class AdaptiveBalance:
     def _side(self, round_index: int) -> int:
         return +1 if round_index % 2 == 0 else -1
 
-    def split(self, round_index: int) -> tuple[int, int]:
-        """(I, J) to use in this round."""
+    def plan(self, round_index: int) -> RoundPlan:
+        """This round's probe: J one step above or below the centre."""
         j = min(self.max_external, max(0, self.external + self._side(round_index) * self.step))
-        return self.total - j, j
+        return RoundPlan(round_index, self.total - j, j)
 
     def observe(self, round_index: int, gain: float) -> None:
         """`gain`: next round's local reward minus this round's, for the split this round used."""

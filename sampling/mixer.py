@@ -14,6 +14,7 @@ from sapo.training.rollouts import QuestionGroup
 class TrainingSet:
     local: list[QuestionGroup]
     external: list[QuestionGroup]
+    augment_tokens: int = 0  # tokens this node generated for external questions (--augment-external)
 
     @property
     def groups(self) -> list[QuestionGroup]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 from typing import Callable
 
+from sapo.sampling.config import SamplerName
+from sapo.sampling.external import has_full_credit
 from sapo.training.grpo import has_signal
 from sapo.training.rollouts import QuestionGroup
 
@@ -39,7 +41,14 @@ def has_correct(candidates: list[QuestionGroup], count: int, rng: random.Random)
     A correct outside answer is the knowledge worth importing; groups whose best answer is
     partial-credit junk ("18" for "8") are what made positive-only filtering backfire.
     """
-    return uniform([g for g in drop_zero_advantage(candidates) if max(g.rewards) >= 1.0], count, rng)
+    return uniform([g for g in drop_zero_advantage(candidates) if has_full_credit(g)], count, rng)
+
+
+def any_correct(candidates: list[QuestionGroup], count: int, rng: random.Random) -> list[QuestionGroup]:
+    """Groups holding a fully correct answer, all-correct ones included: the sampler for
+    receiver-augmented groups (--augment-external), where this node's own failures supply the
+    contrast that an all-correct group lacks."""
+    return uniform([g for g in candidates if has_full_credit(g)], count, rng)
 
 
 class PeerWeighted:
@@ -62,7 +71,7 @@ class PeerWeighted:
         if key in self._seen:
             return  # groups that stay in the inbox are offered again; count each once
         self._seen.add(key)
-        useful = float(has_signal(group.rewards) and max(group.rewards) >= 1.0)
+        useful = float(has_signal(group.rewards) and has_full_credit(group))
         old = self.usefulness.get(group.origin, self.prior)
         self.usefulness[group.origin] = self.decay * old + (1 - self.decay) * useful
 
@@ -82,6 +91,7 @@ SAMPLERS: dict[str, Sampler] = {
     "nonzero-uniform": nonzero_uniform,
     "uniform": uniform,
     "has-correct": has_correct,
+    "any-correct": any_correct,
 }
 
 # Samplers that learn from what they see: a fresh instance per node.
@@ -90,7 +100,7 @@ STATEFUL_SAMPLERS: dict[str, Callable[[], Sampler]] = {
 }
 
 
-def get_sampler(name: str) -> Sampler:
+def get_sampler(name: SamplerName) -> Sampler:
     if name in STATEFUL_SAMPLERS:
         return STATEFUL_SAMPLERS[name]()
     try:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sapo.training.sources import check_model_source
 
 
 class ModelSettings(BaseModel):
@@ -48,6 +51,25 @@ class ModelSettings(BaseModel):
         description="fraction of warm-start targets inside <answer> tags; below 1 leaves the format to be discovered",
     )
 
+    @field_validator("model")
+    @classmethod
+    def _known_source(cls, model: str) -> str:
+        return check_model_source(model)
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        # whether this machine has it is checked when the node starts (that needs torch)
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device.strip().lower()):
+            raise ValueError(f"unknown device {device!r}; choose auto, cpu, cuda, cuda:N or mps")
+        return device
+
+    @model_validator(mode="after")
+    def _warm_start_is_full_fine_tuning(self) -> "ModelSettings":
+        if self.lora and self.warm_start_steps:
+            raise ValueError("--warm-start-steps trains the full model; it cannot be combined with --lora")
+        return self
+
 
 class TrainingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -75,13 +97,18 @@ class TrainingSettings(BaseModel):
         description="sequences per forward/backward pass (default: as many as fit about 2 GiB of activations); "
         "gradients accumulate, so this changes peak memory, not the update",
     )
+    off_policy_rows: Literal["all", "positive"] = Field(
+        default="all",
+        description="which completions that this node did not sample itself (a peer's) train: all of them, as the "
+        "paper does, or only those with positive advantage (README: 'What sharing does to the update')",
+    )
     eps_low: float = Field(default=0.2, ge=0, lt=1, description="lower clip range of the ratio")
     eps_high: float = Field(default=0.28, ge=0, lt=10, description="upper clip range of the ratio")
 
 
 def default_learning_rate(model: str, lora: bool) -> float:
     """Rates that learn without collapsing, measured on this project's CPU-scale runs."""
-    from sapo.training.tiny import is_tiny
+    from sapo.training.sources import is_tiny
 
     if is_tiny(model):
         return 1e-4

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sapo.training.decoding import GenerationInterrupted, decode_samples
 from sapo.training.policy import Policy
-from sapo.training.rewards import score_group
+from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import Problem
 
@@ -20,8 +20,9 @@ ANSWER_CLOSE = "</answer>"
 @dataclass(frozen=True)
 class GenerationResult:
     groups: list[QuestionGroup]
-    seconds: float
+    seconds: float  # sampling and scoring
     new_tokens: int
+    cpu_seconds: float = 0.0  # process CPU time over the whole step
 
 
 def sample_completions(
@@ -73,11 +74,12 @@ def generate_groups(
     seed: int = 0,
     sender_round: int = 0,
     stop: threading.Event | None = None,
+    verifier: Verifier = score_group,
 ) -> GenerationResult:
     """This round's local rollouts: sampled, decoded and scored by this node's verifier."""
     if not problems:
         return GenerationResult([], 0.0, 0)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     prompts = [policy.prompt(p) for p in problems]
     completions, new_tokens = sample_completions(
         policy,
@@ -93,14 +95,14 @@ def generate_groups(
         QuestionGroup(
             problem=problem,
             completions=texts,
-            rewards=score_group(problem, texts),
+            rewards=verifier(problem, texts),
             model_id=policy.model_id,
             sender_round=sender_round,
             created_at=now,
         )
         for problem, texts in zip(problems, completions)
     ]
-    return GenerationResult(groups, time.perf_counter() - started, new_tokens)
+    return GenerationResult(groups, time.perf_counter() - started, new_tokens, time.process_time() - cpu_started)
 
 
 def greedy_completions(policy: Policy, prompts: list[str], max_new_tokens: int) -> list[str]:

@@ -12,12 +12,10 @@ import torch
 from sapo.training.devices import resolve_device
 from sapo.training.errors import ModelSourceError
 from sapo.training.prompts import PromptStyle, render_prompt
+from sapo.training.sources import check_model_source, is_tiny, looks_local
 from sapo.training.tasks import Problem
 
 log = logging.getLogger("sapo.policy")
-
-DEFAULT_MODEL = "smollm2-135m"
-
 
 @dataclass
 class Policy:
@@ -81,8 +79,6 @@ def load_policy(
     local HF directory or a hub id. `weights_from` is an HF model directory (a checkpoint or a
     warm start) whose weights replace the source's; `adapter_from` a saved LoRA adapter.
     """
-    from sapo.training.tiny import is_tiny
-
     torch_device = resolve_device(device)
     torch.manual_seed(seed)
     model, tokenizer = _load_base(source, seed=seed, models_dir=models_dir, weights_from=weights_from)
@@ -107,7 +103,7 @@ def _load_base(source: str, *, seed: int, models_dir: Path, weights_from: Path |
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sapo.training.smollm2 import load_smollm2
-    from sapo.training.tiny import build_tiny, is_tiny
+    from sapo.training.tiny import build_tiny
 
     if weights_from is not None:
         return (
@@ -118,13 +114,11 @@ def _load_base(source: str, *, seed: int, models_dir: Path, weights_from: Path |
         return build_tiny(source, seed)
     if source == "smollm2-135m":
         return load_smollm2(models_dir / "smollm2-135m")
-    looks_local = source.startswith((".", "/", "~")) or Path(source).expanduser().exists()
-    if looks_local and not Path(source).expanduser().is_dir():
-        raise ModelSourceError(
-            f"model path {source!r} does not exist or is not a directory; give a local HF "
-            "checkpoint directory, a hub id such as Qwen/Qwen2.5-0.5B-Instruct, 'smollm2-135m' or 'tiny'"
-        )
-    path = str(Path(source).expanduser()) if looks_local else source
+    try:
+        check_model_source(source)
+    except ValueError as error:
+        raise ModelSourceError(str(error)) from None
+    path = str(Path(source).expanduser()) if looks_local(source) else source
     try:
         return (
             AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),

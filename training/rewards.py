@@ -6,8 +6,12 @@ import contextlib
 import io
 import math
 import re
+from typing import Callable
 
 from sapo.training.tasks import Problem, dataset_for
+
+# (problem, completions) -> one reward each: this node's own judgement of its completions
+Verifier = Callable[[Problem, list[str]], list[float]]
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

@@ -25,7 +25,14 @@ class QuestionGroup(BaseModel):
     model_id: str = ""
     sender_round: int = Field(default=0, ge=0)
     created_at: float = 0.0
+    # Per completion: was it sampled by this node's own policy? None means all of them for a local
+    # group and none for a peer's; a peer's group that this node augmented with its own samples
+    # (sampling/augment.py) holds both.
+    on_policy: list[bool] | None = None
 
     @property
     def is_local(self) -> bool:
         return self.origin == LOCAL_ORIGIN
+
+    def on_policy_rows(self) -> list[bool]:
+        return list(self.on_policy) if self.on_policy is not None else [self.is_local] * len(self.completions)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import string
-from dataclasses import dataclass
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from sapo.training.sources import TINY_VARIANTS, TinyVariant
 
 PAD, UNK, IM_START, IM_END = "<pad>", "<unk>", "<|im_start|>", "<|im_end|>"
 # Ids 0-3 in both tokenizers. <|im_start|> doubles as bos and <|im_end|> as eos, as in SmolLM2;
@@ -33,39 +34,8 @@ CHATML_TEMPLATE = (
 CHAR_ALPHABET: str = string.printable.replace("\x0b", "").replace("\x0c", "").replace("\r", "")
 
 
-@dataclass(frozen=True)
-class TinyVariant:
-    """One named tiny model: its tokenizer kind and Llama shape."""
-
-    tokenizer: str  # "char" or "bpe"
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    bpe_vocab_size: int = 0  # only for tokenizer="bpe"
-    description: str = ""
-
-
-TINY_VARIANTS: dict[str, TinyVariant] = {
-    # name: TinyVariant(tokenizer, hidden, layers, heads, kv heads, mlp, ...)
-    "tiny": TinyVariant("char", 128, 4, 4, 2, 512, description="1.0M params, char tokenizer"),
-    "tiny-small": TinyVariant("char", 96, 4, 4, 2, 288, description="0.45M params, char tokenizer"),
-    # The size of the CPU prototype that learned arithmetic from a warm start; 2 layers make it
-    # about twice as fast per round as tiny-small, which is what an 8-node study on 2 cores needs.
-    "tiny-micro": TinyVariant("char", 64, 2, 4, 2, 256, description="0.13M params, char tokenizer"),
-    "tiny-large": TinyVariant("char", 288, 10, 8, 4, 864, description="10M params, char tokenizer"),
-    "tiny-bpe": TinyVariant(
-        "bpe", 128, 4, 4, 2, 512, bpe_vocab_size=1024, description="1.1M params, byte-level BPE"
-    ),
-}
-
 # Positions cover a ReasoningGYM prompt plus a few hundred generated tokens at one char per token.
 MAX_POSITIONS = 1024
-
-
-def is_tiny(name: str) -> bool:
-    return name in TINY_VARIANTS
 
 
 def _variant(name: str) -> TinyVariant:

@@ -83,15 +83,33 @@ class EncodedBatch:
 
 @dataclass(frozen=True)
 class UpdateStats:
-    seconds: float
+    seconds: float  # re-encoding and the clipped steps
     sequences: int
     tokens: int
     loss: float
     clip_fraction: float
     skipped: bool
+    optimizer_steps: int = 0
+    cpu_seconds: float = 0.0  # process CPU time over the whole update
 
 
-def encode_groups(policy: Policy, groups: list[QuestionGroup], max_completion_tokens: int) -> EncodedBatch | None:
+def trained_rows(group: QuestionGroup, off_policy_rows: str = "all") -> list[tuple[str, float]]:
+    """The (completion, advantage) rows a group contributes, advantages over the whole group.
+
+    With `off_policy_rows="positive"`, a completion this node did not sample itself trains only
+    when its advantage is positive. Its failures are what another policy wrote: pushing them
+    down moves tokens they share with good answers (the `</answer>` tag) in contexts this
+    policy would not produce, where it is least sure of them, and that push is not balanced by
+    its own successes, on which those tokens are already near certain.
+    """
+    advantages = group_advantages(torch.tensor(group.rewards)).tolist()
+    rows = zip(group.completions, advantages, group.on_policy_rows())
+    return [(text, adv) for text, adv, own in rows if own or off_policy_rows == "all" or adv > 0]
+
+
+def encode_groups(
+    policy: Policy, groups: list[QuestionGroup], max_completion_tokens: int, off_policy_rows: str = "all"
+) -> EncodedBatch | None:
     """Re-encode prompt and completion text with this node's own tokenizer.
 
     A peer's completion is plain text, so it is tokenized here exactly like a local one:
@@ -100,18 +118,18 @@ def encode_groups(policy: Policy, groups: list[QuestionGroup], max_completion_to
     Groups without signal (all-equal rewards) contribute nothing and are left out.
     """
     tokenizer = policy.tokenizer
-    useful = [g for g in groups if has_signal(g.rewards)]
-    if not useful:
+    rows_of = [(g, trained_rows(g, off_policy_rows)) for g in groups if has_signal(g.rewards)]
+    if not rows_of:
         return None
+    useful = [g for g, _ in rows_of]
     prompt_ids = tokenizer([policy.prompt(g.problem) for g in useful], add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer([c for g in useful for c in g.completions], add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer([text for _, rows in rows_of for text, _ in rows], add_special_tokens=False)["input_ids"]
     completions: list[list[int]] = []
     advantages: list[float] = []
     group_of: list[int] = []
     cursor = 0
-    for group_index, group in enumerate(useful):
-        group_adv = group_advantages(torch.tensor(group.rewards)).tolist()
-        for text, adv in zip(group.completions, group_adv):
+    for group_index, (_, rows) in enumerate(rows_of):
+        for text, adv in rows:
             ids = list(completion_ids[cursor])[:max_completion_tokens]
             cursor += 1
             if text.rstrip().endswith(ANSWER_CLOSE) and len(ids) < max_completion_tokens:
@@ -203,10 +221,10 @@ def grpo_update(
     rng: random.Random,
 ) -> UpdateStats:
     """`updates_per_batch` passes of `minibatches` clipped steps each, from old log-probs taken once."""
-    started = time.perf_counter()
-    batch = encode_groups(policy, groups, settings.max_new_tokens)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    batch = encode_groups(policy, groups, settings.max_new_tokens, settings.off_policy_rows)
     if batch is None:
-        return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True)
+        return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started)
     device = policy.device
     model = policy.model
     model.eval()  # no dropout: old and new log-probs must come from the same function
@@ -289,4 +307,6 @@ def grpo_update(
         loss=sum(losses) / len(losses),
         clip_fraction=sum(clips) / len(clips),
         skipped=False,
+        optimizer_steps=len(plan),
+        cpu_seconds=time.process_time() - cpu_started,
     )

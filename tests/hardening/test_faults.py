@@ -121,9 +121,9 @@ def test_a_file_where_the_data_dir_should_be_is_a_clear_error(tmp_path):
     data.write_text("oops")
     result = sapo_node("start", *TINY, "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", str(data),
                        timeout=60)
-    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.returncode == 2, result.stderr[-3000:]  # refused with the settings, before anything loads
     assert "Traceback" not in result.stderr
-    assert "sapo-node: error:" in result.stderr and str(data) in result.stderr, result.stderr[-2000:]
+    assert "sapo-node: invalid settings:" in result.stderr and str(data) in result.stderr, result.stderr[-2000:]
     assert data.read_text() == "oops"
 
 

@@ -1,4 +1,5 @@
-"""CI-sized versions of bench/soak.py: 2,000 hostile frames, and a few seconds of flood."""
+"""Hostile frames (2,000 in the suite, 100,000 with `make test-all`), and a CI-sized version of
+bench/soak.py's flood."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.hardening.fuzz import fuzz
 
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 
@@ -20,10 +23,11 @@ def soak():
     return module
 
 
-def test_2000_hostile_frames_raise_nothing(soak):
-    report = soak.fuzz(2000, seed=1, hypothesis_cases=1000)
+@pytest.mark.parametrize("cases", [2000, pytest.param(100_000, marks=pytest.mark.slow)])
+def test_hostile_frames_raise_nothing(cases):
+    report = fuzz(cases, seed=1, hypothesis_cases=1000 if cases < 10_000 else 3000)
     print("\n" + "\n".join(report.lines()))
-    assert report.cases == 2000
+    assert report.cases == cases
     assert not report.escaped, report.escaped
     rejected = sum(report.decode_rejected.values())
     assert rejected + report.decoded == report.cases

@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 
 from tests.hardening.test_security import Peer
-from tests.node.test_hostile_peer import honest_group
+from tests.node.daemon.test_hostile_peer import honest_group
 from tests.processes import PLUMBING, NodeProcess
 
 

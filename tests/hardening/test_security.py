@@ -11,15 +11,15 @@ import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.node.exchange import GroupEncoder
-from sapo.protocol.gossip import GossipService, GossipSettings, load_swarm_key
+from sapo.node.daemon.exchange import GroupEncoder
+from sapo.protocol.gossip import GossipService
+from sapo.protocol.settings import NetworkSettings, load_swarm_key
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.training.tasks import reasoning_gym_version
 from tests.conftest import sapo_node
 from tests.processes import PLUMBING, TINY, NodeProcess
-from tests.node.test_hostile_peer import honest_group
+from tests.node.daemon.test_hostile_peer import honest_group
 
-TOPIC = "sapo/default/rollouts/1"
 PSK = "6f" * 32
 SWARM_KEY = f"/key/swarm/psk/1.0.0/\n/base16/\n{PSK}\n"
 
@@ -27,14 +27,13 @@ SWARM_KEY = f"/key/swarm/psk/1.0.0/\n/base16/\n{PSK}\n"
 class Peer:
     """An in-process GossipService dialling the node, publishing honest groups."""
 
-    def __init__(self, seed: int, address: str, psk: str | None = None, model_id: str = "peer"):
+    def __init__(self, seed: int, address: str, swarm_key: Path | None = None, model_id: str = "peer"):
         self.key = create_new_key_pair(bytes([seed]) * 32)
         self.peer_id = peer_id_of(self.key)
         self.send, self.receive = trio.open_memory_channel(1000)
         self.counters: dict[str, int] = {}
         self.service = GossipService(
-            GossipSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address], topic=TOPIC, psk=psk,
-                           dial_backoff_max=2.0),
+            NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address], swarm_key=swarm_key, dial_backoff_max=2.0),
             self.key, self.send, self.counters,
         )
         self.encoder = GroupEncoder(peer_id=self.peer_id, swarm="default", model_id=model_id,
@@ -98,8 +97,8 @@ async def test_outsider_without_the_swarm_key_can_neither_receive_nor_inject(tmp
     key_file.write_text(SWARM_KEY)
     node = NodeProcess(tmp_path / "n", [*PLUMBING, "--swarm-key", str(key_file)])
     nodes.append(node)
-    member = Peer(1, node.address, psk=PSK)
-    outsider = Peer(2, node.address, psk=None)
+    member = Peer(1, node.address, swarm_key=key_file)
+    outsider = Peer(2, node.address, swarm_key=None)
     await run_peers(node, [member, outsider], 25, until=lambda: accepted_from(node).get(member.peer_id, 0) >= 3
                     and member.received() > 0)
     await trio.sleep(1)
@@ -154,14 +153,17 @@ def test_model_path_outside_the_data_dir_is_read_only(tmp_path):
     outside.mkdir()
     (outside / "passwd").write_text("root:x:0:0")
     snapshot = {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()}
-    for model in ["../../etc", "../../missing", "../../etc/passwd"]:
+    # a directory that holds no model fails when it loads (1); a missing path or a file is refused
+    # with the settings, before anything loads (2)
+    for model, code in [("../../etc", 1), ("../../missing", 2), ("../../etc/passwd", 2)]:
         result = subprocess.run(
             [sys.executable, "-m", "sapo.node.cli", "start", *TINY, "--model", model, "--warm-start-steps", "2",
              "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", "data"],
             cwd=cwd, capture_output=True, text=True, timeout=120,
         )
-        assert result.returncode == 1, result.stderr[-3000:]
-        assert "Traceback" not in result.stderr and "sapo-node: error:" in result.stderr, result.stderr[-3000:]
+        assert result.returncode == code, result.stderr[-3000:]
+        said = "sapo-node: error:" if code == 1 else "sapo-node: invalid settings:"
+        assert "Traceback" not in result.stderr and said in result.stderr, result.stderr[-3000:]
     assert {p: p.read_bytes() for p in outside.rglob("*") if p.is_file()} == snapshot
     assert not (tmp_path / "missing").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "etc"]

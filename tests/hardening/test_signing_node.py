@@ -12,9 +12,12 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX, Pubsub
 
-from tests.hardening.test_security import TOPIC, Peer
-from tests.node.test_hostile_peer import honest_group
+from sapo.protocol.settings import rollout_topic
+from tests.hardening.test_security import Peer
+from tests.node.daemon.test_hostile_peer import honest_group
 from tests.processes import PLUMBING, NodeProcess
+
+TOPIC = rollout_topic("default")
 
 
 def forged(pubsub, data: bytes, *, signer, key_of) -> rpc_pb2.Message:

@@ -19,10 +19,12 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.utils import encode_varint_prefixed
 
-from sapo.protocol.gossip import GossipService, GossipSettings
+from sapo.protocol.gossip import GossipService
+from sapo.protocol.settings import NetworkSettings, rollout_topic
 from sapo.protocol.identity import peer_id_of
 
-TOPIC = "sapo/test/rollouts/1"
+SWARM = "test"
+TOPIC = rollout_topic(SWARM)
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
@@ -36,7 +38,7 @@ class Node:
 
 
 async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, **overrides) -> Node:
-    settings = GossipSettings(listen=listen, peers=list(peers), topic=TOPIC, **overrides)
+    settings = NetworkSettings(listen=listen, peers=list(peers), swarm=SWARM, **overrides)
     send, receive = trio.open_memory_channel(64)
     counters: dict[str, int] = {}
     service = GossipService(settings, key_pair or create_new_key_pair(), send, counters)
@@ -306,7 +308,7 @@ class _StubPubsub:
 def _delivery_service(capacity):
     send, receive = trio.open_memory_channel(capacity)
     counters: dict[str, int] = {}
-    service = GossipService(GossipSettings(topic=TOPIC), create_new_key_pair(), send, counters)
+    service = GossipService(NetworkSettings(swarm=SWARM), create_new_key_pair(), send, counters)
     service._pubsub = _StubPubsub()  # _deliver only needs the message-id function
     return service, receive, counters
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from sapo.training.tiny import TINY_VARIANTS, build_tiny, is_tiny
+from sapo.training.sources import TINY_VARIANTS, is_tiny
+from sapo.training.tiny import build_tiny
 
 TEXT = "Calculate 7 - 9.\n<answer>-2</answer>"
 
@@ -17,6 +18,7 @@ PARAM_RANGES = {
     "tiny-small": (0.3e6, 0.7e6),
     "tiny-large": (8e6, 12e6),
     "tiny-bpe": (0.8e6, 1.5e6),
+    "tiny-micro-bpe": (0.1e6, 0.25e6),
 }
 
 

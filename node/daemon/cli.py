@@ -1,0 +1,141 @@
+"""The daemon's commands: `start` (one node), `swarm` (N local node processes) and `plot`.
+
+Thin: parse the settings, check them, call the library. Nothing heavy (torch, libp2p) is
+imported until the settings are known to be good, so a bad flag is refused in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from sapo.node.daemon.settings import CONCERNS, NodeSettings, load_settings, parse_text_value
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per settings field, help text from the field's description and default."""
+    parser.add_argument("--config", type=Path, help="TOML file of settings (lowest precedence after defaults)")
+    for concern, model in CONCERNS.items():
+        group = parser.add_argument_group(f"{concern} settings")
+        for name, info in model.model_fields.items():
+            default = info.get_default(call_default_factory=True)
+            help_text = f"{info.description} (default: {default!s})"
+            if info.annotation is bool:
+                group.add_argument(
+                    flag(name), dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
+                )
+            elif typing.get_origin(info.annotation) is list:
+                group.add_argument(flag(name), dest=name, nargs="*", default=argparse.SUPPRESS, help=help_text)
+            else:
+                group.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace) -> NodeSettings:
+    given: dict[str, Any] = {}
+    for concern, model in CONCERNS.items():
+        for name, info in model.model_fields.items():
+            if name not in vars(args):
+                continue
+            value = getattr(args, name)
+            if isinstance(value, str):
+                value = parse_text_value(flag(name), info.annotation, value)
+            elif isinstance(value, list):
+                value = [item for v in value for item in parse_text_value(flag(name), list[str], v)]
+            given[name] = value
+    return load_settings(given, args.config, os.environ)
+
+
+def node_settings_from_flags(flags: list[str]) -> NodeSettings:
+    """Node settings from `start` flags given as a list (what `swarm` and `experiment` pass on)."""
+    parser = argparse.ArgumentParser(prog="sapo-node start", allow_abbrev=False)
+    add_settings_arguments(parser)
+    return settings_from_args(parser.parse_args(flags))
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # libp2p sets its own logger to WARNING with propagate=False; give it our handler, and keep
+    # its chatty INFO (the auto-connector's every-10-s status) out unless debugging.
+    libp2p = logging.getLogger("libp2p")
+    libp2p.handlers = logging.getLogger().handlers
+    libp2p.setLevel("DEBUG" if level == "DEBUG" else "WARNING")
+    logging.getLogger("libp2p.network.auto_connector").setLevel("DEBUG" if level == "DEBUG" else "WARNING")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if args.dry_run:
+        print(settings.model_dump_json(indent=1))
+        return 0
+    import trio
+
+    from sapo.node.daemon.run import run_node
+
+    configure_logging(settings.run.log_level)
+    trio.run(run_node, settings)
+    return 0
+
+
+def cmd_swarm(args: argparse.Namespace) -> int:
+    from sapo.node.daemon.swarm import check_swarm_flags
+
+    node_args = list(args.node_args)
+    # Fail fast on a bad node setting, here, rather than N times in N log files.
+    check_swarm_flags(node_args)
+    node_settings_from_flags(node_args)
+    if args.nodes < 1:
+        raise ValueError(f"--nodes must be at least 1, got {args.nodes}")
+    import trio
+
+    from sapo.node.daemon.swarm import run_swarm
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failed = trio.run(run_swarm, args.nodes, args.data_dir, node_args, args.seed, args.progress_every)
+    return 1 if failed else 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from sapo.node.daemon.plot import plot_rewards
+
+    if args.window < 1:
+        raise ValueError("--window must be at least 1")
+    out = plot_rewards(args.data_dirs, args.out, window=args.window, metric=args.metric)
+    print(f"wrote {out}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    start = sub.add_parser("start", help="run a node", description="Run a node until --rounds are done or Ctrl-C.")
+    add_settings_arguments(start)
+    start.add_argument("--dry-run", action="store_true", help="validate the settings, print them as JSON and exit")
+    start.set_defaults(func=cmd_start)
+    swarm = sub.add_parser(
+        "swarm",
+        help="run N nodes as local processes wired over libp2p on 127.0.0.1",
+        description="Start N `sapo-node start` processes on 127.0.0.1, each wired to the first, with its own "
+        "data directory DATA_DIR/node-I. Any other flag is a node setting passed to every node "
+        "(see `sapo-node start --help`). Ctrl-C stops them all cleanly.",
+    )
+    swarm.add_argument("--nodes", type=int, default=3, help="number of nodes (default: 3)")
+    swarm.add_argument("--data-dir", type=Path, default=Path("sapo-swarm"), help="parent of the nodes' data dirs")
+    swarm.add_argument("--seed", type=int, default=0, help="node I gets seed SEED+I (default: 0)")
+    swarm.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
+    swarm.set_defaults(func=cmd_swarm, takes_node_flags=True)
+    plot = sub.add_parser("plot", help="PNG reward curves from nodes' metrics.jsonl", description="One line per node.")
+    plot.add_argument("data_dirs", nargs="+", type=Path, metavar="DATA_DIR", help="node data directories")
+    plot.add_argument("--out", type=Path, default=Path("rewards.png"), help="PNG to write (default: rewards.png)")
+    plot.add_argument("--window", type=int, default=100, help="moving-average window in rounds (default: 100)")
+    plot.add_argument("--metric", default="reward_mean", help="metrics.jsonl key to plot (default: reward_mean)")
+    plot.set_defaults(func=cmd_plot)

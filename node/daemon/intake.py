@@ -1,0 +1,98 @@
+"""The receive path: frame -> decoded message -> checks -> verified group -> inbox.
+
+Every refusal has a named reason, counted per reason; nothing a peer sends can raise past here.
+Each refusal is also reported to `on_reject(signer, reason)`, which the daemon wires to the
+gossip layer's peer score, so a peer that keeps sending junk ends up banned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from typing import Callable
+
+from sapo.node.daemon.counters import NodeCounters
+from sapo.protocol.codec import DecodeLimits, decode
+from sapo.protocol.messages import Rejected, RejectReason
+from sapo.protocol.verify import VerifyPolicy, verify
+from sapo.sampling.inbox import Inbox
+from sapo.training.rollouts import QuestionGroup
+
+log = logging.getLogger("sapo.intake")
+
+# Clocks disagree between machines; a message "from the future" beyond this is suspect.
+CLOCK_SKEW_SECONDS = 120.0
+
+
+class Intake:
+    def __init__(
+        self,
+        inbox: Inbox,
+        counters: NodeCounters,
+        *,
+        swarm: str,
+        local_peer_id: str,
+        rg_version: str,
+        limits: DecodeLimits,
+        policy: VerifyPolicy,
+        max_age_seconds: float,
+        seen_capacity: int = 65_536,
+        on_reject: Callable[[str, str], None] | None = None,
+    ):
+        self.inbox = inbox
+        self.counters = counters
+        self.swarm = swarm
+        self.local_peer_id = local_peer_id
+        self.rg_version = rg_version
+        self.limits = limits
+        self.policy = policy
+        self.max_age_seconds = max_age_seconds
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._seen_capacity = seen_capacity
+        self.on_reject = on_reject
+
+    def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
+        """Admit one frame from `signer` (the libp2p peer that signed it) or count why not."""
+        self.counters.received += 1
+        try:
+            group = self._admit(frame, signer, now)
+        except Rejected as exc:
+            self.counters.rejected[exc.reason.value] += 1
+            level = logging.DEBUG if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality) else logging.INFO
+            log.log(level, "rejected group from %s: %s", signer[:16], exc)
+            if self.on_reject is not None:
+                self.on_reject(signer, exc.reason.value)
+            return None
+        except Exception:  # noqa: BLE001 - a bug in a check must not take the node down
+            self.counters.rejected["internal_error"] += 1
+            log.exception("unexpected error while checking a group from %s", signer[:16])
+            return None
+        self.counters.accepted += 1
+        self.counters.accepted_from[group.origin] += 1
+        return group
+
+    def _admit(self, frame: bytes, signer: str, now: float) -> QuestionGroup:
+        digest = hashlib.sha256(frame).digest()
+        if digest in self._seen:
+            raise Rejected(RejectReason.duplicate, "same frame seen before (a replay)")
+        self._remember(digest)
+        msg = decode(frame, self.limits)
+        if msg.sender != signer:
+            raise Rejected(RejectReason.sender_mismatch, f"sender field {msg.sender[:16]} but signed by {signer[:16]}")
+        if msg.sender == self.local_peer_id:
+            raise Rejected(RejectReason.duplicate, "our own group came back")
+        if msg.swarm != self.swarm:
+            raise Rejected(RejectReason.bad_schema, f"swarm {msg.swarm!r} is not ours ({self.swarm!r})")
+        age = now - msg.created_at
+        if age > self.max_age_seconds or age < -CLOCK_SKEW_SECONDS:
+            raise Rejected(RejectReason.stale, f"created {age:.0f}s ago")
+        group = verify(msg, local_rg_version=self.rg_version, policy=self.policy)
+        if not self.inbox.add(group, now):
+            raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
+        return group
+
+    def _remember(self, digest: bytes) -> None:
+        self._seen[digest] = None
+        if len(self._seen) > self._seen_capacity:
+            self._seen.popitem(last=False)

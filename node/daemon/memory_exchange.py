@@ -1,0 +1,125 @@
+"""An in-process exchange for studies and tests: every frame goes through the wire codec and
+each receiver's Intake (decode, sender and swarm checks, regeneration, re-scoring, inbox),
+exactly as over gossip, but delivery is a function call and time is whatever clock it is given.
+
+With `lockstep=True` (the study) a member's `publish` for round r waits until every member has
+published its round-r groups; then the hub hands all of them to every other member, in join
+order, and everyone goes on to mix. So node k's round-r groups are visible to the others in the
+same round r, as in the paper's controlled run, and a study is deterministic whatever order its
+nodes run in. Without lockstep a publish is delivered at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import trio
+
+from sapo.node.daemon.counters import NodeCounters
+from sapo.node.daemon.exchange import GroupEncoder
+from sapo.node.daemon.intake import Intake
+from sapo.protocol.codec import DecodeLimits
+from sapo.protocol.verify import VerifyPolicy
+from sapo.sampling.inbox import Inbox
+from sapo.training.rollouts import QuestionGroup
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class Member:
+    peer_id: str
+    encoder: GroupEncoder
+    intake: Intake | None  # None: the member never trains on external groups, so it skips checks
+    counters: NodeCounters
+    pending: list[bytes] = field(default_factory=list)
+
+
+class MemoryHub:
+    def __init__(self, clock: Clock, swarm: str, rg_version: str, lockstep: bool = False):
+        self.clock = clock
+        self.swarm = swarm
+        self.rg_version = rg_version
+        self.lockstep = lockstep
+        self.members: list[Member] = []
+        self._published: dict[int, int] = {}  # round -> members that have published it
+        self._delivered: dict[int, trio.Event] = {}
+
+    def join(
+        self,
+        peer_id: str,
+        *,
+        model_id: str,
+        inbox: Inbox | None,
+        counters: NodeCounters,
+        max_message_bytes: int,
+        max_age_seconds: float,
+        accept_other_rg_versions: bool = False,
+        compress: bool = True,
+    ) -> "MemoryExchange":
+        """Add a member; with `inbox=None` it only publishes."""
+        encoder = GroupEncoder(
+            clock=self.clock, peer_id=peer_id, swarm=self.swarm, model_id=model_id, rg_version=self.rg_version, compress=compress
+        )
+        intake = None
+        if inbox is not None:
+            intake = Intake(
+                inbox,
+                counters,
+                swarm=self.swarm,
+                local_peer_id=peer_id,
+                rg_version=self.rg_version,
+                limits=DecodeLimits(max_message_bytes=max_message_bytes),
+                policy=VerifyPolicy(accept_other_rg_versions=accept_other_rg_versions),
+                max_age_seconds=max_age_seconds,
+            )
+        member = Member(peer_id, encoder, intake, counters)
+        self.members.append(member)
+        return MemoryExchange(self, member)
+
+    async def publish(self, member: Member, groups: list[QuestionGroup], round_index: int) -> None:
+        member.pending += [member.encoder.frame(group, round_index) for group in groups]
+        member.counters.published += len(groups)
+        if not self.lockstep:
+            self.deliver()
+            return
+        done = self._delivered.setdefault(round_index, trio.Event())
+        published = self._published.get(round_index, 0) + 1
+        if published < len(self.members):
+            self._published[round_index] = published
+            await done.wait()
+            return
+        # the last member of the round to publish delivers everyone's groups
+        self._published.pop(round_index, None)
+        del self._delivered[round_index]
+        self.deliver()
+        done.set()
+
+    def deliver(self) -> int:
+        """Hand every held frame to every other receiving member, senders in join order;
+        returns the frames delivered."""
+        delivered = 0
+        now = self.clock()
+        for sender in self.members:
+            for frame in sender.pending:
+                for member in self.members:
+                    if member.intake is not None and member is not sender:
+                        member.intake.accept(frame, sender.peer_id, now)
+                        delivered += 1
+            sender.pending.clear()
+        return delivered
+
+
+class MemoryExchange:
+    """One member's handle on the hub: the same `Exchange` surface as GossipExchange."""
+
+    def __init__(self, hub: MemoryHub, member: Member):
+        self.hub = hub
+        self.member = member
+
+    async def publish(self, groups: list[QuestionGroup], round_index: int) -> None:
+        await self.hub.publish(self.member, groups, round_index)
+
+    def peers(self) -> list[str]:
+        return [m.peer_id for m in self.hub.members if m is not self.member]

@@ -1,0 +1,71 @@
+"""What one SAPO round does, start to finish: the one copy of it, for the daemon, the study
+harness and the benchmarks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import trio
+
+from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.daemon.node import Node
+from sapo.sampling.balance import RoundPlan
+from sapo.sampling.mixer import TrainingSet
+from sapo.training.generation import GenerationResult
+from sapo.training.rollouts import QuestionGroup
+from sapo.training.update import UpdateStats
+
+
+class Exchange(Protocol):
+    """Where rollouts go out and which peers are connected; incoming groups reach the inbox
+    through the exchange's own receive path. Gossip (exchange.py) and the in-process hub
+    (memory_exchange.py) both satisfy it."""
+
+    async def publish(self, groups: list[QuestionGroup], round_index: int) -> None: ...
+
+    def peers(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """Everything a round produced, handed out for whoever ran it to look at."""
+
+    plan: RoundPlan
+    generation: GenerationResult
+    training_set: TrainingSet
+    update: UpdateStats | None
+    record: RoundRecord
+
+
+async def run_round(
+    node: Node, exchange: Exchange, plan: RoundPlan, torch_lock: trio.Lock, clock: Callable[[], float] = time.time
+) -> RoundResult:
+    """Sample tasks and generate G completions each (local rollouts), publish them, mix in J
+    external groups from the inbox, re-encode and take the GRPO step, measure held-out accuracy
+    when due, then record the round.
+
+    Torch work runs in a worker thread so the network keeps breathing; `torch_lock` keeps
+    other torch users (the judge, other nodes of a study) off the CPU meanwhile. `clock` is
+    what "now" means for the inbox (the study's round clock, or the wall clock).
+    """
+    started = time.perf_counter()
+    async with torch_lock:
+        generation = await trio.to_thread.run_sync(node.generate, plan)
+    await exchange.publish(generation.groups, plan.index)
+    async with torch_lock:
+        training_set = await trio.to_thread.run_sync(node.mix, plan, generation, clock())
+        update = await trio.to_thread.run_sync(node.train, training_set)
+    heldout = None
+    if node.evaluation_due(plan.index):
+        async with torch_lock:
+            heldout = await trio.to_thread.run_sync(node.evaluate)
+    seconds = time.perf_counter() - started
+    record = node.summarize(plan, generation, training_set, update, seconds, exchange.peers(), heldout)
+    node.metrics.append(record)
+    node.advance(record)
+    if node.checkpoint_due(plan.index):
+        async with torch_lock:
+            await trio.to_thread.run_sync(node.checkpoint)
+    return RoundResult(plan, generation, training_set, update, record)

@@ -1,0 +1,193 @@
+"""`sapo-node swarm`: N real node processes on 127.0.0.1, wired to each other over libp2p.
+
+Each node is a separate `sapo-node start` with its own data directory, so this is exactly
+what N machines would run, squeezed onto one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from sapo.node.daemon.settings import SettingsError
+
+log = logging.getLogger("sapo.swarm")
+
+LISTEN_LINE = re.compile(r"^listening on (/ip4/127\.0\.0\.1/\S+/p2p/\S+)$")
+FORBIDDEN_NODE_FLAGS = ("--data-dir", "--listen", "--peers", "--seed")
+
+
+def check_swarm_flags(node_args: list[str]) -> None:
+    bad = [a for a in node_args if a.split("=")[0] in FORBIDDEN_NODE_FLAGS]
+    if bad:
+        raise SettingsError(
+            f"invalid settings:\n  {' '.join(bad)}: the swarm sets {', '.join(FORBIDDEN_NODE_FLAGS)} per node itself; remove them"
+        )
+
+
+@dataclass
+class SwarmMember:
+    index: int
+    data_dir: Path
+    process: trio.Process | None = None
+
+
+def node_command(
+    member: SwarmMember, node_args: list[str], seed: int, peers: list[str], nodes: int, models_dir: Path
+) -> list[str]:
+    args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args]
+    args += ["--data-dir", str(member.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0", "--seed", str(seed + member.index)]
+    if not any(a.startswith("--models-dir") for a in node_args):
+        # one converted model and warm-start cache for the whole swarm
+        args += ["--models-dir", str(models_dir)]
+    if not any(a.startswith("--wait-for-peers") for a in node_args):
+        # nodes launched together start together; a late or dead one only delays the rest a little
+        args += ["--wait-for-peers", str(nodes - 1)]
+    if not any(a.startswith("--torch-threads") for a in node_args):
+        # Several nodes share the cores: one torch thread each beats oversubscription by far.
+        args += ["--torch-threads", "1"]
+    if peers:
+        args += ["--peers", *peers]
+    return args
+
+
+def latest_metrics(data_dir: Path) -> dict | None:
+    path = data_dir / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def progress_line(members: list[SwarmMember]) -> str:
+    parts = []
+    for m in members:
+        row = latest_metrics(m.data_dir)
+        if row is None:
+            parts.append(f"n{m.index}: starting")
+        else:
+            parts.append(
+                f"n{m.index}: r{row['round']} reward {row['reward_mean']:.2f} ext {row['external_groups']} "
+                f"peers {len(row.get('peers', []))}"
+            )
+    return " | ".join(parts)
+
+
+async def _start_member(member: SwarmMember, command: list[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Run one node; report its listen address once it prints it, and relay nothing else."""
+    member.data_dir.mkdir(parents=True, exist_ok=True)
+    log_file = (member.data_dir / "node.log").open("ab")
+    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True)
+    member.process = process
+    address = None
+    buffer = b""
+    try:
+        async for chunk in process.stdout:
+            log_file.write(chunk)
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                match = LISTEN_LINE.match(line.decode(errors="replace").strip())
+                if match and address is None:
+                    address = match.group(1)
+                    task_status.started(address)
+        await process.wait()
+    finally:
+        log_file.close()
+    if address is None:
+        raise RuntimeError(f"node {member.index} exited (code {process.returncode}) before listening; see {member.data_dir / 'node.log'}")
+
+
+async def _stop(members: list[SwarmMember], timeout: float) -> None:
+    for m in members:
+        if m.process is not None and m.process.returncode is None:
+            m.process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(timeout):
+        for m in members:
+            if m.process is not None:
+                await m.process.wait()
+    for m in members:
+        if m.process is not None and m.process.returncode is None:
+            log.warning("node %d did not stop in %.0fs; killing it", m.index, timeout)
+            m.process.kill()
+            await m.process.wait()
+
+
+async def run_swarm(
+    nodes: int, data_dir: Path, node_args: list[str], seed: int = 0, progress_every: float = 5.0, stop_timeout: float = 600.0
+) -> int:
+    """Start the nodes, show progress until they all finish, stop them all on Ctrl-C.
+    Returns the number of nodes that failed."""
+    check_swarm_flags(node_args)
+    members = [SwarmMember(i, data_dir / f"node-{i}") for i in range(nodes)]
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                # A node mid-update finishes its step so its checkpoint matches a whole round;
+                # with a large model that can take minutes, so a second Ctrl-C kills at once.
+                stopping = False
+                async for _ in signals:
+                    if not stopping:
+                        stopping = True
+                        print("stopping the swarm: each node finishes its current step "
+                              "(Ctrl-C again to kill them now)...", flush=True)
+                        nursery.start_soon(_stop, members, stop_timeout)
+                    else:
+                        print("killing the swarm's nodes", flush=True)
+                        for m in members:
+                            if m.process is not None and m.process.returncode is None:
+                                m.process.kill()
+                        return
+
+            nursery.start_soon(stop_on_signal)
+            try:
+                async with trio.open_nursery() as node_nursery:
+                    # Each node dials every node started before it: a full mesh of connections,
+                    # so no single process is a bridge the others depend on.
+                    addresses: list[str] = []
+                    for m in members:
+                        command = node_command(m, node_args, seed, list(addresses), nodes, data_dir / "models")
+                        addresses.append(await node_nursery.start(_start_member, m, command))
+                        if m.index == 0:
+                            print(f"bootstrap node: {addresses[0]}", flush=True)
+                    node_nursery.start_soon(_report, members, progress_every)
+                    while any(m.process.returncode is None for m in members):
+                        await trio.sleep(0.5)
+                    node_nursery.cancel_scope.cancel()
+            finally:
+                # Whatever ended the swarm (a node failing to start, an error), no child outlives it.
+                with trio.CancelScope(shield=True):
+                    await _stop(members, stop_timeout)
+            nursery.cancel_scope.cancel()
+    print(progress_line(members), flush=True)
+    failed = [m.index for m in members if m.process is not None and m.process.returncode not in (0, -signal.SIGTERM)]
+    for index in failed:
+        print(f"node {index} failed; see {members[index].data_dir / 'node.log'}", file=sys.stderr)
+    return len(failed)
+
+
+async def _report(members: list[SwarmMember], every: float, quiet_limit: float = 60.0) -> None:
+    """A progress line when something changed, and at least once a minute otherwise."""
+    last, quiet = "", 0.0
+    while True:
+        await trio.sleep(every)
+        line = progress_line(members)
+        quiet += every
+        if line != last or quiet >= quiet_limit:
+            print(line, flush=True)
+            last, quiet = line, 0.0

@@ -1,0 +1,69 @@
+"""`sapo-node experiment`: the controlled I/J study (node/study/README.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sapo.node.daemon.cli import configure_logging, flag, node_settings_from_flags
+from sapo.node.daemon.settings import NodeSettings
+
+
+def experiment_node_flags(node_args: list[str]) -> list[str]:
+    """Every study node's flags: the experiment's defaults, then the user's flags on top."""
+    from sapo.node.study.settings import EXPERIMENT_NODE_DEFAULTS, EXPERIMENT_TINY_DEFAULTS
+    from sapo.training.sources import is_tiny
+
+    base = node_settings_from_flags([*EXPERIMENT_NODE_DEFAULTS, *node_args])
+    if not is_tiny(base.model.model):
+        return [*EXPERIMENT_NODE_DEFAULTS, *node_args]
+    return [*EXPERIMENT_NODE_DEFAULTS, *EXPERIMENT_TINY_DEFAULTS, *node_args]
+
+
+def experiment_node_settings(node_args: list[str]) -> NodeSettings:
+    return node_settings_from_flags(experiment_node_flags(node_args))
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from sapo.node.study.settings import ExperimentSettings
+
+    if getattr(args, "resummarize", None):
+        from sapo.node.study.summary import resummarize
+
+        summary = resummarize(Path(args.resummarize), int(args.ma_window) if getattr(args, "ma_window", None) else None)
+        print(f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds")
+        return 0
+    node_flags = experiment_node_flags(args.node_args)
+    base = node_settings_from_flags(node_flags)
+    study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
+    from sapo.node.study.runs import run_experiment
+
+    configure_logging(base.run.log_level)
+    summary = run_experiment(study, base, node_flags)
+    print(f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
+          f"in {summary['timing']['wall_seconds']:.0f}s", flush=True)
+    return 0
+
+
+def add_commands(sub) -> None:
+    from sapo.node.study.settings import ExperimentSettings
+
+    experiment = sub.add_parser(
+        "experiment",
+        allow_abbrev=False,  # --seed must reach the nodes, not abbreviate --seeds
+        help="run the controlled I/J study with all nodes in one process",
+        description="Run every --configs arm for --seeds seeds with all nodes in one process, sharing "
+        "through an in-memory exchange (the real codec and checks). Any other flag is a node setting "
+        "for every node (see `sapo-node start --help`); defaults here: --model tiny-micro --updates-per-batch 1 "
+        "--minibatches 1 --torch-threads 1, and for tiny models --tasks basic_arithmetic --max-new-tokens 24 "
+        "--warm-start-steps 300 --lr 3e-4.",
+    )
+    for name, info in ExperimentSettings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        help_text = f"{info.description} (default: {','.join(default) if isinstance(default, list) else default})"
+        if info.annotation is bool:
+            experiment.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction,
+                                    default=argparse.SUPPRESS, help=help_text)
+        else:
+            experiment.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=help_text)
+    experiment.set_defaults(func=cmd_experiment, takes_node_flags=True)

@@ -1,0 +1,164 @@
+"""Who takes part in one run of the study: the learning nodes (the daemon's own `Node`), the
+scripted solvers, their in-memory lockstep hub and the round clock."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sapo.node.daemon.counters import NodeCounters
+from sapo.node.daemon.memory_exchange import MemoryExchange, MemoryHub
+from sapo.node.daemon.node import Node
+from sapo.node.daemon.settings import NodeSettings
+from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
+from sapo.training.scripted import ScriptedSolver
+from sapo.training.tasks import TaskSampler, TaskSpec, reasoning_gym_version
+
+SIZE_CYCLE = ("tiny-micro", "tiny-small", "tiny")  # 0.13M, 0.45M, 1M: 8x apart, all CPU-friendly
+TOKENIZER_CYCLE = ("tiny", "tiny-bpe")
+
+
+def peer_id_for(seed: int, index: int, role: str = "node") -> str:
+    """A stable base58 id shaped like a libp2p peer id (the wire checks the alphabet)."""
+    alphabet = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+    digest = hashlib.sha256(f"{role}-{seed}-{index}".encode()).digest()
+    return "12D3KooW" + "".join(alphabet[b % 58] for b in digest[:44])
+
+
+def node_model(base: NodeSettings, study: ExperimentSettings, index: int) -> str:
+    if study.mixed_sizes:
+        return SIZE_CYCLE[index % len(SIZE_CYCLE)]
+    if study.mixed_tokenizers:
+        return TOKENIZER_CYCLE[index % len(TOKENIZER_CYCLE)]
+    return base.model.model
+
+
+def specialist_tasks(tasks: list[TaskSpec], nodes: int, index: int) -> list[TaskSpec]:
+    if len(tasks) < 2:
+        raise ValueError("--specialists needs at least two --tasks to split among the nodes")
+    shares = min(len(tasks), nodes)
+    return [t for i, t in enumerate(tasks) if i % shares == index % shares]
+
+
+def node_settings(
+    base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, index: int, run_dir: Path
+) -> NodeSettings:
+    model_updates: dict[str, Any] = {
+        "model": node_model(base, study, index),
+        "models_dir": base.model.models_dir or study.out / "models",
+    }
+    if study.format_discovery is not None:
+        model_updates["warm_start_tag_rate"] = study.format_discovery
+    return base.model_copy(
+        update={
+            "model": base.model.model_copy(update=model_updates),
+            "sampling": base.sampling.model_copy(
+                update={"local": config.local, "external": config.external, "balance": "adaptive" if config.adaptive else "fixed"}
+            ),
+            "run": base.run.model_copy(
+                # a study node checkpoints never: its results are its round records
+                update={"data_dir": run_dir / f"node-{index}", "seed": base.run.seed + 1000 * seed + index, "checkpoint_every": 0}
+            ),
+        }
+    )
+
+
+class _RecordsInMemory:
+    """Stands in for Node.metrics during a study: no fsync per node-round; written once at the end."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.records: list = []
+
+    def append(self, record) -> None:
+        self.records.append(record)
+
+    def flush(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("".join(r.model_dump_json() + "\n" for r in self.records))
+
+
+@dataclass
+class Learner:
+    index: int
+    node: Node
+    exchange: MemoryExchange
+
+    @property
+    def records(self) -> list:
+        return self.node.metrics.records
+
+
+@dataclass
+class ScriptedPeer:
+    index: int
+    solver: ScriptedSolver
+    tasks: TaskSampler
+    exchange: MemoryExchange
+    generations: int
+    local: int
+
+    async def round(self, round_index: int) -> None:
+        """A scripted peer's round: answer its questions and publish; it never trains."""
+        generation = self.solver.generate_groups(self.tasks.sample(self.local), self.generations, round_index)
+        await self.exchange.publish(generation.groups, round_index)
+
+
+@dataclass
+class StudyRun:
+    """The members of one config x seed run, sharing one lockstep hub and one round clock."""
+
+    clock: "RoundClock"
+    hub: MemoryHub
+    learners: list[Learner]
+    solvers: list[ScriptedPeer]
+
+
+class RoundClock:
+    def __init__(self, round_seconds: float):
+        self.round_seconds = round_seconds
+        self.round = 0
+
+    def __call__(self) -> float:
+        return CLOCK_EPOCH + self.round * self.round_seconds
+
+
+def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, run_dir: Path) -> StudyRun:
+    clock = RoundClock(study.round_seconds)
+    hub = MemoryHub(clock, swarm="experiment", rg_version=reasoning_gym_version(), lockstep=True)
+    learners = []
+    for k in range(study.nodes):
+        settings = node_settings(base, study, config, seed, k, run_dir)
+        tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists else None
+        node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks)
+        node.metrics = _RecordsInMemory(node.metrics.path)
+        receives = config.adaptive or config.external > 0
+        net = settings.network
+        exchange = hub.join(
+            node.peer_id,
+            model_id=settings.model.model,
+            inbox=node.inbox if receives else None,
+            counters=node.counters,
+            max_message_bytes=net.max_message_bytes,
+            max_age_seconds=settings.sampling.inbox_max_age_seconds,
+            accept_other_rg_versions=net.accept_other_rg_versions,
+            compress=net.compress,
+        )
+        learners.append(Learner(k, node, exchange))
+    solvers = []
+    for k in range(study.scripted_solvers):
+        peer_seed = base.run.seed + 1000 * seed + 500 + k
+        exchange = hub.join(
+            peer_id_for(seed, k, "solver"), model_id="scripted", inbox=None, counters=NodeCounters(),
+            max_message_bytes=base.network.max_message_bytes, max_age_seconds=base.sampling.inbox_max_age_seconds,
+        )
+        solvers.append(
+            ScriptedPeer(
+                k, ScriptedSolver(study.solver_accuracy, seed=peer_seed),
+                TaskSampler(base.tasks.specs(), dataset_seed=peer_seed, rng_seed=peer_seed), exchange,
+                base.training.generations, config.local,
+            )
+        )
+    return StudyRun(clock, hub, learners, solvers)

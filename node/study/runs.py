@@ -1,0 +1,271 @@
+"""Running the controlled I/J study: every config x seed, in worker processes, each run either
+in one process over the lockstep hub or as a real swarm of node processes over libp2p.
+
+Each node is the daemon's own `Node` and each round the daemon's own `run_round`, and every
+shared group goes through `GroupEncoder.frame` -> codec -> `Intake.accept` (decode, checks,
+regeneration, re-scoring) -> the receiver's inbox, so the study exercises the real wire path.
+
+Round visibility (in-memory): within round r every node generates and publishes its local
+groups; the hub delivers them once all have published; then each node mixes and trains. So
+node k's round-r groups are visible to the others *in the same round r*, as in the paper's
+controlled run. Time is a round clock (round r happens at T0 + r * round_seconds, default
+1000 s), so with the default inbox max age (600 s) only the current round's groups are
+eligible; pass a larger --inbox-max-age-seconds to let older groups stay eligible. Over libp2p
+every node runs on its own clock, as a deployed node does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.daemon.round import RoundResult, run_round
+from sapo.node.daemon.settings import NodeSettings
+from sapo.node.study.nodes import Learner, StudyRun, build_run
+from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
+from sapo.node.study.summary import node_table, warm_start_recipe, write_outputs
+from sapo.sampling.balance import AdaptiveBalance
+from sapo.training.tasks import reasoning_gym_version
+
+log = logging.getLogger("sapo.experiment")
+
+
+def run_one(
+    study: ExperimentSettings, base: NodeSettings, config: MixConfig, seed: int, progress=None, deadline: float | None = None
+) -> dict[str, Any]:
+    """One config x seed: build the nodes, run the rounds, write the run's raw.jsonl and metrics.
+
+    Self-contained (every node seeds its own generators), so runs give the same result in any
+    order and in any process. `progress(config, seed, round, reward)` is called after each round.
+    """
+    run_dir = out_dir_of(study, config, seed)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    run_started, cpu_started = time.perf_counter(), time.process_time()
+    run = build_run(base, study, config, seed, run_dir)
+    setup_seconds, setup_cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
+    with (run_dir / "raw.jsonl").open("w") as raw:
+
+        def write_round(round_index: int, results: list[RoundResult]) -> None:
+            rows = [round_row(learner, result.record) for learner, result in zip(run.learners, results)]
+            raw.writelines(json.dumps({"config": config.name, "seed": seed, **row}) + "\n" for row in rows)
+            raw.flush()  # a long study can be inspected (or salvaged) while it runs
+            if progress is not None:
+                progress(config.name, seed, round_index, statistics.fmean(row["reward"] for row in rows))
+
+        done = trio.run(run_lockstep, run, study.rounds, deadline, write_round)
+    if done < study.rounds:
+        log.warning("%s seed %d: --max-minutes reached after %d rounds", config.name, seed, done)
+    for learner in run.learners:
+        learner.node.metrics.flush()
+    seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
+    learners = run.learners
+    return {
+        "seed": seed,
+        "rewards": [[r.reward_mean for r in l.records] for l in learners],
+        "format_rates": [[r.format_rate for r in l.records] for l in learners],
+        "external_groups_mean": _external_mean(learners),
+        "balance_history": {l.index: l.node.balance.history for l in learners if isinstance(l.node.balance, AdaptiveBalance)},
+        # CPU time too: on a shared machine it predicts an uncontended run better than wall time
+        "seconds": {"setup": setup_seconds, "total": seconds,
+                    "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
+                    "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes)},
+    }
+
+
+async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_round) -> int:
+    """The run's rounds, each one `run_round` per learner (the daemon's own round) over the
+    lockstep hub, plus the scripted peers' publishing; returns how many rounds ran.
+
+    One torch lock for all nodes: their torch work takes turns on the one core a run gets.
+    """
+    torch_lock = trio.Lock()
+    for round_index in range(1, rounds + 1):
+        if deadline is not None and time.time() > deadline:
+            return round_index - 1
+        run.clock.round = round_index
+        results: list[RoundResult | None] = [None] * len(run.learners)
+
+        async def learner_round(position: int, learner: Learner) -> None:
+            node = learner.node
+            results[position] = await run_round(node, learner.exchange, node.plan(round_index), torch_lock, run.clock)
+
+        async with trio.open_nursery() as nursery:
+            for position, learner in enumerate(run.learners):
+                nursery.start_soon(learner_round, position, learner)
+            for peer in run.solvers:
+                nursery.start_soon(peer.round, round_index)
+        on_round(round_index, results)
+    return rounds
+
+
+def round_row(learner: Learner, record: RoundRecord) -> dict[str, Any]:
+    """One node-round of raw.jsonl."""
+    return {
+        "node": learner.index,
+        "peer_id": learner.node.peer_id,
+        "model": learner.node.settings.model.model,
+        "round": record.round,
+        "reward": record.reward_mean,
+        "accuracy": record.accuracy,
+        "format_rate": record.format_rate,
+        "heldout": record.heldout,
+        "local_groups": record.local_groups,
+        "external_groups": record.external_groups,
+        "external_reward_mean": record.external_reward_mean,
+        "inbox_size": record.inbox_size,
+        "accepted": record.accepted,
+        "rejected": record.rejected,
+        "loss": record.loss,
+        "generated_tokens": record.generated_tokens,
+        "augment_tokens": record.augment_tokens,
+        "update_tokens": record.update_tokens,
+        "generate_seconds": record.generate_seconds,
+        "train_seconds": record.train_seconds,
+        # the node's own work; its round in the lockstep also waits for the others to publish
+        "round_seconds": record.generate_seconds + record.train_seconds,
+    }
+
+
+def _external_mean(learners: list[Learner]) -> float:
+    records = [r for l in learners for r in l.records]
+    return sum(r.external_groups for r in records) / len(records) if records else 0.0
+
+
+def run_over_libp2p(
+    study: ExperimentSettings, base: NodeSettings, node_flags: list[str], config: MixConfig, seed: int, progress=None
+) -> dict[str, Any]:
+    """One config x seed as a real swarm: `study.nodes` `sapo-node start` processes on 127.0.0.1,
+    gossiping over libp2p with their own clocks (no lockstep), read back from their metrics."""
+    from sapo.node.daemon.swarm import run_swarm
+
+    run_dir = out_dir_of(study, config, seed)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    flags = [*node_flags, "--local", str(config.local), "--external", str(config.external), "--rounds", str(study.rounds)]
+    if study.format_discovery is not None and not any(f.startswith("--warm-start-tag-rate") for f in flags):
+        flags += ["--warm-start-tag-rate", str(study.format_discovery)]
+    if not any(f.startswith("--models-dir") for f in flags):
+        flags += ["--models-dir", str(base.model.models_dir or study.out / "models")]
+    started = time.perf_counter()
+    failed = trio.run(run_swarm, study.nodes, run_dir, flags, base.run.seed + 1000 * seed, 30.0)
+    if failed:
+        raise RuntimeError(f"{config.name} seed {seed}: {failed} node(s) failed; see {run_dir}/node-*/node.log")
+    rewards, formats, external = [], [], 0
+    with (run_dir / "raw.jsonl").open("w") as raw:
+        for k in range(study.nodes):
+            records = [json.loads(line) for line in (run_dir / f"node-{k}" / "metrics.jsonl").read_text().splitlines()]
+            rewards.append([r["reward_mean"] for r in records])
+            formats.append([r["format_rate"] for r in records])
+            external += sum(r["external_groups"] for r in records)
+            for r in records:
+                raw.write(json.dumps({
+                    "config": config.name, "seed": seed, "node": k, "round": r["round"], "reward": r["reward_mean"],
+                    "format_rate": r["format_rate"], "local_groups": r["local_groups"],
+                    "external_groups": r["external_groups"], "accepted": r["accepted"], "rejected": r["rejected"],
+                    "transport": "libp2p",
+                }) + "\n")
+    if progress is not None:
+        for r in range(1, study.rounds + 1):
+            progress(config.name, seed, r, statistics.fmean(curve[r - 1] for curve in rewards))
+    records = sum(len(curve) for curve in rewards)
+    seconds = time.perf_counter() - started
+    return {
+        "seed": seed,
+        "rewards": rewards,
+        "format_rates": formats,
+        "external_groups_mean": external / records if records else 0.0,
+        "balance_history": {},
+        "seconds": {"setup": 0.0, "total": seconds, "per_node_round": seconds / max(1, records),
+                    "cpu_per_node_round": None},
+    }
+
+
+def out_dir_of(study: ExperimentSettings, config: MixConfig, seed: int) -> Path:
+    return study.out / "runs" / config.name.replace("/", "-") / f"seed-{seed}"
+
+
+def job_count(study: ExperimentSettings, runs: int) -> int:
+    return min(study.jobs or os.cpu_count() or 1, runs)
+
+
+def _run_in_worker(study, base, config, seed, queue, deadline) -> dict[str, Any]:
+    logging.basicConfig(level=base.run.log_level)
+    return run_one(study, base, config, seed, progress=lambda *update: queue.put(update), deadline=deadline)
+
+
+def _run_all(
+    study: ExperimentSettings, base: NodeSettings, configs: list[MixConfig], progress, node_flags: list[str] | None
+) -> dict[tuple[str, int], dict]:
+    """Every run, in worker processes when --jobs > 1 (each run is one core's work)."""
+    plan = [(config, seed) for seed in range(study.seeds) for config in configs]
+    if study.transport == "libp2p":
+        # each run is already a swarm of processes; run them one after another
+        return {(c.name, s): run_over_libp2p(study, base, node_flags or [], c, s, progress) for c, s in plan}
+    jobs = job_count(study, len(plan))
+    deadline = time.time() + 60 * study.max_minutes if study.max_minutes else None
+    if jobs == 1:
+        return {(c.name, s): run_one(study, base, c, s, progress, deadline) for c, s in plan}
+    import multiprocessing
+    import queue as queue_module
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("spawn")  # no forked torch or tokenizer thread state
+    with context.Manager() as manager, ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        updates = manager.Queue()
+        futures = {pool.submit(_run_in_worker, study, base, c, s, updates, deadline): (c.name, s) for c, s in plan}
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            while True:
+                try:
+                    progress(*updates.get_nowait())
+                except queue_module.Empty:
+                    break
+        return {futures[f]: f.result() for f in futures}
+
+
+def run_experiment(study: ExperimentSettings, base: NodeSettings, node_flags: list[str] | None = None) -> dict[str, Any]:
+    """Run every config x seed, write the outputs into study.out, and return summary.json's content.
+
+    `node_flags` (the flags `base` was parsed from) are what libp2p runs pass to each node process."""
+    from tqdm import tqdm
+
+    configs = parse_configs(study.configs)
+    out = study.out
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    bar = tqdm(total=len(configs) * study.seeds * study.rounds, file=sys.stderr, disable=not study.progress,
+               unit="round", dynamic_ncols=True)
+
+    def progress(config: str, seed: int, round_index: int, reward: float) -> None:
+        bar.set_description(f"{config} seed {seed}")
+        bar.set_postfix(round=round_index, reward=f"{reward:.3f}")
+        bar.update(1)
+
+    with bar:
+        results = _run_all(study, base, configs, progress, node_flags)
+    with (out / "raw.jsonl").open("w") as raw:
+        for seed in range(study.seeds):
+            for config in configs:
+                raw.write((out_dir_of(study, config, seed) / "raw.jsonl").read_text())
+    meta = {
+        "round_visibility": "same round: all nodes generate and publish, then delivery, then mix and train"
+        if study.transport == "memory" else "libp2p: each node on its own clock; what it received before mixing",
+        "node_settings": base.flat(),
+        "nodes": node_table(base, study),
+        "warm_start": warm_start_recipe(base, study),
+        "reasoning_gym": reasoning_gym_version(),
+        "timing": {"wall_seconds": time.perf_counter() - started, "jobs": job_count(study, len(configs) * study.seeds)},
+    }
+    return write_outputs(study, configs, results, meta)

@@ -1,0 +1,213 @@
+"""The one model of a node's network settings: gossip transport, swarm membership and peers.
+
+The daemon, the gossip service, the judge client and the tests all read this same model, so a
+value is checked once, here, when the settings are loaded: before any model or library loads.
+It imports only pydantic and `multiaddr` (py-libp2p itself takes 1-2 s to import), so a bad
+`--peers` is refused in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+import multiaddr
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SWARM_KEY_HEADER = ("/key/swarm/psk/1.0.0/", "/base16/")
+PEER_ID_EXAMPLE = "12D3KooW..."
+
+
+def rollout_topic(swarm: str) -> str:
+    """The GossipSub topic a swarm's rollout groups travel on (the wire contract)."""
+    return f"sapo/{swarm}/rollouts/1"
+
+
+def check_multiaddr(address: str, what: str, example: str) -> multiaddr.Multiaddr:
+    try:
+        return multiaddr.Multiaddr(address)
+    except Exception as error:
+        raise ValueError(f"{what} {address!r} is not a multiaddr ({error}); e.g. {example}") from None
+
+
+def check_peer_address(address: str, what: str) -> str:
+    """A dialable multiaddr that names its peer: /ip4|ip6|dns4|dns6/<host>/tcp/<port>/p2p/<id>
+    or /dnsaddr/<host>/p2p/<id>."""
+    example = f"/ip4/192.168.1.20/tcp/4001/p2p/{PEER_ID_EXAMPLE} or /dns4/boot.example.org/tcp/4001/p2p/{PEER_ID_EXAMPLE}"
+    parsed = check_multiaddr(address, what, example)
+    if not parsed.get_peer_id():
+        raise ValueError(f"{what} {address!r} has no /p2p/<peer id> part; e.g. {example}")
+    return address
+
+
+def check_peer_id(peer: str, what: str) -> str:
+    try:
+        multiaddr.Multiaddr(f"/p2p/{peer}")
+    except Exception:
+        raise ValueError(f"{what} {peer!r} is not a base58 peer id; e.g. {PEER_ID_EXAMPLE}") from None
+    return peer
+
+
+def load_swarm_key(path: Path) -> str:
+    """The 64-hex-char pre-shared key from a standard libp2p `swarm.key` file:
+    `/key/swarm/psk/1.0.0/`, `/base16/`, then the key, one per line."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read swarm key {path}: {error}") from None
+    return parse_swarm_key(text, str(path))
+
+
+def parse_swarm_key(text: str, where: str = "swarm key") -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 3 or tuple(lines[:2]) != SWARM_KEY_HEADER:
+        raise ValueError(
+            f"swarm key {where} is not a libp2p swarm.key file: expected the lines "
+            f"{SWARM_KEY_HEADER[0]!r}, {SWARM_KEY_HEADER[1]!r} and 64 hex characters. Make one with: "
+            "printf '/key/swarm/psk/1.0.0/\\n/base16/\\n%s\\n' $(openssl rand -hex 32) > swarm.key"
+        )
+    key = lines[2].lower()
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise ValueError(f"swarm key {where}: the key line must be 64 hex characters (32 bytes)")
+    return key
+
+
+class NetworkSettings(BaseModel):
+    """How a node joins its swarm and talks to peers. Every field is a `sapo-node start` flag."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+
+    listen: str = Field(default="/ip4/0.0.0.0/tcp/4001", description="multiaddr to listen on (TCP; port 0 = any free port)")
+    peers: list[str] = Field(
+        default_factory=list,
+        description="bootstrap peers' multiaddrs ending in /p2p/<peer id>; each is redialled with back-off until "
+        "connected, and again whenever it drops",
+    )
+    swarm: str = Field(
+        default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="swarm name; the topic is sapo/<swarm>/rollouts/1"
+    )
+    swarm_key: Path | None = Field(
+        default=None,
+        description="libp2p swarm.key file (/key/swarm/psk/1.0.0/, /base16/, 64 hex chars): a private swarm "
+        "whose every node has the same key; nodes without it cannot connect",
+    )
+    allow_peers: list[str] = Field(
+        default_factory=list,
+        description="if given, only these peer ids may connect and have their groups accepted or relayed",
+    )
+    identity_seed: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="derive a new identity from this 32-byte hex seed (fixed bootstrap ids for local demos only: "
+        "anyone who knows the seed can act as this node)",
+    )
+    max_message_bytes: int = Field(
+        default=256 * 1024,
+        ge=4096,
+        le=900 * 1024,
+        description="largest rollout message sent or accepted, bytes (under py-libp2p's fixed 1 MiB outbound RPC limit)",
+    )
+    compress: bool = Field(default=True, description="zlib-compress outgoing messages when it makes them smaller")
+    accept_other_rg_versions: bool = Field(
+        default=False,
+        description="accept groups from peers on another reasoning-gym release (their problems may not regenerate identically)",
+    )
+    wait_for_peers: int = Field(
+        default=0, ge=0, le=1000, description="before the first round, wait until this many peers are connected..."
+    )
+    wait_for_peers_seconds: float = Field(
+        default=60.0, ge=0, description="...but no longer than this; then train alone and let peers join later"
+    )
+    heartbeat_seconds: float = Field(
+        default=1.0, gt=0, le=60, description="GossipSub heartbeat (py-libp2p's default of 120 s makes the mesh react very slowly)"
+    )
+    mesh_degree: int = Field(default=6, ge=1, le=64, description="GossipSub D: mesh links kept per node")
+    mesh_degree_low: int = Field(default=4, ge=0, le=64, description="GossipSub D_low: below this many mesh links, graft more")
+    mesh_degree_high: int = Field(default=12, ge=1, le=128, description="GossipSub D_high: above this many mesh links, prune")
+    dial_backoff_initial: float = Field(default=1.0, gt=0, description="first delay (s) before redialling a bootstrap peer")
+    dial_backoff_max: float = Field(default=10.0, gt=0, description="cap (s) on the exponential redial delay")
+    close_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="bound on closing the host at shutdown (close() can hang on a crashed peer)"
+    )
+    discover_peers: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="ask connected peers for the signed records of peers they know and dial them until this many "
+        "peers are connected (0 = only the --peers); lets a swarm grow past one bootstrap node's mesh",
+    )
+    discovery_interval_seconds: float = Field(
+        default=10.0, gt=0, le=3600, description="ask a random connected peer for peers this often"
+    )
+    max_tracked_peers: int = Field(default=256, ge=1, le=65_536, description="most discovered peer records kept")
+    peer_message_rate: float = Field(
+        default=50.0,
+        gt=0,
+        description="messages per second one peer may publish (token bucket, by its signed sequence numbers); more "
+        "are dropped and lower its score, and a flooder is banned; keep it above any honest node's rate",
+    )
+    peer_message_burst: int = Field(default=100, ge=1, description="messages one peer may publish in a burst")
+    ban_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="a peer whose score falls too low (flooding, junk, bad signatures) is disconnected and refused for this long",
+    )
+    judge: str | None = Field(
+        default=None,
+        description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "
+        "--judge-every rounds and records the greedy answer's score (see `sapo-node judge`); unset = not judged",
+    )
+    judge_every: int = Field(default=10, ge=1, description="ask the --judge for an evaluation every K rounds")
+
+    @property
+    def topic(self) -> str:
+        return rollout_topic(self.swarm)
+
+    @property
+    def psk(self) -> str | None:
+        """The swarm key's 64 hex chars (the file was checked when the settings were loaded)."""
+        return load_swarm_key(self.swarm_key) if self.swarm_key is not None else None
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_a_multiaddr(cls, listen: str) -> str:
+        check_multiaddr(listen, "listen address", "/ip4/0.0.0.0/tcp/4001")
+        return listen
+
+    @field_validator("peers")
+    @classmethod
+    def _peers_name_their_id(cls, peers: list[str]) -> list[str]:
+        return [check_peer_address(address, "bootstrap peer") for address in peers]
+
+    @field_validator("allow_peers")
+    @classmethod
+    def _allowed_are_peer_ids(cls, peers: list[str]) -> list[str]:
+        return [check_peer_id(peer, "allowed peer") for peer in peers]
+
+    @field_validator("swarm_key")
+    @classmethod
+    def _swarm_key_is_readable(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            load_swarm_key(path)
+        return path
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_names_its_peer(cls, judge: str | None) -> str | None:
+        if judge is not None:
+            try:
+                check_peer_address(judge, "judge")
+            except ValueError as error:
+                raise ValueError(f"{error}; copy the 'judge listening on ...' line the judge prints") from None
+        return judge
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "NetworkSettings":
+        if not self.mesh_degree_low <= self.mesh_degree <= self.mesh_degree_high:
+            raise ValueError(
+                f"mesh degrees must satisfy mesh_degree_low ({self.mesh_degree_low}) <= mesh_degree "
+                f"({self.mesh_degree}) <= mesh_degree_high ({self.mesh_degree_high})"
+            )
+        if self.dial_backoff_max < self.dial_backoff_initial:
+            raise ValueError(
+                f"dial_backoff_max ({self.dial_backoff_max}) must be >= dial_backoff_initial ({self.dial_backoff_initial})"
+            )
+        return self

@@ -1,0 +1,167 @@
+"""The in-process I/J study: deterministic, mixes exactly I + J, writes its outputs; and its parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sapo.node.cli import main
+from sapo.node.daemon.settings import load_settings
+from sapo.node.study.metrics import curve_metrics, moving_average, spread_metrics
+from sapo.node.study.nodes import node_model, specialist_tasks
+from sapo.node.study.settings import ExperimentSettings, parse_configs
+from sapo.training.tasks import default_task_specs
+
+STUDY = [
+    "experiment", "--nodes", "2", "--configs", "8/0,4/4", "--rounds", "4", "--seeds", "1",
+    "--scripted-solvers", "1", "--solver-accuracy", "0.5", "--no-progress",
+    # node settings, passed through
+    "--tasks", "basic_arithmetic", "--sampler", "uniform", "--max-new-tokens", "6", "--generations", "4",
+    "--warm-start-steps", "0",
+]
+
+
+@pytest.fixture(scope="module")
+def two_studies(tmp_path_factory) -> tuple[Path, Path]:
+    outs = []
+    # b runs its two configs in two worker processes: the same results in any process
+    for name, jobs in (("a", "1"), ("b", "2")):
+        out = tmp_path_factory.mktemp(name)
+        assert main([*STUDY, "--out", str(out), "--jobs", jobs]) == 0
+        outs.append(out)
+    return outs[0], outs[1]
+
+
+def _raw(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "raw.jsonl").read_text().splitlines()]
+
+
+def test_outputs_are_written(two_studies):
+    out, _ = two_studies
+    for name in ("summary.json", "summary.md", "curves.png", "raw.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["results"]) == {"8/0", "4/4"}
+    assert summary["study"]["scripted_solvers"] == 1 and "definitions" in summary
+    assert "| 4/4 |" in (out / "summary.md").read_text()
+    assert len(_raw(out)) == 2 * 2 * 4  # configs x nodes x rounds; solvers are not learners
+    assert (out / "runs" / "4-4" / "seed-0" / "node-1" / "metrics.jsonl").is_file()
+
+
+def test_same_seed_gives_identical_metrics(two_studies):
+    a, b = (json.loads((out / "summary.json").read_text()) for out in two_studies)
+    assert a["results"] == b["results"]
+    assert a["runs"] == b["runs"]
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in rows]  # noqa: E731
+    assert strip(_raw(two_studies[0])) == strip(_raw(two_studies[1]))
+
+
+def test_mix_uses_exactly_i_local_and_j_external(two_studies):
+    rows = _raw(two_studies[0])
+    isolated = [r for r in rows if r["config"] == "8/0"]
+    shared = [r for r in rows if r["config"] == "4/4"]
+    assert all(r["local_groups"] == 8 and r["external_groups"] == 0 for r in isolated)
+    # 4 groups from the other learner + 4 from the scripted solver are eligible under `uniform`
+    assert all(r["local_groups"] == 4 and r["external_groups"] == 4 for r in shared)
+    # ... and they came through the codec and the intake checks, none refused
+    assert all(r["accepted"] == 8 * r["round"] and not r["rejected"] for r in shared)
+
+
+def test_configs_parse_and_reject():
+    configs = parse_configs(["8/0", "4/4", "adaptive"])
+    assert [(c.local, c.external, c.adaptive) for c in configs] == [(8, 0, False), (4, 4, False), (4, 4, True)]
+    for bad in ("8-0", "0/0", "a/b"):
+        with pytest.raises(ValueError, match="I/J"):
+            parse_configs([bad])
+    assert ExperimentSettings(configs="8/0, 4/4").configs == ["8/0", "4/4"]
+
+
+def test_heterogeneity_assignments():
+    base = load_settings({"model": "tiny"})
+    assert [node_model(base, ExperimentSettings(mixed_sizes=True), k) for k in range(4)] == [
+        "tiny-micro", "tiny-small", "tiny", "tiny-micro"]
+    assert [node_model(base, ExperimentSettings(mixed_tokenizers=True), k) for k in range(3)] == ["tiny", "tiny-bpe", "tiny"]
+    tasks = default_task_specs(["basic_arithmetic", "base_conversion", "bf"])
+    assert [t.name for t in specialist_tasks(tasks, 8, 4)] == ["base_conversion"]
+    with pytest.raises(ValueError, match="two --tasks"):
+        specialist_tasks(tasks[:1], 8, 0)
+
+
+def test_metrics_by_hand():
+    assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]
+    m = curve_metrics([[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0]])  # node mean: 0, 1, 0, 0.5
+    assert m["cumulative_reward"] == 1.5 and m["ma_window"] == 4 and m["peak_ma"] == 0.375
+    m = curve_metrics([[0.0] * 99 + [1.0, 0.0, 0.0]])  # window 100: MA 0.01, 0.01, 0.01
+    assert m["ma_window"] == 100 and m["peak_round"] == 100 and m["oscillation"] == 0.0
+
+
+def test_spread_counts_the_first_round_each_node_holds_the_threshold():
+    fast = [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    slow = [0.0] * 4 + [1.0] * 4
+    never = [0.5] * 8
+    spread = spread_metrics([fast, slow], threshold=0.9)
+    # trailing 5-round mean: fast's first full window of ones ends at round 6; slow's best window is 0.8
+    assert spread["first_round_per_node"] == [6, None]
+    assert spread["first_node_round"] == 6 and spread["all_nodes_round"] is None
+    assert spread_metrics([fast, fast])["all_nodes_round"] == 6
+    assert spread_metrics([never], threshold=0.5)["first_round_per_node"] == [5]
+
+
+def test_max_minutes_compares_configs_over_the_rounds_all_completed(tmp_path):
+    out = tmp_path / "timed"
+    # a deadline already past: no run completes a round, which is an error, not an empty summary
+    with pytest.raises(RuntimeError, match="before any run completed a round"):
+        main([*STUDY, "--out", str(out), "--jobs", "1", "--max-minutes", "1e-9"])
+
+
+def test_study_defaults_apply_the_tiny_stand_in_only_to_tiny_models():
+    from sapo.node.study.cli import experiment_node_settings
+
+    tiny = experiment_node_settings([])
+    assert tiny.model.model == "tiny-micro" and tiny.training.lr == 3e-4
+    assert tiny.tasks.tasks == ["basic_arithmetic"] and tiny.training.max_new_tokens == 24
+    assert tiny.training.updates_per_batch == 1 and tiny.training.minibatches == 1
+    real = experiment_node_settings(["--model", "smollm2-135m", "--lora"])
+    assert real.training.lr is None and real.model.warm_start_steps is None  # the model's own defaults
+    assert len(real.tasks.tasks) == 9 and real.training.max_new_tokens == 256
+    assert experiment_node_settings(["--lr", "1e-3"]).training.lr == 1e-3  # the user's flag wins
+
+
+def test_the_same_study_runs_over_real_libp2p_node_processes(tmp_path):
+    """--transport libp2p: each run is a `sapo-node swarm` on 127.0.0.1; the summary has the same shape."""
+    out = tmp_path / "libp2p"
+    assert main([
+        "experiment", "--transport", "libp2p", "--nodes", "2", "--configs", "2/0,1/1", "--rounds", "2", "--seeds", "1",
+        "--no-progress", "--out", str(out),
+        "--generations", "4", "--max-new-tokens", "8", "--warm-start-steps", "0", "--sampler", "uniform",
+    ]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["study"]["transport"] == "libp2p" and set(summary["results"]) == {"2/0", "1/1"}
+    rows = _raw(out)
+    assert len(rows) == 2 * 2 * 2 and all(r["transport"] == "libp2p" for r in rows)
+    assert all(r["external_groups"] == 0 for r in rows if r["config"] == "2/0")
+    # over the network, round visibility is not lockstep: a node gets the other's groups once they arrive
+    assert sum(r["external_groups"] for r in rows if r["config"] == "1/1") >= 1
+    assert all(r["local_groups"] == 1 for r in rows if r["config"] == "1/1")
+
+
+def test_libp2p_transport_refuses_what_only_the_in_memory_study_can_do():
+    with pytest.raises(ValueError, match="homogeneous fixed-I/J"):
+        ExperimentSettings(transport="libp2p", configs="8/0,adaptive")
+    with pytest.raises(ValueError, match="scripted_solvers"):
+        ExperimentSettings(transport="libp2p", scripted_solvers=2)
+
+
+def test_resummarize_recomputes_the_same_results_from_raw(two_studies, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(two_studies[0], copy)
+    before = json.loads((copy / "summary.json").read_text())
+    (copy / "summary.md").unlink()
+    assert main(["experiment", "--resummarize", str(copy)]) == 0
+    after = json.loads((copy / "summary.json").read_text())
+    assert after["results"] == before["results"] and after["runs"] == before["runs"]
+    assert (copy / "summary.md").read_text().startswith("# SAPO I/J study")
