@@ -69,7 +69,12 @@ def _canonical(value: Any) -> Any:
 def canonical_bytes(msg: BaseModel) -> bytes:
     """The one byte rule of every message this project sends (rollouts and the judge's): msgpack
     of the model's JSON form with every map's keys sorted, so equal messages give equal bytes."""
-    return msgpack.packb(_canonical(msg.model_dump(mode="json")), use_bin_type=True)
+    return canonical_json(msg.model_dump(mode="json"))
+
+
+def canonical_json(value: Any) -> bytes:
+    """`canonical_bytes` of plain JSON-ready data."""
+    return msgpack.packb(_canonical(value), use_bin_type=True)
 
 
 def encode(msg: RolloutGroup, compress: bool = True) -> bytes:

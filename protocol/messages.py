@@ -50,6 +50,7 @@ class RejectReason(str, enum.Enum):
     unverifiable_version = "unverifiable_version"  # sender's reasoning-gym differs from ours
     sender_mismatch = "sender_mismatch"  # `sender` is not the libp2p peer that signed it (gossip)
     duplicate = "duplicate"  # already seen (gossip/inbox)
+    repeat = "repeat"  # a peer's own earlier group again, the same question and completions under a new envelope
     stale = "stale"  # too old a round or timestamp (gossip/inbox)
     peer_quota = "peer_quota"  # this peer has sent too much lately (gossip/inbox)
 

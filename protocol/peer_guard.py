@@ -61,6 +61,9 @@ PENALTIES: dict[str, float] = {
     "too_many_completions": 10.0,
     "spoofed_answer_key": 10.0,
     "sender_mismatch": 10.0,
+    # an honest node never republishes its own group under a fresh timestamp: a replay that dodges
+    # the frame check, to be trained on again
+    "repeat": 5.0,
     # a node with a newer allowlist or task table sends these honestly: cheap, like a rate overrun
     "config_out_of_range": 1.0,
     "unknown_dataset": 1.0,

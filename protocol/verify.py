@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sapo.protocol.allowlist import check_problem_spec
 from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
-from sapo.training.rewards import score_group
+from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import generate_problem
 
@@ -28,8 +28,11 @@ class VerifyPolicy(BaseModel):
     )
 
 
-def verify(msg: RolloutGroup, *, local_rg_version: str, policy: VerifyPolicy) -> QuestionGroup:
-    """The message as a QuestionGroup with locally regenerated problem and recomputed rewards.
+def verify(
+    msg: RolloutGroup, *, local_rg_version: str, policy: VerifyPolicy, verifier: Verifier = score_group
+) -> QuestionGroup:
+    """The message as a QuestionGroup with locally regenerated problem and rewards recomputed by
+    this node's own `verifier`.
 
     Raises Rejected(unknown_dataset | config_out_of_range | unverifiable_version |
     spoofed_answer_key).
@@ -55,7 +58,7 @@ def verify(msg: RolloutGroup, *, local_rg_version: str, policy: VerifyPolicy) ->
     return QuestionGroup(
         problem=problem,
         completions=list(msg.completions),
-        rewards=score_group(problem, list(msg.completions)),
+        rewards=verifier(problem, list(msg.completions)),
         origin=msg.sender,
         model_id=msg.model_id,
         sender_round=msg.sender_round,

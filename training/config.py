@@ -44,6 +44,19 @@ class ModelSettings(BaseModel):
         description="supervised steps on correct solutions before the first round, cached (default: 200 for tiny "
         "models, which know nothing yet; 0 for pretrained ones)",
     )
+    warm_start_share: str | None = Field(
+        default=None,
+        pattern=r"^\d+/[1-9]\d*$",
+        description="K/N: warm-start only on the questions in share K of N (by a hash of the question), a "
+        "specialist whose knowledge is disjoint from the other shares' (default: all questions)",
+    )
+    warm_start_answer_noise: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="fraction of warm-start targets whose answer is a near miss (a model unsure of what it mostly "
+        "knows: its likeliest answer right, its samples often wrong, as RL finds a pretrained model)",
+    )
     warm_start_tag_rate: float = Field(
         default=1.0,
         ge=0.0,
@@ -74,6 +87,12 @@ class ModelSettings(BaseModel):
 class TrainingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    reward: Literal["binary", "partial"] = Field(
+        default="binary",
+        description="binary: 1 if the verifier accepts the answer, else 0 (the paper's); partial: the task's own "
+        "score, partial credit included (basic_arithmetic gives 0.5 for '18' when the answer is 8, which a policy "
+        "learns to game)",
+    )
     generations: int = Field(default=8, ge=2, le=64, description="G: completions sampled per question")
     max_new_tokens: int = Field(default=256, ge=1, le=8192, description="generation length cap per completion")
     temperature: float = Field(default=1.0, gt=0, le=5.0, description="sampling temperature")

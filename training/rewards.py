@@ -50,4 +50,15 @@ def score_completion(problem: Problem, completion: str) -> float:
 
 
 def score_group(problem: Problem, completions: list[str]) -> list[float]:
+    """The task's own scores, partial credit included."""
     return [score_completion(problem, c) for c in completions]
+
+
+def accept_group(problem: Problem, completions: list[str]) -> list[float]:
+    """1 where the verifier accepts the answer (full credit), else 0: the paper's reward."""
+    return [1.0 if score >= 1.0 else 0.0 for score in score_group(problem, completions)]
+
+
+def verifier_for(reward: str) -> Verifier:
+    """`binary` (the paper's: 1 if the verifier accepts) or `partial` (the task's own score)."""
+    return {"binary": accept_group, "partial": score_group}[reward]

@@ -22,6 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from sapo.training.policy import Policy, load_policy
+from sapo.training.scripted import wrong_answer
 from sapo.training.tasks import TaskSampler, TaskSpec
 
 
@@ -40,6 +41,13 @@ class WarmStartSettings(BaseModel):
     )
     # Problems come from a dataset seed no node uses for its own questions.
     dataset_seed: int = Field(default=10_000_019, ge=0)
+    answer_noise: float = Field(
+        default=0.0, ge=0.0, lt=1.0,
+        description="fraction of targets whose answer is a near miss instead of the key: a model that is often "
+        "unsure of what it mostly knows (its likeliest answer right, its samples often wrong)",
+    )
+    share: int = Field(default=0, ge=0, description="train only on questions in this share (a specialist)...")
+    shares: int = Field(default=1, ge=1, description="...of this many, split by a hash of the question")
 
 
 log = logging.getLogger("sapo.warmstart")
@@ -50,6 +58,11 @@ class WarmStartReport:
     steps: int
     final_loss: float
     seconds: float
+
+
+def question_share(question: str, shares: int) -> int:
+    """Which of `shares` disjoint parts a question belongs to: the same on every machine."""
+    return int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") % shares
 
 
 def solution_text(answer: str, tagged: bool = True) -> str:
@@ -68,12 +81,17 @@ def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSetting
     model.train()
     loss_value = float("nan")
     for _ in range(settings.steps):
-        problems = sampler.sample(settings.batch_size)
+        problems: list = []
+        while len(problems) < settings.batch_size:  # a specialist keeps about 1 in `shares`
+            drawn = sampler.sample(settings.batch_size * settings.shares)
+            problems += [p for p in drawn if question_share(p.question, settings.shares) == settings.share]
+        problems = problems[: settings.batch_size]
         rows = []
         for problem in problems:
             prompt = tokenizer(policy.prompt(problem), add_special_tokens=False)["input_ids"]
             tagged = coin.random() < settings.tag_rate
-            target = tokenizer(solution_text(problem.answer, tagged), add_special_tokens=False)["input_ids"]
+            answer = wrong_answer(problem.answer, coin) if coin.random() < settings.answer_noise else problem.answer
+            target = tokenizer(solution_text(answer, tagged), add_special_tokens=False)["input_ids"]
             rows.append((prompt, target + [tokenizer.eos_token_id]))
         length = max(len(p) + len(t) for p, t in rows)
         ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)

@@ -13,10 +13,11 @@ from collections import OrderedDict
 from typing import Callable
 
 from sapo.node.daemon.counters import NodeCounters
-from sapo.protocol.codec import DecodeLimits, decode
-from sapo.protocol.messages import Rejected, RejectReason
+from sapo.protocol.codec import DecodeLimits, canonical_json, decode
+from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
 from sapo.protocol.verify import VerifyPolicy, verify
 from sapo.sampling.inbox import Inbox
+from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.intake")
@@ -39,6 +40,7 @@ class Intake:
         max_age_seconds: float,
         seen_capacity: int = 65_536,
         on_reject: Callable[[str, str], None] | None = None,
+        verifier: Verifier = score_group,
     ):
         self.inbox = inbox
         self.counters = counters
@@ -48,9 +50,14 @@ class Intake:
         self.limits = limits
         self.policy = policy
         self.max_age_seconds = max_age_seconds
+        # Two memories: whole frames (a replay, honest when a peer rejoins: free) and content, the
+        # sender with its question and completions, whatever the envelope says (a re-stamped
+        # replay, never honest: charged).
         self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._contents: OrderedDict[bytes, None] = OrderedDict()
         self._seen_capacity = seen_capacity
         self.on_reject = on_reject
+        self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
 
     def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
         """Admit one frame from `signer` (the libp2p peer that signed it) or count why not."""
@@ -76,7 +83,7 @@ class Intake:
         digest = hashlib.sha256(frame).digest()
         if digest in self._seen:
             raise Rejected(RejectReason.duplicate, "same frame seen before (a replay)")
-        self._remember(digest)
+        self._remember(self._seen, digest)
         msg = decode(frame, self.limits)
         if msg.sender != signer:
             raise Rejected(RejectReason.sender_mismatch, f"sender field {msg.sender[:16]} but signed by {signer[:16]}")
@@ -87,12 +94,24 @@ class Intake:
         age = now - msg.created_at
         if age > self.max_age_seconds or age < -CLOCK_SKEW_SECONDS:
             raise Rejected(RejectReason.stale, f"created {age:.0f}s ago")
-        group = verify(msg, local_rg_version=self.rg_version, policy=self.policy)
+        content = content_digest(msg)
+        if content in self._contents:
+            raise Rejected(RejectReason.repeat, "this peer's question and completions again, in a new envelope")
+        group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
         if not self.inbox.add(group, now):
             raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
+        self._remember(self._contents, content)  # only what got in: a refused group may be fixed and sent again
         return group
 
-    def _remember(self, digest: bytes) -> None:
-        self._seen[digest] = None
-        if len(self._seen) > self._seen_capacity:
-            self._seen.popitem(last=False)
+    def _remember(self, memory: OrderedDict[bytes, None], digest: bytes) -> None:
+        memory[digest] = None
+        if len(memory) > self._seen_capacity:
+            memory.popitem(last=False)
+
+
+def content_digest(msg: RolloutGroup) -> bytes:
+    """What a group is: its author, its problem and its completions. Nothing of the envelope
+    (timestamp, round, model name, the sender's own rewards) takes part, so changing it makes
+    no new group."""
+    content = {"sender": msg.sender, "problem": msg.problem.model_dump(mode="json"), "completions": list(msg.completions)}
+    return hashlib.sha256(canonical_json(content)).digest()

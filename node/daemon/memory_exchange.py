@@ -22,6 +22,7 @@ from sapo.node.daemon.intake import Intake
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
+from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup
 
 Clock = Callable[[], float]
@@ -57,6 +58,7 @@ class MemoryHub:
         max_age_seconds: float,
         accept_other_rg_versions: bool = False,
         compress: bool = True,
+        verifier: Verifier = score_group,
     ) -> "MemoryExchange":
         """Add a member; with `inbox=None` it only publishes."""
         encoder = GroupEncoder(
@@ -73,6 +75,7 @@ class MemoryHub:
                 limits=DecodeLimits(max_message_bytes=max_message_bytes),
                 policy=VerifyPolicy(accept_other_rg_versions=accept_other_rg_versions),
                 max_age_seconds=max_age_seconds,
+                verifier=verifier,
             )
         member = Member(peer_id, encoder, intake, counters)
         self.members.append(member)

@@ -22,6 +22,7 @@ class RoundRecord(BaseModel):
     per_task: dict[str, float]
     local_groups: int
     external_groups: int
+    external_planned: int = Field(default=0, description="J this round asked for (an adaptive balance moves it)")
     external_reward_mean: float | None = Field(description="this node's verifier on the external completions used")
     inbox_size: int
     received: int

@@ -29,7 +29,7 @@ from sapo.training.config import default_learning_rate
 from sapo.training.evaluation import heldout_accuracy, heldout_problems, is_correct
 from sapo.training.generation import GenerationResult, generate_groups
 from sapo.training.policy import LoraOptions, Policy, load_policy
-from sapo.training.rewards import Verifier, has_answer_tag, score_group
+from sapo.training.rewards import Verifier, has_answer_tag, verifier_for
 from sapo.training.tasks import TaskSampler, TaskSpec
 from sapo.training.sources import is_tiny
 from sapo.training.update import UpdateStats, grpo_update, make_optimizer
@@ -47,7 +47,10 @@ def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
         return None
     # A fixed seed, not the node's: the warm start stands in for a pretrained checkpoint, and
     # like the paper's 8 x Qwen2.5 every node of a swarm starts from the same one.
-    return WarmStartSettings(steps=steps, tag_rate=m.warm_start_tag_rate)
+    share, shares = map(int, (m.warm_start_share or "0/1").split("/"))
+    return WarmStartSettings(
+        steps=steps, tag_rate=m.warm_start_tag_rate, answer_noise=m.warm_start_answer_noise, share=share % shares, shares=shares
+    )
 
 
 class Node:
@@ -56,12 +59,12 @@ class Node:
         settings: NodeSettings,
         peer_id: str = "local",
         warm_start_tasks: list[TaskSpec] | None = None,
-        verifier: Verifier = score_group,
+        verifier: Verifier | None = None,
     ):
         self.settings = settings
         self.peer_id = peer_id
         # How this node scores its own completions (benchmarks substitute one that forces signal).
-        self.verifier = verifier
+        self.verifier = verifier or verifier_for(settings.training.reward)
         # A specialist (experiment harness) warm-starts on a subset of the tasks it then asks.
         self.warm_start_tasks = warm_start_tasks
         run = settings.run
@@ -216,6 +219,7 @@ class Node:
             heldout=heldout,
             per_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
             local_groups=len(training_set.local),
+            external_planned=plan.external,
             external_groups=len(training_set.external),
             external_reward_mean=sum(external) / len(external) if external else None,
             inbox_size=len(self.inbox),

@@ -88,6 +88,7 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
         limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
         policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
         max_age_seconds=settings.sampling.inbox_max_age_seconds,
+        verifier=node.verifier,
         on_reject=lambda signer, reason: _report_from_worker(service, signer, reason),
     )
     encoder = GroupEncoder(

@@ -97,6 +97,20 @@ class NodeSettings(BaseModel):
                 raise ValueError(f"--task-config: {rejected.detail}; peers accept only the ranges in protocol/allowlist.py") from None
         return self
 
+    def updated(self, values: Mapping[str, Any]) -> "NodeSettings":
+        """These settings with `values` (flat field names) laid over them, validated again."""
+        owner = field_owner()
+        unknown = sorted(set(values) - set(owner))
+        if unknown:
+            raise SettingsError(f"invalid settings:\n  unknown setting(s) {unknown}")
+        merged = {concern: getattr(self, concern).model_dump() for concern in CONCERNS}
+        for name, value in values.items():
+            merged[owner[name]][name] = value
+        try:
+            return NodeSettings(**merged)
+        except ValidationError as exc:
+            raise SettingsError("invalid settings:\n  " + "\n  ".join(explain(exc, field_at=1))) from None
+
     def flat(self) -> dict[str, Any]:
         """Field name -> value, JSON-ready; recorded in checkpoints and experiment outputs."""
         out: dict[str, Any] = {}

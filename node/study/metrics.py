@@ -1,12 +1,32 @@
-"""The study's numbers from per-node reward and format curves: cumulative reward, the moving
-average, its peak and oscillation, how fast things spread, and paired ratios between arms."""
+"""The study's numbers, all from raw.jsonl's rows (one per node and round), so a live study and
+`--resummarize` compute them the same way.
+
+Per run (one config x seed): per-node curves of accuracy (full-credit rate of the node's local
+completions), reward (the verifier's score, partial credit included: the paper's metric) and
+format rate; their cumulative sums averaged over the learning nodes; the moving average of the
+node-averaged curve, its peak, last point and oscillation; held-out greedy accuracy; how fast
+format and accuracy spread; and the compute spent per node-round.
+Per config: mean ± std over seeds, and paired ratios to the arms with the same I+J and the same I
+and no external groups (T/0, the paper's baseline; I/0, matched generation), each with its 95 %
+interval (Student's t over the per-seed ratios).
+"""
 
 from __future__ import annotations
 
 import statistics
 from typing import Any
 
-from sapo.node.study.settings import MA_WINDOW, MixConfig
+from sapo.node.study.settings import MixConfig
+
+FORMAT_WINDOW = 10
+SPREAD_WINDOW = 5
+SPREAD_FORMAT = 0.9
+SPREAD_ACCURACY = 0.5
+# Student's t at 97.5 % for 1..30 degrees of freedom (a 95 % two-sided interval); 1.96 beyond.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+RATIO_METRICS = ("cumulative_accuracy", "cumulative_reward")
+
 
 def moving_average(values: list[float], window: int) -> list[float]:
     """Trailing mean over `window` points, one per full window (point i ends at round i + window)."""
@@ -20,31 +40,26 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def curve_metrics(per_node_rewards: list[list[float]], window: int = MA_WINDOW) -> dict[str, Any]:
-    rounds = len(per_node_rewards[0])
-    mean_curve = [sum(col) / len(col) for col in zip(*per_node_rewards)]
+def curve_metrics(per_node: list[list[float]], window: int) -> dict[str, Any]:
+    """Cumulative value (summed over rounds, averaged over nodes), and the moving average of the
+    node-averaged curve: its peak, last point, and mean absolute step after the peak."""
+    rounds = len(per_node[0])
+    mean_curve = [sum(col) / len(col) for col in zip(*per_node)]
     window = min(window, rounds)
     ma = moving_average(mean_curve, window)
     peak = max(range(len(ma)), key=ma.__getitem__)
     after = ma[peak:]
     steps = [abs(b - a) for a, b in zip(after, after[1:])]
     return {
-        "cumulative_reward": sum(sum(r) for r in per_node_rewards) / len(per_node_rewards),
-        "cumulative_per_node": [sum(r) for r in per_node_rewards],
+        "cumulative": sum(sum(r) for r in per_node) / len(per_node),
+        "cumulative_per_node": [sum(r) for r in per_node],
         "peak_ma": ma[peak],
         "peak_round": peak + window,
         "oscillation": sum(steps) / len(steps) if steps else 0.0,
         "final_ma": ma[-1],
-        "ma_window": window,
         "mean_curve": mean_curve,
         "ma_curve": ma,
     }
-
-
-FORMAT_WINDOW = 10
-SPREAD_WINDOW = 5
-SPREAD_FORMAT = 0.9
-SPREAD_REWARD = 0.5
 
 
 def spread_metrics(per_node: list[list[float]], threshold: float = SPREAD_FORMAT) -> dict[str, Any]:
@@ -66,41 +81,104 @@ def spread_metrics(per_node: list[list[float]], threshold: float = SPREAD_FORMAT
     }
 
 
-def _mean_std(values: list[float]) -> dict[str, float]:
+def heldout_curve(per_node_rows: list[list[dict]]) -> list[tuple[int, float]]:
+    """(round, held-out accuracy averaged over tasks and nodes) at every round with an evaluation."""
+    by_round: dict[int, list[float]] = {}
+    for rows in per_node_rows:
+        for row in rows:
+            if row.get("heldout"):
+                by_round.setdefault(row["round"], []).append(statistics.fmean(row["heldout"].values()))
+    return [(r, statistics.fmean(v)) for r, v in sorted(by_round.items())]
+
+
+def run_metrics(per_node_rows: list[list[dict]], rounds: int, window: int) -> dict[str, Any]:
+    """Everything the summary says about one run, from its rows (per node, in round order),
+    over its first `rounds` rounds."""
+    rows = [node_rows[:rounds] for node_rows in per_node_rows]
+    curve = lambda key: [[row[key] for row in node_rows] for node_rows in rows]  # noqa: E731
+    accuracy, reward, formats = curve("accuracy"), curve("reward"), curve("format_rate")
+    everything = [row for node_rows in rows for row in node_rows]
+    per_round = lambda key: statistics.fmean(row.get(key, 0) for row in everything)  # noqa: E731
+    acc, rew = curve_metrics(accuracy, window), curve_metrics(reward, window)
+    tenth = max(1, rounds // 10)
+    format_curve = [statistics.fmean(col) for col in zip(*formats)]
+    return {
+        "cumulative_accuracy": acc["cumulative"],
+        "cumulative_reward": rew["cumulative"],
+        "accuracy": acc,
+        "reward": rew,
+        "accuracy_start": statistics.fmean(acc["mean_curve"][:tenth]),
+        "accuracy_end": statistics.fmean(acc["mean_curve"][-tenth:]),
+        "format_curve": format_curve,
+        "format_end": statistics.fmean(format_curve[-tenth:]),
+        "heldout": heldout_curve(rows),
+        "format_spread": spread_metrics(formats, SPREAD_FORMAT),
+        "accuracy_spread": spread_metrics(accuracy, SPREAD_ACCURACY),
+        "external_groups": per_round("external_groups"),
+        "generated_tokens": per_round("generated_tokens") + per_round("augment_tokens"),
+        "update_tokens": per_round("update_tokens"),
+    }
+
+
+def mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """Mean ± std over seeds per config, and paired ratios to T/0 and to I/0 where those arms exist."""
+def ratio_interval(ratios: list[float]) -> dict[str, Any] | None:
+    """Mean of paired per-seed ratios with its 95 % interval (t over the seeds); None without any
+    (a reference arm that never scored)."""
+    if not ratios:
+        return None
+    mean = statistics.fmean(ratios)
+    if len(ratios) < 2:
+        return {"mean": mean, "low": None, "high": None, "seeds": len(ratios), "ratios": ratios}
+    half = T_975[min(len(ratios) - 1, len(T_975)) - 1] * statistics.stdev(ratios) / len(ratios) ** 0.5
+    return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": len(ratios), "ratios": ratios}
+
+
+def reference_arms(config: MixConfig, configs: list[MixConfig]) -> dict[str, str]:
+    """The arms a config is compared with: T/0 (same I+J, no external groups: the paper's
+    baseline, matched batch) and I/0 (same I: matched generation)."""
     def local_only(local: int) -> str | None:
         return next((c.name for c in configs if not c.adaptive and c.external == 0 and c.local == local), None)
 
+    refs = {"baseline": local_only(config.total)}
+    if not config.adaptive:
+        refs["local_only"] = local_only(config.local)
+    return {label: ref for label, ref in refs.items() if ref is not None and ref != config.name}
+
+
+def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Per config: mean ± std over seeds of each run metric, and paired ratios to T/0 and I/0."""
     out: dict[str, Any] = {}
     for config in configs:
         seeds = runs[config.name]
         entry: dict[str, Any] = {
-            key: _mean_std([s["metrics"][key] for s in seeds])
-            for key in ("cumulative_reward", "peak_ma", "oscillation", "final_ma")
+            key: mean_std([s[key] for s in seeds])
+            for key in ("cumulative_accuracy", "cumulative_reward", "accuracy_start", "accuracy_end", "format_end",
+                        "external_groups", "generated_tokens", "update_tokens")
         }
-        for label, ref in (("ratio_to_baseline", local_only(config.total)), ("ratio_to_local_only", local_only(config.local))):
-            if ref is None or ref == config.name or config.adaptive and label == "ratio_to_local_only":
-                continue
-            ratios = [s["metrics"]["cumulative_reward"] / r["metrics"]["cumulative_reward"]
-                      for s, r in zip(seeds, runs[ref]) if r["metrics"]["cumulative_reward"] > 0]
-            if ratios:
-                entry[label] = _mean_std(ratios) | {"reference": ref}
+        for curve in ("accuracy", "reward"):
+            entry[f"{curve}_peak_ma"] = mean_std([s[curve]["peak_ma"] for s in seeds])
+            entry[f"{curve}_final_ma"] = mean_std([s[curve]["final_ma"] for s in seeds])
+            entry[f"{curve}_oscillation"] = mean_std([s[curve]["oscillation"] for s in seeds])
+        heldout = [s["heldout"] for s in seeds if s["heldout"]]
+        if heldout:
+            entry["heldout_first"] = mean_std([h[0][1] for h in heldout])
+            entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
+        for label, ref in reference_arms(config, configs).items():
+            pairs = list(zip(seeds, runs[ref]))
+            ratios = {metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0]) for metric in RATIO_METRICS}
+            entry[f"ratio_to_{label}"] = {"reference": ref} | {metric: r for metric, r in ratios.items() if r is not None}
         entry["spread"] = {
             kind: {
-                "threshold": seeds[0][kind]["threshold"],
-                "first_node_round": [s[kind]["first_node_round"] for s in seeds],
-                "all_nodes_round": [s[kind]["all_nodes_round"] for s in seeds],
-                "nodes_reached": [s[kind]["nodes_reached"] for s in seeds],
+                "threshold": seeds[0][f"{kind}_spread"]["threshold"],
+                "first_node_round": [s[f"{kind}_spread"]["first_node_round"] for s in seeds],
+                "all_nodes_round": [s[f"{kind}_spread"]["all_nodes_round"] for s in seeds],
             }
             for kind in ("format", "accuracy")
         }
-        tenth = max(1, len(seeds[0]["metrics"]["format_curve"]) // 10)
-        entry["format_rate_start"] = _mean_std([statistics.fmean(s["metrics"]["format_curve"][:tenth]) for s in seeds])
-        entry["format_rate_end"] = _mean_std([statistics.fmean(s["metrics"]["format_curve"][-tenth:]) for s in seeds])
-        entry |= {"local": config.local, "external": config.external, "adaptive": config.adaptive}
+        entry |= {"local": config.local, "external": config.external, "adaptive": config.adaptive,
+                  "treatments": list(config.treatments)}
         out[config.name] = entry
     return out

@@ -45,24 +45,24 @@ def specialist_tasks(tasks: list[TaskSpec], nodes: int, index: int) -> list[Task
 def node_settings(
     base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, index: int, run_dir: Path
 ) -> NodeSettings:
-    model_updates: dict[str, Any] = {
+    """Node k of a run: the study's node settings, this arm's I/J and treatments, its own data
+    dir and seed; it never checkpoints (its results are its round records)."""
+    values: dict[str, Any] = {
         "model": node_model(base, study, index),
         "models_dir": base.model.models_dir or study.out / "models",
+        "local": config.local,
+        "external": config.external,
+        "balance": "adaptive" if config.adaptive else "fixed",
+        "data_dir": run_dir / f"node-{index}",
+        "seed": base.run.seed + 1000 * seed + index,
+        "checkpoint_every": 0,
+        **config.node_overrides(),
     }
     if study.format_discovery is not None:
-        model_updates["warm_start_tag_rate"] = study.format_discovery
-    return base.model_copy(
-        update={
-            "model": base.model.model_copy(update=model_updates),
-            "sampling": base.sampling.model_copy(
-                update={"local": config.local, "external": config.external, "balance": "adaptive" if config.adaptive else "fixed"}
-            ),
-            "run": base.run.model_copy(
-                # a study node checkpoints never: its results are its round records
-                update={"data_dir": run_dir / f"node-{index}", "seed": base.run.seed + 1000 * seed + index, "checkpoint_every": 0}
-            ),
-        }
-    )
+        values["warm_start_tag_rate"] = study.format_discovery
+    if study.specialists == "questions":
+        values["warm_start_share"] = f"{index}/{study.nodes}"
+    return base.updated(values)
 
 
 class _RecordsInMemory:
@@ -131,7 +131,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
     learners = []
     for k in range(study.nodes):
         settings = node_settings(base, study, config, seed, k, run_dir)
-        tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists else None
+        tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists == "tasks" else None
         node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks)
         node.metrics = _RecordsInMemory(node.metrics.path)
         receives = config.adaptive or config.external > 0
@@ -145,6 +145,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             max_age_seconds=settings.sampling.inbox_max_age_seconds,
             accept_other_rg_versions=net.accept_other_rg_versions,
             compress=net.compress,
+            verifier=node.verifier,
         )
         learners.append(Learner(k, node, exchange))
     solvers = []

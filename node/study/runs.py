@@ -33,8 +33,7 @@ from sapo.node.daemon.round import RoundResult, run_round
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.study.nodes import Learner, StudyRun, build_run
 from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
-from sapo.node.study.summary import node_table, warm_start_recipe, write_outputs
-from sapo.sampling.balance import AdaptiveBalance
+from sapo.node.study.summary import node_table, read_rows, warm_start_recipe, write_outputs
 from sapo.training.tasks import reasoning_gym_version
 
 log = logging.getLogger("sapo.experiment")
@@ -57,11 +56,12 @@ def run_one(
     with (run_dir / "raw.jsonl").open("w") as raw:
 
         def write_round(round_index: int, results: list[RoundResult]) -> None:
-            rows = [round_row(learner, result.record) for learner, result in zip(run.learners, results)]
-            raw.writelines(json.dumps({"config": config.name, "seed": seed, **row}) + "\n" for row in rows)
+            rows = [round_row(config, seed, learner.index, learner.node.settings.model.model, result.record)
+                    for learner, result in zip(run.learners, results)]
+            raw.writelines(json.dumps(row) + "\n" for row in rows)
             raw.flush()  # a long study can be inspected (or salvaged) while it runs
             if progress is not None:
-                progress(config.name, seed, round_index, statistics.fmean(row["reward"] for row in rows))
+                progress(config.name, seed, round_index, statistics.fmean(row["accuracy"] for row in rows))
 
         done = trio.run(run_lockstep, run, study.rounds, deadline, write_round)
     if done < study.rounds:
@@ -69,18 +69,10 @@ def run_one(
     for learner in run.learners:
         learner.node.metrics.flush()
     seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
-    learners = run.learners
-    return {
-        "seed": seed,
-        "rewards": [[r.reward_mean for r in l.records] for l in learners],
-        "format_rates": [[r.format_rate for r in l.records] for l in learners],
-        "external_groups_mean": _external_mean(learners),
-        "balance_history": {l.index: l.node.balance.history for l in learners if isinstance(l.node.balance, AdaptiveBalance)},
-        # CPU time too: on a shared machine it predicts an uncontended run better than wall time
-        "seconds": {"setup": setup_seconds, "total": seconds,
-                    "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
-                    "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes)},
-    }
+    # CPU time too: on a shared machine it predicts an uncontended run better than wall time
+    return {"setup": setup_seconds, "total": seconds,
+            "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
+            "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes)}
 
 
 async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_round) -> int:
@@ -109,12 +101,13 @@ async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_ro
     return rounds
 
 
-def round_row(learner: Learner, record: RoundRecord) -> dict[str, Any]:
-    """One node-round of raw.jsonl."""
+def round_row(config: MixConfig, seed: int, node: int, model: str, record: RoundRecord) -> dict[str, Any]:
+    """One node-round of raw.jsonl: what the study's metrics are computed from."""
     return {
-        "node": learner.index,
-        "peer_id": learner.node.peer_id,
-        "model": learner.node.settings.model.model,
+        "config": config.name,
+        "seed": seed,
+        "node": node,
+        "model": model,
         "round": record.round,
         "reward": record.reward_mean,
         "accuracy": record.accuracy,
@@ -122,6 +115,7 @@ def round_row(learner: Learner, record: RoundRecord) -> dict[str, Any]:
         "heldout": record.heldout,
         "local_groups": record.local_groups,
         "external_groups": record.external_groups,
+        "external_planned": record.external_planned,
         "external_reward_mean": record.external_reward_mean,
         "inbox_size": record.inbox_size,
         "accepted": record.accepted,
@@ -137,11 +131,6 @@ def round_row(learner: Learner, record: RoundRecord) -> dict[str, Any]:
     }
 
 
-def _external_mean(learners: list[Learner]) -> float:
-    records = [r for l in learners for r in l.records]
-    return sum(r.external_groups for r in records) / len(records) if records else 0.0
-
-
 def run_over_libp2p(
     study: ExperimentSettings, base: NodeSettings, node_flags: list[str], config: MixConfig, seed: int, progress=None
 ) -> dict[str, Any]:
@@ -153,6 +142,8 @@ def run_over_libp2p(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     flags = [*node_flags, "--local", str(config.local), "--external", str(config.external), "--rounds", str(study.rounds)]
+    for name, value in config.node_overrides().items():
+        flags += [f"--{name.replace('_', '-')}", str(value)]
     if study.format_discovery is not None and not any(f.startswith("--warm-start-tag-rate") for f in flags):
         flags += ["--warm-start-tag-rate", str(study.format_discovery)]
     if not any(f.startswith("--models-dir") for f in flags):
@@ -161,34 +152,17 @@ def run_over_libp2p(
     failed = trio.run(run_swarm, study.nodes, run_dir, flags, base.run.seed + 1000 * seed, 30.0)
     if failed:
         raise RuntimeError(f"{config.name} seed {seed}: {failed} node(s) failed; see {run_dir}/node-*/node.log")
-    rewards, formats, external = [], [], 0
     with (run_dir / "raw.jsonl").open("w") as raw:
         for k in range(study.nodes):
-            records = [json.loads(line) for line in (run_dir / f"node-{k}" / "metrics.jsonl").read_text().splitlines()]
-            rewards.append([r["reward_mean"] for r in records])
-            formats.append([r["format_rate"] for r in records])
-            external += sum(r["external_groups"] for r in records)
-            for r in records:
-                raw.write(json.dumps({
-                    "config": config.name, "seed": seed, "node": k, "round": r["round"], "reward": r["reward_mean"],
-                    "format_rate": r["format_rate"], "local_groups": r["local_groups"],
-                    "external_groups": r["external_groups"], "accepted": r["accepted"], "rejected": r["rejected"],
-                    "transport": "libp2p",
-                }) + "\n")
+            for line in (run_dir / f"node-{k}" / "metrics.jsonl").read_text().splitlines():
+                row = round_row(config, seed, k, base.model.model, RoundRecord.model_validate_json(line))
+                raw.write(json.dumps(row | {"transport": "libp2p"}) + "\n")
     if progress is not None:
         for r in range(1, study.rounds + 1):
-            progress(config.name, seed, r, statistics.fmean(curve[r - 1] for curve in rewards))
-    records = sum(len(curve) for curve in rewards)
+            progress(config.name, seed, r, float("nan"))
     seconds = time.perf_counter() - started
-    return {
-        "seed": seed,
-        "rewards": rewards,
-        "format_rates": formats,
-        "external_groups_mean": external / records if records else 0.0,
-        "balance_history": {},
-        "seconds": {"setup": 0.0, "total": seconds, "per_node_round": seconds / max(1, records),
-                    "cpu_per_node_round": None},
-    }
+    return {"setup": 0.0, "total": seconds, "per_node_round": seconds / max(1, study.rounds * study.nodes),
+            "cpu_per_node_round": None}
 
 
 def out_dir_of(study: ExperimentSettings, config: MixConfig, seed: int) -> Path:
@@ -248,13 +222,13 @@ def run_experiment(study: ExperimentSettings, base: NodeSettings, node_flags: li
     bar = tqdm(total=len(configs) * study.seeds * study.rounds, file=sys.stderr, disable=not study.progress,
                unit="round", dynamic_ncols=True)
 
-    def progress(config: str, seed: int, round_index: int, reward: float) -> None:
+    def progress(config: str, seed: int, round_index: int, accuracy: float) -> None:
         bar.set_description(f"{config} seed {seed}")
-        bar.set_postfix(round=round_index, reward=f"{reward:.3f}")
+        bar.set_postfix(round=round_index, accuracy=f"{accuracy:.3f}")
         bar.update(1)
 
     with bar:
-        results = _run_all(study, base, configs, progress, node_flags)
+        seconds = _run_all(study, base, configs, progress, node_flags)
     with (out / "raw.jsonl").open("w") as raw:
         for seed in range(study.seeds):
             for config in configs:
@@ -266,6 +240,7 @@ def run_experiment(study: ExperimentSettings, base: NodeSettings, node_flags: li
         "nodes": node_table(base, study),
         "warm_start": warm_start_recipe(base, study),
         "reasoning_gym": reasoning_gym_version(),
-        "timing": {"wall_seconds": time.perf_counter() - started, "jobs": job_count(study, len(configs) * study.seeds)},
+        "timing": {"wall_seconds": time.perf_counter() - started, "jobs": job_count(study, len(configs) * study.seeds),
+                   "runs": {f"{name} seed {seed}": times for (name, seed), times in seconds.items()}},
     }
-    return write_outputs(study, configs, results, meta)
+    return write_outputs(study, configs, read_rows(out), meta)

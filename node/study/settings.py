@@ -23,50 +23,84 @@ EXPERIMENT_TINY_DEFAULTS = [
 CLOCK_EPOCH = 1_700_000_000.0
 MA_WINDOW = 100
 METRIC_DEFINITIONS = {
-    "reward": "per node and round: mean verifier reward of that node's local completions",
+    "accuracy": "per node and round: fraction of that node's local completions with full credit from the verifier",
+    "reward": "per node and round: mean verifier reward of that node's local completions (partial credit included)",
+    "cumulative_accuracy": "sum over rounds of a node's accuracy, averaged over the learning nodes",
     "cumulative_reward": "sum over rounds of a node's reward, averaged over the learning nodes (paper's metric)",
-    "ma_curve": "trailing moving average (window: summary's ma_window, 100 unless the study is short) of the node-averaged reward per round",
+    "ma_curve": "trailing moving average (window: summary's ma_window, 100 unless the study is short) of the node-averaged curve",
     "peak_ma": "maximum of the MA curve; peak_round is the round at which it is reached",
     "oscillation": "mean absolute change of the MA curve between consecutive rounds after its peak",
     "final_ma": "last point of the MA curve",
-    "ratio_to_baseline": "paired per seed: cumulative(config) / cumulative(T/0), T = I+J (the paper's 8/0)",
-    "ratio_to_local_only": "paired per seed: cumulative(I/J) / cumulative(I/0), matched generation compute",
+    "heldout": "greedy full-credit accuracy on a fixed held-out set (the same questions for every node), mean over tasks",
+    "ratio_to_baseline": "paired per seed: cumulative(config) / cumulative(T/0), T = I+J (the paper's 8/0), with a 95 % t interval",
+    "ratio_to_local_only": "paired per seed: cumulative(I/J) / cumulative(I/0), matched generation compute, with a 95 % t interval",
+    "generated_tokens": "tokens a node generated per round: its own questions, plus its own completions for external ones (augment)",
+    "update_tokens": "completion tokens a node's update trained on per round",
     "scripted solvers": "peers only; excluded from all metrics",
+}
+
+
+# How an arm treats the external groups it takes, named after `+` in a config ("4/4+positive"):
+# each is a set of node settings laid over the study's own node settings for that arm.
+TREATMENTS: dict[str, dict[str, Any]] = {
+    # the paper's controlled run: drop all-zero-advantage groups, sample uniformly, train on every row
+    "paper": {"sampler": "nonzero-uniform", "off_policy_rows": "all", "external_credit": "partial", "augment_external": 0},
+    "positive": {"off_policy_rows": "positive"},  # a peer's completions train only with positive advantage
+    "exact": {"external_credit": "exact"},  # a peer's completions earn 1 only for a fully correct answer
+    "hascorrect": {"sampler": "has-correct"},  # only mixed groups holding a fully correct answer
+    # this node adds 4 completions of its own to each external question, all-correct groups included
+    "augment": {"augment_external": 4, "sampler": "any-correct"},
 }
 
 
 @dataclass(frozen=True)
 class MixConfig:
-    """One arm of the study: I local and J external groups per round, or an adaptive balance."""
+    """One arm of the study: I local and J external groups per round, or an adaptive balance,
+    and the treatments of its external groups."""
 
     name: str
     local: int
     external: int
     adaptive: bool = False
+    treatments: tuple[str, ...] = ()
 
     @property
     def total(self) -> int:
         return self.local + self.external
 
+    @property
+    def mix(self) -> str:
+        """The arm's I/J alone ("4/4"), without treatments; "adaptive" for the adaptive balance."""
+        return "adaptive" if self.adaptive else f"{self.local}/{self.external}"
+
+    def node_overrides(self) -> dict[str, Any]:
+        overrides: dict[str, Any] = {}
+        for name in self.treatments:
+            overrides |= TREATMENTS[name]
+        return overrides
+
 
 def parse_configs(specs: list[str]) -> list[MixConfig]:
-    """'8/0', '4/4', ... and 'adaptive' (I+J = the largest fixed total, starting half/half)."""
-    fixed: list[MixConfig] = []
+    """'8/0', '4/4', ... and 'adaptive' (I+J = the largest fixed total, starting half/half), each
+    optionally followed by treatments: '4/4+positive+exact' (see TREATMENTS)."""
+    parsed = []
     for spec in specs:
-        if spec == "adaptive":
+        mix, *treatments = spec.split("+")
+        unknown = [t for t in treatments if t not in TREATMENTS]
+        if unknown:
+            raise ValueError(f"config {spec!r}: unknown treatment(s) {unknown}; choose from {', '.join(TREATMENTS)}")
+        if mix == "adaptive":
+            parsed.append((spec, None, tuple(treatments)))
             continue
-        local, sep, external = spec.partition("/")
+        local, sep, external = mix.partition("/")
         if not sep or not local.isdigit() or not external.isdigit() or int(local) + int(external) == 0:
-            raise ValueError(f"config {spec!r} is not I/J (like 4/4) or 'adaptive'")
-        fixed.append(MixConfig(spec, int(local), int(external)))
-    total = max((c.total for c in fixed), default=8)
-    configs = []
-    for spec in specs:
-        if spec == "adaptive":
-            configs.append(MixConfig("adaptive", total - total // 2, total // 2, adaptive=True))
-        else:
-            configs.append(next(c for c in fixed if c.name == spec))
-    return configs
+            raise ValueError(f"config {spec!r} is not I/J (like 4/4) or 'adaptive', with optional +treatments")
+        parsed.append((spec, (int(local), int(external)), tuple(treatments)))
+    total = max((sum(split) for _, split, _ in parsed if split), default=8)
+    return [
+        MixConfig(spec, *(split or (total - total // 2, total // 2)), adaptive=split is None, treatments=treatments)
+        for spec, split, treatments in parsed
+    ]
 
 
 class ExperimentSettings(BaseModel):
@@ -75,14 +109,19 @@ class ExperimentSettings(BaseModel):
     nodes: int = Field(default=8, ge=1, le=64, description="learning nodes per run")
     configs: list[str] = Field(
         default_factory=lambda: ["8/0", "6/2", "4/4", "2/6"],
-        description="I/J arms, comma-separated; 'adaptive' lets each node move its own I/J (I+J fixed)",
+        description="I/J arms, comma-separated; 'adaptive' lets each node move its own I/J (I+J fixed); "
+        f"+treatment after an arm sets how it uses external groups ({', '.join(TREATMENTS)}), e.g. 4/4+positive",
     )
     rounds: int = Field(default=100, ge=1, le=100_000, description="rounds per run")
     seeds: int = Field(
         default=1, ge=1, le=100, description="runs per config, seeds 0..N-1 (node k of seed s gets node seed --seed + 1000s + k)"
     )
     out: Path = Field(default=Path("sapo-experiment"), description="output directory")
-    specialists: bool = Field(default=False, description="node k warm-starts only on its share of --tasks (needs >= 2 tasks)")
+    specialists: Literal["none", "tasks", "questions"] = Field(
+        default="none",
+        description="disjoint knowledge: node k warm-starts only on its share of --tasks (tasks: needs >= 2) or "
+        "of the questions (questions: 1/N of them, by a hash of the question); every node is then asked everything",
+    )
     mixed_sizes: bool = Field(default=False, description="node models cycle tiny-micro, tiny-small, tiny")
     mixed_tokenizers: bool = Field(default=False, description="node models alternate tiny (char) and tiny-bpe")
     scripted_solvers: int = Field(default=0, ge=0, le=64, description="extra generate-only peers that answer by script")
@@ -112,6 +151,12 @@ class ExperimentSettings(BaseModel):
     )
     progress: bool = Field(default=True, description="progress bar on stderr")
 
+    @field_validator("specialists", mode="before")
+    @classmethod
+    def _specialists_flag(cls, value: Any) -> Any:
+        # `--specialists` alone (and studies recorded before there were two kinds) mean by task
+        return {True: "tasks", False: "none", "true": "tasks", "false": "none"}.get(value, value)
+
     @field_validator("configs", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -127,7 +172,8 @@ class ExperimentSettings(BaseModel):
         if len(set(self.configs)) != len(self.configs):
             raise ValueError(f"configs repeat: {self.configs}")
         if self.transport == "libp2p":
-            unsupported = [name for name in ("specialists", "mixed_sizes", "mixed_tokenizers") if getattr(self, name)]
+            unsupported = [name for name in ("mixed_sizes", "mixed_tokenizers") if getattr(self, name)]
+            unsupported += ["specialists"] if self.specialists != "none" else []
             unsupported += ["scripted_solvers"] if self.scripted_solvers else []
             unsupported += ["adaptive"] if "adaptive" in self.configs else []
             if unsupported:

@@ -11,32 +11,29 @@ from typing import Any
 
 from sapo.node.daemon.node import warm_start_settings
 from sapo.node.daemon.settings import NodeSettings
-from sapo.node.study.metrics import SPREAD_FORMAT, SPREAD_REWARD, SPREAD_WINDOW, curve_metrics, spread_metrics, summarize
+from sapo.node.study.metrics import SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, run_metrics, summarize
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.plots import plot_curves
 from sapo.node.study.settings import MA_WINDOW, METRIC_DEFINITIONS, ExperimentSettings, MixConfig, parse_configs
 
 
-def write_outputs(study: ExperimentSettings, configs: list[MixConfig], results: dict[tuple[str, int], dict],
-                  meta: dict[str, Any]) -> dict[str, Any]:
-    """Metrics from each run's per-node curves, then summary.json, summary.md and curves.png.
+def write_outputs(study: ExperimentSettings, configs: list[MixConfig], rows: list[dict], meta: dict[str, Any]) -> dict[str, Any]:
+    """Every run's metrics from its rows, then summary.json, summary.md and curves.png.
 
     Under --max-minutes runs may stop at different rounds; every config is compared over the
     rounds all of them completed (raw.jsonl keeps every round).
     """
-    rounds = min(len(r["rewards"][0]) for r in results.values())
-    if rounds == 0:
-        raise RuntimeError("--max-minutes ended the study before any run completed a round")
+    per_run: dict[tuple[str, int], dict[int, list[dict]]] = {}
+    for row in rows:
+        per_run.setdefault((row["config"], row["seed"]), {}).setdefault(row["node"], []).append(row)
+    missing = [(c.name, s) for c in configs for s in range(study.seeds) if (c.name, s) not in per_run]
+    if missing:
+        raise RuntimeError(f"no rows for {missing}: --max-minutes ended the study before any run completed a round")
+    node_rows = {key: [sorted(nodes[k], key=lambda r: r["round"]) for k in sorted(nodes)] for key, nodes in per_run.items()}
+    rounds = min(len(rows_) for runs_ in node_rows.values() for rows_ in runs_)
     window = ma_window(study, rounds)
-    for result in results.values():
-        rewards = [curve[:rounds] for curve in result.pop("rewards")]
-        formats = [curve[:rounds] for curve in result.pop("format_rates")]
-        result["metrics"] = curve_metrics(rewards, window)
-        result["metrics"]["format_curve"] = [statistics.fmean(col) for col in zip(*formats)]
-        result["format"] = spread_metrics(formats)
-        result["accuracy"] = spread_metrics(rewards, threshold=SPREAD_REWARD)
-    runs: dict[str, list[dict]] = {c.name: [results[(c.name, s)] for s in range(study.seeds)] for c in configs}
-    timing = dict(meta["timing"]) | {"runs": {name: [s.get("seconds") for s in seeds] for name, seeds in runs.items()}}
+    runs = {c.name: [run_metrics(node_rows[(c.name, s)], rounds, window) | {"seed": s} for s in range(study.seeds)]
+            for c in configs}
     summary = {
         "definitions": METRIC_DEFINITIONS,
         "round_visibility": meta["round_visibility"],
@@ -46,15 +43,15 @@ def write_outputs(study: ExperimentSettings, configs: list[MixConfig], results: 
         "warm_start": meta["warm_start"],
         "reasoning_gym": meta["reasoning_gym"],
         "results": summarize(configs, runs),
-        "runs": {name: [{k: v for k, v in s.items() if k != "seconds"} for s in seeds] for name, seeds in runs.items()},
+        "runs": runs,
         "rounds_compared": rounds,
         "ma_window": window,
-        "timing": timing,
+        "timing": meta["timing"],
     }
     out = study.out
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "summary.md").write_text(render_markdown(summary, configs))
-    plot_curves(runs, configs, out / "curves.png")
+    plot_curves(runs, configs, window, out / "curves.png")
     return summary
 
 
@@ -65,46 +62,30 @@ def ma_window(study: ExperimentSettings, rounds: int) -> int:
     return min(MA_WINDOW, max(1, rounds // 3))
 
 
-def resummarize(out: Path, ma_window_override: int | None = None) -> dict[str, Any]:
-    """Recompute summary.json, summary.md and curves.png of a finished (or stopped) study from its
-    raw.jsonl, with this version's metrics; the study's recorded settings are kept."""
-    old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
-    if old is None:
-        raise FileNotFoundError(f"{out}/summary.json is missing; resummarize needs the study's recorded settings")
-    study_fields = {k: v for k, v in old["study"].items() if k in ExperimentSettings.model_fields}
-    study = ExperimentSettings(**(study_fields | {"out": out} | ({"ma_window": ma_window_override} if ma_window_override else {})))
-    configs = parse_configs(study.configs)
-    per_run: dict[tuple[str, int], dict[int, list[dict]]] = {}
+def read_rows(out: Path) -> list[dict]:
     raw = out / "raw.jsonl"
     # committed results keep their raw rows gzipped
     text = raw.read_text() if raw.exists() else gzip.decompress((out / "raw.jsonl.gz").read_bytes()).decode()
-    for line in text.splitlines():
-        row = json.loads(line)
-        per_run.setdefault((row["config"], row["seed"]), {}).setdefault(row["node"], []).append(row)
-    old_runs = {(name, s["seed"]): s for name, seeds in old.get("runs", {}).items() for s in seeds}
-    old_seconds = {(name, i): t for name, times in old.get("timing", {}).get("runs", {}).items() for i, t in enumerate(times)}
-    results = {}
-    for key, nodes in per_run.items():
-        rows = [sorted(nodes[k], key=lambda r: r["round"]) for k in sorted(nodes)]
-        everything = [r for node_rows in rows for r in node_rows]
-        results[key] = {
-            "seed": key[1],
-            "rewards": [[r["reward"] for r in node_rows] for node_rows in rows],
-            "format_rates": [[r["format_rate"] for r in node_rows] for node_rows in rows],
-            "external_groups_mean": statistics.fmean(r["external_groups"] for r in everything),
-            "balance_history": old_runs.get(key, {}).get("balance_history", {}),
-            "seconds": old_seconds.get(key),
-        }
-    meta = {k: old[k] for k in ("round_visibility", "node_settings", "nodes", "warm_start", "reasoning_gym")}
-    meta["timing"] = {k: v for k, v in old.get("timing", {}).items() if k != "runs"}
-    return write_outputs(study, configs, results, meta)
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def resummarize(out: Path, ma_window_override: int | None = None) -> dict[str, Any]:
+    """Recompute summary.json, summary.md and curves.png of a finished (or stopped) study from its
+    raw.jsonl, with this version's metrics; the study's recorded settings are kept."""
+    if not (out / "summary.json").exists():
+        raise FileNotFoundError(f"{out}/summary.json is missing; resummarize needs the study's recorded settings")
+    old = json.loads((out / "summary.json").read_text())
+    study_fields = {k: v for k, v in old["study"].items() if k in ExperimentSettings.model_fields}
+    study = ExperimentSettings(**(study_fields | {"out": out} | ({"ma_window": ma_window_override} if ma_window_override else {})))
+    meta = {k: old[k] for k in ("round_visibility", "node_settings", "nodes", "warm_start", "reasoning_gym", "timing")}
+    return write_outputs(study, parse_configs(study.configs), read_rows(out), meta)
 
 
 def node_table(base: NodeSettings, study: ExperimentSettings) -> list[dict[str, Any]]:
     table = []
     for k in range(study.nodes):
         row = {"node": k, "role": "learner", "model": node_model(base, study, k)}
-        if study.specialists:
+        if study.specialists == "tasks":
             row["warm_start_tasks"] = [t.name for t in specialist_tasks(base.tasks.specs(), study.nodes, k)]
         table.append(row)
     table += [{"node": f"solver-{k}", "role": "scripted", "accuracy": study.solver_accuracy} for k in range(study.scripted_solvers)]
@@ -118,8 +99,9 @@ def warm_start_recipe(base: NodeSettings, study: ExperimentSettings) -> dict[str
     recipe = warm_start_settings(settings)
     if recipe is None:
         return None
-    return {"settings": recipe.model_dump(mode="json"), "tasks": "per node (specialists)" if study.specialists
+    return {"settings": recipe.model_dump(mode="json"), "tasks": "per node (specialists)" if study.specialists == "tasks"
             else [t.model_dump(mode="json") for t in base.tasks.specs()],
+            "questions": f"node k: share k of {study.nodes}" if study.specialists == "questions" else "all",
             "shared": "one per model source and task list, the same for every seed (like one pretrained checkpoint)"}
 
 
@@ -129,47 +111,83 @@ def _fmt(stat: dict[str, float] | None, digits: int = 3) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
 
 
+def _ratio(entry: dict[str, Any], label: str, metric: str) -> str:
+    ratio = entry.get(f"ratio_to_{label}")
+    if not ratio or metric not in ratio:
+        return "–"
+    r = ratio[metric]
+    if r["low"] is None:
+        return f"{r['mean']:.3f}"
+    return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+
+
 def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
-    study = summary["study"]
+    study, results = summary["study"], summary["results"]
+    settings = summary["node_settings"]
     lines = [
         "# SAPO I/J study",
         "",
         f"{study['nodes']} learning nodes, {summary['rounds_compared']} rounds"
         + (f" (of {study['rounds']} asked; --max-minutes {study['max_minutes']} ended the runs)"
            if summary["rounds_compared"] < study["rounds"] else "")
-        + f", {study['seeds']} seed(s), model "
-        f"{summary['node_settings']['model']}, tasks {', '.join(summary['node_settings']['tasks'])}, "
-        f"sampler {summary['node_settings']['sampler']}. Round visibility: {summary['round_visibility']}.",
+        + f", {study['seeds']} seed(s), model {settings['model']}, tasks {', '.join(settings['tasks'])}, "
+        f"{settings['updates_per_batch']} x {settings['minibatches']} clipped steps a round, lr {settings['lr']}. "
+        f"Round visibility: {summary['round_visibility']}.",
         "",
-        "| config | cumulative reward | ÷ T/0 (matched batch) | ÷ I/0 (matched generation) | peak MA | oscillation | final MA |",
+        "## Accuracy",
+        "",
+        "Accuracy is the full-credit rate of a node's own completions (partial credit is not accuracy); cumulative "
+        "accuracy sums it over the rounds, averaged over the nodes. Ratios are paired per seed, with their 95 % "
+        "interval (t over the seeds): to T/0 (the same I+J without sharing, the paper's baseline) and to I/0 (the same "
+        "generation). Compute: tokens generated (own questions, plus own completions for external ones) and "
+        "completion tokens trained on, per node-round.",
+        "",
+        "| config | cumulative accuracy | ÷ T/0 | ÷ I/0 | accuracy, first → last tenth | held-out, first → last | "
+        "generated tok | update tok |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for config in configs:
+        r = results[config.name]
+        heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
+        lines.append(
+            f"| {config.name} | {_fmt(r['cumulative_accuracy'], 2)} | {_ratio(r, 'baseline', 'cumulative_accuracy')} | "
+            f"{_ratio(r, 'local_only', 'cumulative_accuracy')} | {_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | "
+            f"{heldout} | {r['generated_tokens']['mean']:.0f} | {r['update_tokens']['mean']:.0f} |"
+        )
+    lines += [
+        "",
+        "## Reward (the paper's metric, partial credit included)",
+        "",
+        "| config | cumulative reward | ÷ T/0 | ÷ I/0 | peak MA | oscillation | final MA |",
         "|---|---|---|---|---|---|---|",
     ]
     for config in configs:
-        r = summary["results"][config.name]
+        r = results[config.name]
         lines.append(
-            f"| {config.name} | {_fmt(r['cumulative_reward'], 2)} | {_fmt(r.get('ratio_to_baseline'))} | "
-            f"{_fmt(r.get('ratio_to_local_only'))} | {_fmt(r['peak_ma'])} | {_fmt(r['oscillation'], 5)} | {_fmt(r['final_ma'])} |"
+            f"| {config.name} | {_fmt(r['cumulative_reward'], 2)} | {_ratio(r, 'baseline', 'cumulative_reward')} | "
+            f"{_ratio(r, 'local_only', 'cumulative_reward')} | {_fmt(r['reward_peak_ma'])} | "
+            f"{_fmt(r['reward_oscillation'], 5)} | {_fmt(r['reward_final_ma'])} |"
         )
-    lines += ["", "Values are mean ± std over seeds; ratios are paired per seed.", ""]
     lines += [
+        "",
         "## How fast the format and the accuracy spread",
         "",
         f"Format rate: fraction of a node's local completions with an `<answer>` tag. Spread: the first round at "
         f"which a node's trailing {SPREAD_WINDOW}-round mean reaches the threshold (first node / every node; "
         "'–' = not reached), one value per seed.",
         "",
-        "| config | format rate, first → last tenth | format ≥ {f}: first node | every node | reward ≥ {a}: first node | every node |".format(
-            f=SPREAD_FORMAT, a=SPREAD_REWARD),
-        "|---|---|---|---|---|---|",
+        f"| config | format, last tenth | format ≥ {SPREAD_FORMAT}: first node | every node | "
+        f"accuracy ≥ {SPREAD_ACCURACY}: first node | every node | external groups a round |",
+        "|---|---|---|---|---|---|---|",
     ]
     seeds_of = lambda values: ", ".join("–" if v is None else str(v) for v in values)  # noqa: E731
     for config in configs:
-        r = summary["results"][config.name]
+        r = results[config.name]
         spread = r["spread"]
         lines.append(
-            f"| {config.name} | {_fmt(r['format_rate_start'], 2)} → {_fmt(r['format_rate_end'], 2)} | "
-            f"{seeds_of(spread['format']['first_node_round'])} | {seeds_of(spread['format']['all_nodes_round'])} | "
-            f"{seeds_of(spread['accuracy']['first_node_round'])} | {seeds_of(spread['accuracy']['all_nodes_round'])} |"
+            f"| {config.name} | {_fmt(r['format_end'], 2)} | {seeds_of(spread['format']['first_node_round'])} | "
+            f"{seeds_of(spread['format']['all_nodes_round'])} | {seeds_of(spread['accuracy']['first_node_round'])} | "
+            f"{seeds_of(spread['accuracy']['all_nodes_round'])} | {r['external_groups']['mean']:.2f} |"
         )
     lines += ["", "## Definitions", ""]
     lines += [f"- **{k}**: {v}" for k, v in summary["definitions"].items()]

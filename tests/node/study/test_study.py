@@ -9,7 +9,7 @@ import pytest
 
 from sapo.node.cli import main
 from sapo.node.daemon.settings import load_settings
-from sapo.node.study.metrics import curve_metrics, moving_average, spread_metrics
+from sapo.node.study.metrics import curve_metrics, moving_average, ratio_interval, spread_metrics
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.settings import ExperimentSettings, parse_configs
 from sapo.training.tasks import default_task_specs
@@ -91,10 +91,14 @@ def test_heterogeneity_assignments():
 
 def test_metrics_by_hand():
     assert moving_average([1, 2, 3, 4], 2) == [1.5, 2.5, 3.5]
-    m = curve_metrics([[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0]])  # node mean: 0, 1, 0, 0.5
-    assert m["cumulative_reward"] == 1.5 and m["ma_window"] == 4 and m["peak_ma"] == 0.375
-    m = curve_metrics([[0.0] * 99 + [1.0, 0.0, 0.0]])  # window 100: MA 0.01, 0.01, 0.01
-    assert m["ma_window"] == 100 and m["peak_round"] == 100 and m["oscillation"] == 0.0
+    m = curve_metrics([[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 1.0]], window=100)  # node mean: 0, 1, 0, 0.5
+    assert m["cumulative"] == 1.5 and m["peak_ma"] == 0.375 and m["peak_round"] == 4  # the window shrinks to 4
+    m = curve_metrics([[0.0] * 99 + [1.0, 0.0, 0.0]], window=100)  # MA 0.01, 0.01, 0.01
+    assert m["peak_round"] == 100 and m["oscillation"] == 0.0
+    interval = ratio_interval([1.0, 1.2, 1.4, 1.2])  # sd 0.1633, t(3) = 3.182: half-width 0.2598
+    assert interval["seeds"] == 4 and interval["mean"] == pytest.approx(1.2)
+    assert (interval["low"], interval["high"]) == pytest.approx((1.2 - 0.2598, 1.2 + 0.2598), abs=1e-3)
+    assert ratio_interval([]) is None
 
 
 def test_spread_counts_the_first_round_each_node_holds_the_threshold():
