@@ -80,7 +80,9 @@ def canonical_json(value: Any) -> bytes:
 def encode(msg: RolloutGroup, compress: bool = True) -> bytes:
     """The frame for `msg`. Compressed only when that is smaller. Deterministic for a given message
     (and, when compressed, a given zlib build: pin golden bytes on compress=False)."""
-    payload = canonical_bytes(msg)
+    # an optional field that is absent leaves no trace in the frame, so frames without it are
+    # byte for byte what they were before it existed (the golden file pins that)
+    payload = canonical_json(msg.model_dump(mode="json", exclude={"behavior"} if msg.behavior is None else None))
     if compress:
         packed = zlib.compress(payload, _ZLIB_LEVEL)
         if len(packed) < len(payload):
@@ -191,9 +193,10 @@ def _precheck(obj: Any, limits: DecodeLimits) -> None:
     for name, value in (("metadata", metadata), ("problem.config", config)):
         if _depth(value) > limits.max_nesting:
             raise Rejected(RejectReason.too_deep, f"{name} is nested deeper than {limits.max_nesting}")
-    # Elsewhere only the fixed schema's own depth is legal (completions: 1, problem.config: 2).
-    rest = {k: v for k, v in obj.items() if k not in ("metadata", "problem")}
-    if _depth(rest) > 2:
+    # Elsewhere only the fixed schema's own depth is legal (completions: 1, problem.config: 2,
+    # behavior.token_logprobs: 2).
+    rest = {k: v for k, v in obj.items() if k not in ("metadata", "problem", "behavior")}
+    if _depth(rest) > 2 or _depth(obj.get("behavior")) > 3:
         raise Rejected(RejectReason.bad_schema, "unexpected nesting outside metadata and config")
 
 

@@ -110,6 +110,27 @@ class WireProblemSpec(BaseModel):
         return ProblemSpec(dataset=self.dataset, config=self.config, seed=self.seed, index=self.index)
 
 
+class BehaviorLogprobs(BaseModel):
+    """How likely the sender's own policy found each token it sampled. A receiver with the same
+    tokenizer can weigh the sender's completions by how likely its own policy finds them
+    (`--importance-weight`); any other receiver ignores this. Optional: absent unless the sender
+    shares it (`--share-logprobs`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    tokenizer: str = Field(min_length=1, max_length=128, description="fingerprint of the sender's tokenizer")
+    temperature: float = Field(gt=0, le=5, description="the temperature the completions were sampled at")
+    token_logprobs: list[list[float]] = Field(
+        description="per completion, the log-probability of each sampled token at that temperature (EOS excluded)"
+    )
+
+    @model_validator(mode="after")
+    def _are_logprobs(self) -> BehaviorLogprobs:
+        if any(value > 0 for row in self.token_logprobs for value in row):
+            raise ValueError("a log-probability is at most 0")
+        return self
+
+
 class RolloutGroup(BaseModel):
     """One question and G completions, as gossiped. Field order here is the documented order."""
 
@@ -134,6 +155,9 @@ class RolloutGroup(BaseModel):
         description="the sender's own scores; informational only, never used for training"
     )
     reasoning_gym_version: str = Field(min_length=1, description="sender's reasoning-gym release")
+    behavior: BehaviorLogprobs | None = Field(
+        default=None, description="optional: the sender's own token log-probabilities (absent from the frame when None)"
+    )
 
     @model_validator(mode="after")
     def _rewards_match_completions(self) -> RolloutGroup:
@@ -141,6 +165,8 @@ class RolloutGroup(BaseModel):
             raise ValueError(
                 f"{len(self.completions)} completions but {len(self.sender_rewards)} sender_rewards"
             )
+        if self.behavior is not None and len(self.behavior.token_logprobs) != len(self.completions):
+            raise ValueError(f"{len(self.completions)} completions but {len(self.behavior.token_logprobs)} behavior rows")
         return self
 
 
@@ -153,6 +179,7 @@ def to_wire(
     model_id: str,
     created_at: float,
     reasoning_gym_version: str,
+    behavior: BehaviorLogprobs | None = None,
 ) -> RolloutGroup:
     """Package a local question group for gossip. Raises pydantic.ValidationError on bad input."""
     problem = group.problem
@@ -171,4 +198,5 @@ def to_wire(
         completions=list(group.completions),
         sender_rewards=[float(r) for r in group.rewards],
         reasoning_gym_version=reasoning_gym_version,
+        behavior=behavior,
     )

@@ -106,6 +106,12 @@ class NetworkSettings(BaseModel):
         description="largest rollout message sent or accepted, bytes (under py-libp2p's fixed 1 MiB outbound RPC limit)",
     )
     compress: bool = Field(default=True, description="zlib-compress outgoing messages when it makes them smaller")
+    share_logprobs: bool = Field(
+        default=False,
+        description="publish our own token log-probs with our groups (the optional `behavior` field): peers with "
+        "the same tokenizer can then weigh our completions (--importance-weight); nodes older than this field "
+        "refuse such groups",
+    )
     accept_other_rg_versions: bool = Field(
         default=False,
         description="accept groups from peers on another reasoning-gym release (their problems may not regenerate identically)",

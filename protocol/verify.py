@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sapo.protocol.allowlist import check_problem_spec
 from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
 from sapo.training.rewards import Verifier, score_group
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import generate_problem
 
 
@@ -63,4 +63,5 @@ def verify(
         model_id=msg.model_id,
         sender_round=msg.sender_round,
         created_at=msg.created_at,
+        behavior=Behavior(**msg.behavior.model_dump()) if msg.behavior is not None else None,
     )

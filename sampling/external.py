@@ -23,11 +23,15 @@ def augmented(external: QuestionGroup, own: QuestionGroup) -> QuestionGroup:
     """The peer's completions and this node's own for the same question, as one group."""
     if own.problem.spec != external.problem.spec:
         raise ValueError("augmenting a group with completions of another question")
+    behavior = external.behavior
+    if behavior is not None:  # our own rows are on-policy and need no weight
+        behavior = behavior.model_copy(update={"token_logprobs": [*behavior.token_logprobs, *([[]] * len(own.completions))]})
     return external.model_copy(
         update={
             "completions": [*external.completions, *own.completions],
             "rewards": [*external.rewards, *own.rewards],
             "on_policy": [*external.on_policy_rows(), *([True] * len(own.completions))],
+            "behavior": behavior,
         }
     )
 

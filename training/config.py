@@ -121,6 +121,12 @@ class TrainingSettings(BaseModel):
         description="which completions that this node did not sample itself (a peer's) train: all of them, as the "
         "paper does, or only those with positive advantage (README: 'What sharing does to the update')",
     )
+    importance_weight: Literal["off", "sequence"] = Field(
+        default="off",
+        description="weigh each completion this node did not sample by min(1, its per-token geometric mean of "
+        "p_this_node / p_sender), from the log-probs a peer with the same tokenizer shares (--share-logprobs); "
+        "completions without them, or from another tokenizer, keep weight 1",
+    )
     eps_low: float = Field(default=0.2, ge=0, lt=1, description="lower clip range of the ratio")
     eps_high: float = Field(default=0.28, ge=0, lt=10, description="upper clip range of the ratio")
 

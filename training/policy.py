@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,13 @@ class Policy:
     one_shot: bool
     lora: bool
     bf16: bool = False  # bf16 autocast for forward passes; weights and Adam state stay fp32
+
+    @functools.cached_property
+    def tokenizer_fingerprint(self) -> str:
+        """Equal for tokenizers that map text to the same ids: when a peer's token log-probs are ours to compare."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        text = backend.to_str() if backend is not None else repr(sorted(self.tokenizer.get_vocab().items()))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def prompt(self, problem: Problem) -> str:
         return render_prompt(problem, self.tokenizer, self.prompt_style, self.one_shot)

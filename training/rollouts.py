@@ -9,6 +9,17 @@ from sapo.training.tasks import Problem
 LOCAL_ORIGIN = "local"
 
 
+class Behavior(BaseModel):
+    """The sampling policy's own log-probability of each token it sampled, per completion, with
+    the tokenizer (a fingerprint) and temperature they belong to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokenizer: str
+    temperature: float
+    token_logprobs: list[list[float]]
+
+
 class QuestionGroup(BaseModel):
     """One question with G completions as plain text.
 
@@ -29,6 +40,9 @@ class QuestionGroup(BaseModel):
     # group and none for a peer's; a peer's group that this node augmented with its own samples
     # (sampling/augment.py) holds both.
     on_policy: list[bool] | None = None
+    # What the policy that sampled the completions thought of them, when it said (local groups,
+    # and a peer's that shared it): lets an off-policy completion be importance-weighted.
+    behavior: Behavior | None = None
 
     @property
     def is_local(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ class EncodedBatch:
     group_of: list[int]  # which group each row belongs to
     advantages: torch.Tensor  # [B]
     pad_id: int
+    # per row: the sampling policy's log-probs of its tokens, where they can be compared with
+    # ours (an off-policy row from a peer with our tokenizer, at temperature 1); else None
+    behavior: tuple[list[float] | None, ...] = ()
 
     @property
     def completion_length(self) -> int:
@@ -93,7 +97,7 @@ class UpdateStats:
     cpu_seconds: float = 0.0  # process CPU time over the whole update
 
 
-def trained_rows(group: QuestionGroup, off_policy_rows: str = "all") -> list[tuple[str, float]]:
+def trained_rows(group: QuestionGroup, off_policy_rows: str = "all") -> list[tuple[str, float, int]]:
     """The (completion, advantage) rows a group contributes, advantages over the whole group.
 
     With `off_policy_rows="positive"`, a completion this node did not sample itself trains only
@@ -103,8 +107,18 @@ def trained_rows(group: QuestionGroup, off_policy_rows: str = "all") -> list[tup
     its own successes, on which those tokens are already near certain.
     """
     advantages = group_advantages(torch.tensor(group.rewards)).tolist()
-    rows = zip(group.completions, advantages, group.on_policy_rows())
-    return [(text, adv) for text, adv, own in rows if own or off_policy_rows == "all" or adv > 0]
+    rows = zip(group.completions, advantages, group.on_policy_rows(), range(len(group.completions)))
+    return [(text, adv, index) for text, adv, own, index in rows if own or off_policy_rows == "all" or adv > 0]
+
+
+def comparable_behavior(policy: Policy, group: QuestionGroup, index: int) -> list[float] | None:
+    """The sender's log-probs of completion `index`, if they are comparable with this policy's."""
+    behavior = group.behavior
+    if behavior is None or group.on_policy_rows()[index] or behavior.tokenizer != policy.tokenizer_fingerprint:
+        return None
+    if behavior.temperature != 1.0:  # our log-probs are at temperature 1
+        return None
+    return behavior.token_logprobs[index] or None
 
 
 def encode_groups(
@@ -123,15 +137,19 @@ def encode_groups(
         return None
     useful = [g for g, _ in rows_of]
     prompt_ids = tokenizer([policy.prompt(g.problem) for g in useful], add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer([text for _, rows in rows_of for text, _ in rows], add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer([text for _, rows in rows_of for text, _, _ in rows], add_special_tokens=False)["input_ids"]
     completions: list[list[int]] = []
     advantages: list[float] = []
     group_of: list[int] = []
+    behavior: list[list[float] | None] = []
     cursor = 0
-    for group_index, (_, rows) in enumerate(rows_of):
-        for text, adv in rows:
+    for group_index, (group, rows) in enumerate(rows_of):
+        for text, adv, index in rows:
             ids = list(completion_ids[cursor])[:max_completion_tokens]
             cursor += 1
+            sender = comparable_behavior(policy, group, index)
+            if sender is not None and len(sender) != len(ids):
+                sender = None  # re-encoding did not give the tokens the sender sampled
             if text.rstrip().endswith(ANSWER_CLOSE) and len(ids) < max_completion_tokens:
                 ids.append(tokenizer.eos_token_id)
             if not ids:
@@ -139,6 +157,7 @@ def encode_groups(
             completions.append(ids)
             advantages.append(adv)
             group_of.append(group_index)
+            behavior.append(sender)
     if not completions:
         return None
     return EncodedBatch(
@@ -147,6 +166,7 @@ def encode_groups(
         group_of=group_of,
         advantages=torch.tensor(advantages, dtype=torch.float32),
         pad_id=tokenizer.pad_token_id,
+        behavior=tuple(behavior),
     )
 
 
@@ -190,6 +210,22 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) 
     logits = torch.cat([out.logits[:, -1:, :].expand(rows, 1, -1), tail.logits[:, :-1, :]], dim=1).float()
     picked = logits.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def importance_weights(batch: EncodedBatch, old_logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Per row, 1 except for the given rows with the sender's log-probs: min(1, exp(mean over
+    the sampled tokens of log p_ours - log p_sender)). A peer's completion that this policy
+    finds less likely than its sender did counts for less; one it finds likelier counts fully
+    (truncated at 1, so a weight never amplifies another policy's text)."""
+    weights = torch.ones(len(batch.completions), device=old_logprobs.device)
+    for row in rows:
+        sender = batch.behavior[row] if row < len(batch.behavior) else None
+        if sender is None:
+            continue
+        ours = old_logprobs[row, : len(sender)]
+        gap = float((ours - torch.tensor(sender, device=ours.device)).mean())
+        weights[row] = min(1.0, math.exp(gap))
+    return weights
 
 
 def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: float = 2 * 2**30) -> int:
@@ -275,6 +311,9 @@ def grpo_update(
         with torch.no_grad():
             for rows in pieces(later):
                 old_logprobs[rows] = logprobs_of(rows)[0]
+    weigh = settings.importance_weight == "sequence" and any(b is not None for b in batch.behavior)
+    if weigh:  # first-step rows are weighed when their own forward pass gives their old log-probs
+        advantages = advantages * importance_weights(batch, old_logprobs, later)
 
     losses, clips = [], []
     for step, step_rows in enumerate(plan):
@@ -288,6 +327,8 @@ def grpo_update(
             logprobs, mask = logprobs_of(rows)
             if step == 0:
                 old_logprobs[rows] = logprobs.detach()
+                if weigh:
+                    advantages[rows] *= importance_weights(batch, old_logprobs, rows)[rows]
             loss, stats = clipped_policy_loss(
                 logprobs, old_logprobs[rows], advantages[rows], mask, settings.eps_low, settings.eps_high
             )

@@ -13,7 +13,7 @@ from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.intake import Intake
 from sapo.protocol.codec import encode
 from sapo.protocol.gossip import GossipService, ReceivedMessage
-from sapo.protocol.messages import to_wire
+from sapo.protocol.messages import BehaviorLogprobs, to_wire
 from sapo.training.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
@@ -30,6 +30,7 @@ class GroupEncoder:
         model_id: str,
         rg_version: str,
         compress: bool = True,
+        share_logprobs: bool = False,
         clock: Callable[[], float] = time.time,
     ):
         # `clock` stamps created_at; the experiment harness passes its simulated round clock.
@@ -39,6 +40,7 @@ class GroupEncoder:
         self.model_id = model_id
         self.rg_version = rg_version
         self.compress = compress
+        self.share_logprobs = share_logprobs
 
     def frame(self, group: QuestionGroup, round_index: int) -> bytes:
         msg = to_wire(
@@ -49,6 +51,7 @@ class GroupEncoder:
             model_id=self.model_id,
             created_at=self.clock(),
             reasoning_gym_version=self.rg_version,
+            behavior=BehaviorLogprobs(**group.behavior.model_dump()) if self.share_logprobs and group.behavior else None,
         )
         return encode(msg, compress=self.compress)
 

@@ -58,11 +58,13 @@ class MemoryHub:
         max_age_seconds: float,
         accept_other_rg_versions: bool = False,
         compress: bool = True,
+        share_logprobs: bool = False,
         verifier: Verifier = score_group,
     ) -> "MemoryExchange":
         """Add a member; with `inbox=None` it only publishes."""
         encoder = GroupEncoder(
-            clock=self.clock, peer_id=peer_id, swarm=self.swarm, model_id=model_id, rg_version=self.rg_version, compress=compress
+            clock=self.clock, peer_id=peer_id, swarm=self.swarm, model_id=model_id, rg_version=self.rg_version,
+            compress=compress, share_logprobs=share_logprobs,
         )
         intake = None
         if inbox is not None:

@@ -92,7 +92,8 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
         on_reject=lambda signer, reason: _report_from_worker(service, signer, reason),
     )
     encoder = GroupEncoder(
-        peer_id=node.peer_id, swarm=net.swarm, model_id=settings.model.model, rg_version=rg_version, compress=net.compress
+        peer_id=node.peer_id, swarm=net.swarm, model_id=settings.model.model, rg_version=rg_version, compress=net.compress,
+        share_logprobs=net.share_logprobs,
     )
     exchange = GossipExchange(service, encoder, intake, node.counters)
     await nursery.start(service.run)

@@ -145,6 +145,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             max_age_seconds=settings.sampling.inbox_max_age_seconds,
             accept_other_rg_versions=net.accept_other_rg_versions,
             compress=net.compress,
+            share_logprobs=net.share_logprobs,
             verifier=node.verifier,
         )
         learners.append(Learner(k, node, exchange))

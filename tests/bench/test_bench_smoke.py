@@ -81,3 +81,27 @@ def test_gossip_during_update_smoke(tmp_path):
         assert int(row.split()[2]) > 0, f"no message was timed in the {phase} phase: {row}"
     updates = next(line for line in out.splitlines() if line.startswith("updates: "))
     assert "(0 skipped)" in updates, updates
+
+
+def test_paper_scale_command_is_a_valid_study():
+    """bench/paper_scale.py has never run (no GPU here): at least its command must be one the
+    study accepts, with the paper's settings."""
+    import shlex
+
+    from sapo.node.study.cli import experiment_node_settings
+    from sapo.node.study.settings import ExperimentSettings
+
+    done = subprocess.run([sys.executable, str(BENCH / "paper_scale.py"), "--dry-run"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    command = shlex.split(done.stdout.splitlines()[0].removeprefix("$ "))
+    args = command[command.index("experiment") + 1:]
+    study_names = {f"--{name.replace('_', '-')}" for name in ExperimentSettings.model_fields}
+    study, node = {}, []
+    for i in range(0, len(args), 2):  # every flag here takes one value
+        (study.__setitem__(args[i][2:].replace("-", "_"), args[i + 1]) if args[i] in study_names
+         else node.extend(args[i:i + 2]))
+    assert ExperimentSettings(**study).nodes == 8 and study["rounds"] == "2000"
+    settings = experiment_node_settings(node)
+    assert settings.model.device == "cuda" and settings.training.eps_high == 0.28 and settings.training.reward == "binary"
+    assert settings.training.updates_per_batch == 1 and len(settings.tasks.tasks) == 9

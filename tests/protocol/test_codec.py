@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from sapo.protocol.codec import DecodeLimits, Rejected, RejectReason, decode, encode
-from sapo.protocol.messages import SCHEMA_VERSION, RolloutGroup, WireProblemSpec
+from sapo.protocol.messages import BehaviorLogprobs, SCHEMA_VERSION, RolloutGroup, WireProblemSpec
 
 from tests.protocol.strategies import (
     SAMPLE_SENDER,
@@ -335,3 +335,31 @@ def test_decode_only_returns_a_message_or_rejected(frame):
         return
     assert isinstance(msg, RolloutGroup)
     assert decode(encode(msg), LIMITS) == msg
+
+
+GOLDEN_BEHAVIOR = pathlib.Path(__file__).parent / "golden" / "rollout_group_v1_behavior.bin"
+
+
+def golden_message_with_behavior() -> RolloutGroup:
+    """The golden message with the optional `behavior` field. Never edit (see golden_message)."""
+    return golden_message().model_copy(update={"behavior": BehaviorLogprobs(
+        tokenizer="9f2c4e1a7b3d5f60", temperature=1.0,
+        token_logprobs=[[-0.5, -0.25, 0.0], [-1.5], [-2.0, -0.125]],
+    )})
+
+
+def test_golden_bytes_with_the_optional_behavior_field():
+    frame = encode(golden_message_with_behavior(), compress=False)
+    assert frame == GOLDEN_BEHAVIOR.read_bytes()
+    assert decode(frame, LIMITS) == golden_message_with_behavior()
+    obj = msgpack.unpackb(frame[1:], raw=False)
+    assert list(obj) == sorted(obj) and list(obj["behavior"]) == ["temperature", "token_logprobs", "tokenizer"]
+
+
+def test_behavior_must_match_the_completions_and_be_log_probabilities():
+    base = golden_message_with_behavior().model_dump()
+    one_row_short = base | {"behavior": base["behavior"] | {"token_logprobs": [[-0.5]]}}
+    positive = base | {"behavior": base["behavior"] | {"token_logprobs": [[0.5], [-1.0], [-1.0]]}}
+    for bad in (one_row_short, positive):
+        frame = bytes([0]) + msgpack.packb(bad, use_bin_type=True)
+        assert reason_of(frame) == RejectReason.bad_schema

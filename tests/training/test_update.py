@@ -139,3 +139,33 @@ def test_auto_micro_batch_fits_a_tiny_round_and_splits_a_large_model(problem, tm
 
     long = type(batch)([[1] * 300], [[1] * 256] * 8, [0] * 8, batch.advantages, 0)
     assert 1 <= auto_micro_batch_size(Large, long) <= 4
+
+
+def test_importance_weight_of_a_peers_completion_by_hand(problem, tmp_path):
+    """min(1, exp(mean(log p_ours - log p_sender))) for a peer's rows with comparable log-probs;
+    1 for our own rows, for rows without them and for another tokenizer's."""
+    from sapo.training.rollouts import Behavior
+    from sapo.training.update import importance_weights
+
+    pol = policy("tiny", tmp_path)
+    texts = ["<answer>7</answer>", "<answer>8</answer>"]
+    ids = [pol.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    likelier = [0.0] * len(ids[0])  # the sender was sure of every token: we are less so
+    unlikely = [-30.0] * len(ids[1])  # the sender found it far less likely than we do
+    behavior = Behavior(tokenizer=pol.tokenizer_fingerprint, temperature=1.0, token_logprobs=[likelier, unlikely])
+    peer = group(problem, texts, [1.0, 0.0]).model_copy(update={"behavior": behavior})
+    batch = encode_groups(pol, [peer], 64)
+    assert [b is not None for b in batch.behavior] == [True, True]
+    ids_, attention, _ = batch.padded(range(2))
+    with torch.no_grad():
+        ours = completion_logprobs(pol.model, ids_, attention, batch.completion_length)
+    weights = importance_weights(batch, ours, [0, 1])
+    expected = torch.exp(ours[0, : len(likelier)].mean()).item()
+    assert weights[0].item() == pytest.approx(expected, rel=1e-5) and 0 < expected < 1
+    assert weights[1].item() == 1.0  # truncated: another policy's text is never amplified
+    assert importance_weights(batch, ours, [1])[0].item() == 1.0  # only the rows asked for
+
+    other = behavior.model_copy(update={"tokenizer": "another-tokenizer"})
+    assert encode_groups(pol, [peer.model_copy(update={"behavior": other})], 64).behavior == (None, None)
+    local = peer.model_copy(update={"origin": "local"})  # our own rows are on-policy: no weight
+    assert encode_groups(pol, [local], 64).behavior == (None, None)

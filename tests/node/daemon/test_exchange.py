@@ -14,3 +14,27 @@ def test_both_exchanges_have_the_protocols_signatures():
             method = getattr(implementation, name)
             assert inspect.signature(method) == wanted, (implementation.__name__, name)
             assert inspect.iscoroutinefunction(method) == inspect.iscoroutinefunction(getattr(Exchange, name))
+
+
+async def test_shared_log_probs_cross_the_wire_and_reach_the_receivers_inbox():
+    from sapo.node.daemon.counters import NodeCounters
+    from sapo.node.daemon.memory_exchange import MemoryHub
+    from sapo.node.study.nodes import peer_id_for
+    from sapo.sampling.inbox import Inbox
+    from sapo.training.rollouts import Behavior
+    from sapo.training.tasks import reasoning_gym_version
+    from tests.node.daemon.test_hostile_peer import honest_group
+
+    hub = MemoryHub(lambda: 1_700_000_000.0, swarm="t", rg_version=reasoning_gym_version())
+    inbox = Inbox(16, 2**20, 600)
+    common = dict(counters=NodeCounters(), max_message_bytes=2**18, max_age_seconds=600)
+    sender = hub.join(peer_id_for(0, 0), model_id="m", inbox=None, share_logprobs=True, **common)
+    quiet = hub.join(peer_id_for(0, 1), model_id="m", inbox=None, share_logprobs=False, **common)
+    hub.join(peer_id_for(0, 2), model_id="m", inbox=inbox, **common)
+    behavior = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-0.5, -0.25], [-1.0]])
+    group = honest_group().model_copy(update={"behavior": behavior})
+    await sender.publish([group], 1)
+    await quiet.publish([group], 1)
+    received = {g.origin: g for g in inbox.newest_first(1_700_000_000.0)}
+    assert received[peer_id_for(0, 0)].behavior == behavior
+    assert received[peer_id_for(0, 1)].behavior is None  # not shared unless the sender says so
