@@ -65,6 +65,21 @@ def question_share(question: str, shares: int) -> int:
     return int.from_bytes(hashlib.sha256(question.encode()).digest()[:8], "big") % shares
 
 
+def specialist_pool(sampler: TaskSampler, settings: WarmStartSettings, size: int = 512) -> list:
+    """The questions of a specialist's share: up to `size` distinct ones, drawn once (drawing a
+    batch afresh each step would generate `shares` times the problems it keeps)."""
+    pool: dict[str, object] = {}
+    for _ in range(size * settings.shares // 64 + 1):
+        for problem in sampler.sample(64):
+            if question_share(problem.question, settings.shares) == settings.share:
+                pool.setdefault(problem.question, problem)
+        if len(pool) >= size:
+            break
+    if not pool:
+        raise ValueError(f"no question falls in warm-start share {settings.share} of {settings.shares}")
+    return list(pool.values())
+
+
 def solution_text(answer: str, tagged: bool = True) -> str:
     return f"<answer>{answer}</answer>" if tagged else answer
 
@@ -80,12 +95,9 @@ def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSetting
     model = policy.model
     model.train()
     loss_value = float("nan")
+    pool = specialist_pool(sampler, settings) if settings.shares > 1 else None
     for _ in range(settings.steps):
-        problems: list = []
-        while len(problems) < settings.batch_size:  # a specialist keeps about 1 in `shares`
-            drawn = sampler.sample(settings.batch_size * settings.shares)
-            problems += [p for p in drawn if question_share(p.question, settings.shares) == settings.share]
-        problems = problems[: settings.batch_size]
+        problems = sampler.sample(settings.batch_size) if pool is None else coin.choices(pool, k=settings.batch_size)
         rows = []
         for problem in problems:
             prompt = tokenizer(policy.prompt(problem), add_special_tokens=False)["input_ids"]

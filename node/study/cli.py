@@ -17,7 +17,12 @@ def experiment_node_flags(node_args: list[str]) -> list[str]:
     base = node_settings_from_flags([*EXPERIMENT_NODE_DEFAULTS, *node_args])
     if not is_tiny(base.model.model):
         return [*EXPERIMENT_NODE_DEFAULTS, *node_args]
-    return [*EXPERIMENT_NODE_DEFAULTS, *EXPERIMENT_TINY_DEFAULTS, *node_args]
+    stand_in = list(EXPERIMENT_TINY_DEFAULTS)
+    given = {flag.split("=")[0] for flag in node_args}
+    if "--tasks" in given and "--task-config" not in given:  # the stand-in's config is for its own task
+        at = stand_in.index("--task-config")
+        del stand_in[at : at + 2]
+    return [*EXPERIMENT_NODE_DEFAULTS, *stand_in, *node_args]
 
 
 def experiment_node_settings(node_args: list[str]) -> NodeSettings:
@@ -54,9 +59,9 @@ def add_commands(sub) -> None:
         help="run the controlled I/J study with all nodes in one process",
         description="Run every --configs arm for --seeds seeds with all nodes in one process, sharing "
         "through an in-memory exchange (the real codec and checks). Any other flag is a node setting "
-        "for every node (see `sapo-node start --help`); defaults here: --model tiny-micro --updates-per-batch 1 "
-        "--minibatches 1 --torch-threads 1, and for tiny models --tasks basic_arithmetic --max-new-tokens 24 "
-        "--warm-start-steps 300 --lr 3e-4.",
+        "for every node (see `sapo-node start --help`); defaults here: --model tiny-micro --torch-threads 1, and for "
+        "tiny models the CPU stand-in: one-digit addition, --max-new-tokens 24, --warm-start-steps 2000 with "
+        "--warm-start-answer-noise 0.6, --lr 3e-4, --eval-every 25 (README: 'The local/external study').",
     )
     for name, info in ExperimentSettings.model_fields.items():
         default = info.get_default(call_default_factory=True)

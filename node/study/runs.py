@@ -173,6 +173,18 @@ def job_count(study: ExperimentSettings, runs: int) -> int:
     return min(study.jobs or os.cpu_count() or 1, runs)
 
 
+def _die_with_parent(parent: int) -> None:
+    """A worker's initializer: on Linux, end this worker when the study's process dies, however
+    it dies (a SIGKILL'd parent otherwise leaves its workers training for the rest of the run)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died while this worker was starting
+            os._exit(1)
+
+
 def _run_in_worker(study, base, config, seed, queue, deadline) -> dict[str, Any]:
     logging.basicConfig(level=base.run.log_level)
     return run_one(study, base, config, seed, progress=lambda *update: queue.put(update), deadline=deadline)
@@ -192,10 +204,15 @@ def _run_all(
         return {(c.name, s): run_one(study, base, c, s, progress, deadline) for c, s in plan}
     import multiprocessing
     import queue as queue_module
+    from multiprocessing.managers import SyncManager
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     context = multiprocessing.get_context("spawn")  # no forked torch or tokenizer thread state
-    with context.Manager() as manager, ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    manager = SyncManager(ctx=context)  # the progress queue's server, a process of its own
+    manager.start(_die_with_parent, (os.getpid(),))
+    with manager, ProcessPoolExecutor(
+        max_workers=jobs, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         updates = manager.Queue()
         futures = {pool.submit(_run_in_worker, study, base, c, s, updates, deadline): (c.name, s) for c, s in plan}
         pending = set(futures)

@@ -8,17 +8,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Node settings the experiment defaults differently from `start` (a flag given overrides them).
-# One clipped step per round (the paper's GRPO), one torch thread per node (they share the CPU).
-EXPERIMENT_NODE_DEFAULTS = [
-    "--model", "tiny-micro", "--updates-per-batch", "1", "--minibatches", "1",
-    "--torch-threads", "1", "--log-level", "WARNING",
-]
-# The CPU-scale stand-in (README, "The local/external study"), only for tiny models: a longer warm
-# start, the rate that learned in the one-step-per-round prototype, easy arithmetic and short
-# answers. 300 rounds x 2 seeds x 4 configs of 8 nodes then fit in about half an hour on 2 cores.
+# Node settings the experiment defaults differently from `start` (a flag given overrides them):
+# one torch thread per node (they share the CPU), and quiet logs.
+EXPERIMENT_NODE_DEFAULTS = ["--model", "tiny-micro", "--torch-threads", "1", "--log-level", "WARNING"]
+# The CPU-scale stand-in (README, "The local/external study"), only for tiny models: easy addition
+# (one-digit +, 100 questions), a warm start that always tags but gives a near miss for 60 % of
+# its answers (a model that is often unsure of what it mostly knows: held-out greedy accuracy
+# about 0.45 and sampled accuracy about 0.27 at the start), the rate that learned in the CPU
+# prototype, and a held-out evaluation every 25 rounds. Isolation (8/0) then learns answers,
+# not only the format: over 250 rounds sampled accuracy went 0.29 -> 0.51, held-out 0.47 -> 0.78.
 EXPERIMENT_TINY_DEFAULTS = [
-    "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--warm-start-steps", "300", "--lr", "3e-4",
+    "--tasks", "basic_arithmetic", "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}',
+    "--max-new-tokens", "24", "--warm-start-steps", "2000", "--warm-start-answer-noise", "0.6",
+    "--warm-start-tag-rate", "1.0", "--lr", "3e-4", "--eval-every", "25", "--eval-questions", "50",
 ]
 CLOCK_EPOCH = 1_700_000_000.0
 MA_WINDOW = 100
@@ -127,7 +129,9 @@ class ExperimentSettings(BaseModel):
     scripted_solvers: int = Field(default=0, ge=0, le=64, description="extra generate-only peers that answer by script")
     solver_accuracy: float = Field(default=0.5, ge=0, le=1, description="probability a scripted solver's answer is correct")
     format_discovery: float | None = Field(
-        default=0.3, ge=0, le=1, description="warm-start tag rate for all nodes, so the <answer> format must be discovered"
+        default=None, ge=0, le=1,
+        description="warm-start tag rate for all nodes below 1, so the <answer> format must be discovered (default: the "
+        "node setting --warm-start-tag-rate)",
     )
     round_seconds: float = Field(default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)")
     ma_window: int | None = Field(

@@ -126,7 +126,8 @@ def test_study_defaults_apply_the_tiny_stand_in_only_to_tiny_models():
     tiny = experiment_node_settings([])
     assert tiny.model.model == "tiny-micro" and tiny.training.lr == 3e-4
     assert tiny.tasks.tasks == ["basic_arithmetic"] and tiny.training.max_new_tokens == 24
-    assert tiny.training.updates_per_batch == 1 and tiny.training.minibatches == 1
+    assert tiny.tasks.specs()[0].config["operators"] == ["+"] and tiny.model.warm_start_answer_noise == 0.6
+    assert tiny.run.eval_every == 25
     real = experiment_node_settings(["--model", "smollm2-135m", "--lora"])
     assert real.training.lr is None and real.model.warm_start_steps is None  # the model's own defaults
     assert len(real.tasks.tasks) == 9 and real.training.max_new_tokens == 256
@@ -169,3 +170,32 @@ def test_resummarize_recomputes_the_same_results_from_raw(two_studies, tmp_path)
     after = json.loads((copy / "summary.json").read_text())
     assert after["results"] == before["results"] and after["runs"] == before["runs"]
     assert (copy / "summary.md").read_text().startswith("# SAPO I/J study")
+
+
+def test_workers_end_with_a_killed_study(tmp_path):
+    """kill -9 of `sapo-node experiment --jobs 2` leaves no worker training on (Linux)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    study = subprocess.Popen([sys.executable, "-m", "sapo.node.cli", *STUDY[:STUDY.index("--rounds")], "--rounds", "10000",
+                              *STUDY[STUDY.index("--rounds") + 2:], "--out", str(tmp_path / "s"), "--jobs", "2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        raws = [tmp_path / "s" / "runs" / name / "seed-0" / "raw.jsonl" for name in ("8-0", "4-4")]
+        while time.monotonic() < deadline and not all(raw.exists() and raw.stat().st_size for raw in raws):
+            time.sleep(0.5)  # both runs are training
+        workers = [p for p in psutil.Process(study.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) >= 2, "the study never started its workers"
+        study.send_signal(signal.SIGKILL)
+        study.wait(10)
+        gone, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, [p.cmdline()[:3] for p in alive]
+    finally:
+        for p in [*psutil.Process().children(recursive=True), *(w for w in locals().get("workers", []) if w.is_running())]:
+            p.kill()
