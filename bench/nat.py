@@ -1,0 +1,224 @@
+"""Gossip between peers that are all behind NAT: relayed, and after hole punching.
+
+One public namespace holds the bootstrap node, which relays (relay "auto": it finds itself
+public) but gossips another topic, so it forwards none of the swarm's messages itself: every
+group travels between NATed peers, over relayed circuits or hole-punched direct connections.
+Each of `--nated` peers sits behind its own home router (bench/nat_topology.py: masquerade, no
+port forwarding, unsolicited packets dropped), runs the real GossipService in its own OS process
+(bench/gossip_peer.py) and publishes `--rate` real RolloutGroup frames a second.
+
+Two runs, compared side by side:
+  relayed      hole punching off: every peer-to-peer link stays a relayed circuit;
+  punched      hole punching on (the default): the run waits until the punched links have
+               replaced their relayed legs (DCUtR closes those 60 s after the direct one is up)
+               and then measures; links that could not be punched stay relayed.
+`--symmetric K` puts K of the peers behind symmetric NATs, which no hole punch gets through.
+
+Both runs start measuring only once the peers form one connected swarm (each has a link to
+another NATed peer and there are no islands). Delivery = groups received / (published x (N-1)),
+latency from just before publish() to the receiver's arrival time (one machine, one clock).
+
+    sudo .venv/bin/python bench/nat.py                      # 16 NATed peers, 0.5 groups/s each, 60 s
+    sudo .venv/bin/python bench/nat.py --nated 8 --seconds 30 --runs punched
+    sudo .venv/bin/python bench/nat.py --smoke              # 3 peers, 10 s, both runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gossip import percentile  # noqa: E402
+from gossip_peer import PeerProcess, write_groups  # noqa: E402
+from nat_topology import NatTopology, missing  # noqa: E402
+
+RELAY_ONLY_TOPIC = "sapo/relay-only/1"  # the bootstrap's own topic: it carries none of the swarm's groups
+START_SECONDS_PER_PEER = 15.0
+PUNCH_SETTLE_SECONDS = 75.0  # a child imports libp2p: on 2 busy cores 17 of them take a while
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nated", type=int, default=16, help="peers, each behind its own NAT")
+    parser.add_argument("--rate", type=float, default=0.5, help="groups each peer publishes per second")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long the peers publish")
+    parser.add_argument("--drain-seconds", type=float, default=10.0, help="wait for deliveries after the last publish")
+    parser.add_argument("--runs", default="relayed,punched", help="which runs: relayed, punched or both")
+    parser.add_argument("--symmetric", type=int, default=0, help="how many peers sit behind symmetric NATs")
+    parser.add_argument("--swarm-timeout", type=float, default=180.0, help="give up if no connected swarm forms in this long")
+    parser.add_argument("--punch-timeout", type=float, default=150.0,
+                        help="punched run: wait at most this long for relayed legs of punched links to close")
+    parser.add_argument("--smoke", action="store_true", help="3 peers, 10 s: a quick check that this runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.nated, args.seconds, args.drain_seconds, args.punch_timeout = 3, 10.0, 5.0, 90.0
+    args.runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if not set(args.runs) <= {"relayed", "punched"} or not args.runs:
+        parser.error(f"--runs takes relayed and/or punched, got {args.runs}")
+    if args.nated < 2:
+        parser.error("--nated must be >= 2")
+    return args
+
+
+def links(peers: list[PeerProcess]) -> dict[str, dict[str, str]]:
+    """peer id -> {NATed peer id: direct | relayed | both}, from each peer's latest state line."""
+    ids = {p.peer_id for p in peers}
+    out = {}
+    for p in peers:
+        state = p.last_state() or {"conns": {}}
+        out[p.peer_id] = {other: kind for other, kind in state["conns"].items() if other in ids}
+    return out
+
+
+def one_swarm(graph: dict[str, dict[str, str]]) -> bool:
+    """Every peer linked to another, and all of them reachable from the first."""
+    if any(not neighbours for neighbours in graph.values()):
+        return False
+    start = next(iter(graph))
+    seen, todo = {start}, [start]
+    while todo:
+        for other in graph[todo.pop()]:
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return len(seen) == len(graph)
+
+
+def link_kinds(graph: dict[str, dict[str, str]]) -> dict[str, int]:
+    """How many distinct peer-to-peer links are direct, relayed, or both (punched, relay leg still open)."""
+    kinds: dict[tuple[str, str], str] = {}
+    for peer, neighbours in graph.items():
+        for other, kind in neighbours.items():
+            kinds[tuple(sorted((peer, other)))] = kind  # either end's view; they agree but for a moment
+    counts = {"direct": 0, "relayed": 0, "both": 0}
+    for kind in kinds.values():
+        counts[kind] += 1
+    return counts
+
+
+def wait_until(what: str, condition, timeout: float, peers: list[PeerProcess]) -> float:
+    started = time.monotonic()
+    while not condition():
+        for p in peers:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited: {p.log_tail()}")
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(1.0)
+    return time.monotonic() - started
+
+
+def run_swarm(args: argparse.Namespace, run: str) -> dict:
+    punching = run == "punched"
+    symmetric = frozenset(range(args.symmetric))
+    tag = f"nb{os.getpid() % 10000}{run[0]}"
+    with tempfile.TemporaryDirectory(prefix="sapo-bench-nat-") as tmp, \
+            NatTopology(tag, public=1, nated=args.nated, symmetric=symmetric) as topo:
+        tmp = Path(tmp)
+        groups = write_groups(tmp / "groups.json")
+        started = time.monotonic()
+        boot = PeerProcess("bootstrap", tmp / "bootstrap", prefix=topo.prefix(topo.public_ns[0]), rate=0,
+                           settings={"topic": RELAY_ONLY_TOPIC}, groups_file=groups)
+        everyone = [boot]
+        try:
+            boot_id = boot.wait_up(60 + START_SECONDS_PER_PEER)
+            bootstrap = f"/ip4/{topo.public_ip[0]}/tcp/4001/p2p/{boot_id}"
+            peers = [PeerProcess(f"nat{i}", tmp / f"nat{i}", prefix=topo.prefix(topo.nated_ns[i]), peers=[bootstrap],
+                                 rate=args.rate, index=i, groups_file=groups, wait_go=True,
+                                 settings={"hole_punching": punching}) for i in range(args.nated)]
+            everyone += peers
+            for p in peers:
+                p.wait_up(60 + START_SECONDS_PER_PEER * args.nated)
+            phases = {"start s": time.monotonic() - started}
+            phases["one swarm s"] = wait_until("one connected swarm", lambda: one_swarm(links(peers)),
+                                               args.swarm_timeout, everyone)
+            if punching:
+                # DCUtR tries each relayed link within seconds, and GossipSub keeps using the relayed
+                # leg until DCUtR closes it, 60 s after the punch: give it that, then wait for the
+                # last legs to close.
+                time.sleep(PUNCH_SETTLE_SECONDS)
+                try:
+                    phases["relay legs closed s"] = wait_until(
+                        "punched links to drop their relayed legs",
+                        lambda: link_kinds(links(peers))["both"] == 0 and one_swarm(links(peers)),
+                        args.punch_timeout, everyone) + PUNCH_SETTLE_SECONDS
+                except TimeoutError:
+                    phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
+            before = link_kinds(links(peers))
+            go = time.time() + 2.0
+            for p in peers:
+                p.go(go, args.seconds)
+            time.sleep(2.0 + args.seconds + args.drain_seconds)
+            after = link_kinds(links(peers))
+            states = [p.last_state() or {} for p in everyone]
+        finally:
+            for p in everyone:
+                p.stop()
+    published = {e["id"]: (p.peer_id, e["at"]) for p in peers for e in p.of("pub") if e.get("ok")}
+    latencies, delivered = [], 0
+    for p in peers:
+        for e in p.of("recv"):
+            sent = published.get(e["id"])
+            if sent is not None and sent[0] != p.peer_id:
+                delivered += 1
+                latencies.append(e["at"] - sent[1])
+    counters: dict[str, int] = {}
+    for state in states:
+        for name, value in state.get("counters", {}).items():
+            counters[name] = counters.get(name, 0) + value
+    return {"run": run, "published": len(published), "expected": len(published) * (args.nated - 1),
+            "delivered": delivered, "latencies": latencies, "before": before, "after": after, "phases": phases,
+            "counters": counters, "reachability": [s.get("reachability") for s in states[1:]],
+            "relaying": states[0].get("relaying")}
+
+
+def print_report(args: argparse.Namespace, results: list[dict]) -> None:
+    load = os.getloadavg()[0]
+    print()
+    print(f"NAT benchmark: {args.nated} peers each behind its own NAT ({args.symmetric} symmetric), one public "
+          f"bootstrap relaying (not gossiping the topic), {args.rate:g} groups/s per peer for {args.seconds:g} s; "
+          f"{os.cpu_count()} CPUs, load average {load:.1f} at the end")
+    print(f"{'run':<9} {'delivered / expected':>22} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}   "
+          f"links direct/relayed/both at start -> end   setup")
+    for r in results:
+        ratio = r["delivered"] / r["expected"] if r["expected"] else 0.0
+        p50, p99, p100 = (1e3 * percentile(r["latencies"], q) for q in (50, 99, 100))
+        b, a = r["before"], r["after"]
+        setup = ", ".join(f"{k} {v:.0f}" for k, v in r["phases"].items())
+        print(f"{r['run']:<9} {str(r['delivered']) + ' / ' + str(r['expected']):>22} {ratio:7.4f} {p50:8.1f} {p99:8.1f} "
+              f"{p100:8.1f}   {b['direct']}/{b['relayed']}/{b['both']} -> {a['direct']}/{a['relayed']}/{a['both']}"
+              f"{'':>14}{setup}")
+    for r in results:
+        c = r["counters"]
+        keys = ("relay_reserved", "relay_dials", "relay_dial_failed", "relay_circuits_served", "relay_refused",
+                "reachability_checks", "autonat_served", "autonat_refused", "discovery_connected", "publish_dropped")
+        print(f"  {r['run']}: bootstrap relaying={r['relaying']}, peers' reachability "
+              f"{dict((s, r['reachability'].count(s)) for s in set(r['reachability']))}; "
+              + ", ".join(f"{k}={c.get(k, 0)}" for k in keys))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = missing()
+    if reason:
+        print(f"NAT benchmark cannot run here: {reason}", file=sys.stderr)
+        return 2
+    results = []
+    for run in args.runs:
+        try:
+            results.append(run_swarm(args, run))
+        except (TimeoutError, RuntimeError) as error:
+            print(f"NAT benchmark ({run}) failed: {error}", file=sys.stderr)
+            return 1
+    print_report(args, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
