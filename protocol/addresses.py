@@ -57,7 +57,7 @@ def parse_peer_address(text: str) -> PeerAddress:
         raise AddressError(f"peer address {text!r} is not a multiaddr ({error}); e.g. {EXAMPLE}") from None
     if names[:1] == ["dnsaddr"]:
         if names not in (["dnsaddr"], ["dnsaddr", "p2p"]):
-            raise AddressError(f"peer address {text!r}: a /dnsaddr takes only an optional /p2p/<peer id> after the name")
+            raise AddressError(f"peer address {text!r}: a /dnsaddr takes only an optional /p2p/<peer id> after the name; e.g. {EXAMPLE}")
         return PeerAddress(text, "dnsaddr", _peer_id(address, text) if "p2p" in names else None)
     if len(names) != 3 or names[1:] != ["tcp", "p2p"] or names[0] not in ("ip4", "ip6", *NAME_PROTOCOLS):
         raise AddressError(

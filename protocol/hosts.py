@@ -7,6 +7,14 @@ Its dials are never retried inside libp2p (`RetryConfig(max_retries=0)`): the go
 and the judge client own their back-off, and 0.8.1's three internal retries tripled every dead
 peer's cost. `new_host` does not pass a retry config on to its swarm, so the host is put
 together here from `new_swarm` and `BasicHost`, as `new_host` does.
+
+Nothing dials on its own either. 0.8.1's swarm runs an AutoConnector that keeps dialling every
+peer in the peerstore until 150 connections are open (every address identify ever told us,
+banned and not-allowed peers included, and a NATed peer's private addresses). It overrode
+`discover_peers` (a peer told to reach another only through a relay was dialled directly
+within seconds) and dials outside the allow list and bans. No setting turns it off (its target
+is the midpoint of the watermarks, and a zero high watermark makes the pruner close everything),
+so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any, Callable
 import multiaddr
 from libp2p import new_swarm
 from libp2p.host.basic_host import BasicHost
+from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import RetryConfig
 from libp2p.rcmgr import new_resource_manager
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
@@ -45,7 +54,15 @@ def new_noise_host(
         retry_config=RetryConfig(max_retries=0),
         resource_manager=resource_manager,
     )
+    swarm.auto_connector = _NoAutoConnect(swarm)
     return BasicHost(network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+
+
+class _NoAutoConnect(AutoConnector):
+    """The swarm's auto-connector, minus the dialling (see the module docstring)."""
+
+    async def maybe_connect(self) -> None:
+        return
 
 
 def check_listen(listen: str, example: str) -> str:
