@@ -10,7 +10,8 @@ benchmarks use it to run 10-20 peers on two cores.
     python bench/gossip_peer.py --data-dir D --listen /ip4/0.0.0.0/tcp/4001 \
         --peers /ip4/198.51.100.2/tcp/4001/p2p/12D3KooW... --rate 0.5 --settings '{"relay": "off"}'
 
-It writes one JSON object per line to stdout: `up` (peer id, listen addresses) once listening,
+It appends one JSON object per line to `--events` (a file, so that a parent that reads late
+never stalls it, as a full stdout pipe would): `up` (peer id, listen addresses) once listening,
 `pub` and `recv` for every group (sha1 of the frame, time.time()), and `state` every
 `--state-seconds` (reachability, relaying, relayed addresses, connections, counters). It
 publishes from `--publish-at` (unix time; default: once connected) until SIGTERM or SIGINT,
@@ -22,8 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import select
 import signal
 import subprocess
 import sys
@@ -39,6 +38,7 @@ TOPIC = "sapo/bench/rollouts/1"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="identity.key lives here")
+    parser.add_argument("--events", type=Path, required=True, help="append JSON event lines here")
     parser.add_argument("--listen", default="/ip4/0.0.0.0/tcp/4001")
     parser.add_argument("--peers", nargs="*", default=[], help="bootstrap peers (any form `peers` accepts)")
     parser.add_argument("--settings", default="{}", help="more GossipSettings fields, as JSON")
@@ -54,8 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+_events = None
+
+
 def emit(**fields) -> None:
-    print(json.dumps({"t": time.time(), **fields}), flush=True)
+    _events.write(json.dumps({"t": time.time(), **fields}) + "\n")
 
 
 def connection_kinds(service) -> dict[str, str]:
@@ -109,7 +112,7 @@ async def peer_main(args: argparse.Namespace) -> None:
 
     async def report() -> None:
         while True:
-            emit(ev="state", reachability=service.reachability, relaying=service.relaying,
+            emit(ev="state", cpu=time.process_time(), reachability=service.reachability, relaying=service.relaying,
                  relayed=service.relayed_addrs, conns=connection_kinds(service), counters=service.counters)
             await trio.sleep(args.state_seconds)
 
@@ -161,7 +164,7 @@ def write_groups(path: Path, index: int = 0) -> Path:
 
 
 class PeerProcess:
-    """A gossip_peer.py child (optionally inside a namespace); its stdout lines are collected."""
+    """A gossip_peer.py child (optionally inside a namespace); its event lines are collected."""
 
     def __init__(self, name: str, data_dir: Path, *, prefix: list[str] = (), listen: str = "/ip4/0.0.0.0/tcp/4001",
                  peers: list[str] = (), settings: dict | None = None, rate: float = 0.5,
@@ -172,7 +175,11 @@ class PeerProcess:
         self._buffer = b""
         log_dir = log_dir or data_dir.parent
         self.log = open(log_dir / f"{name}.log", "w")
+        self.events_path = log_dir / f"{name}.events.jsonl"
+        self.events_path.write_bytes(b"")
+        self._events_file = open(self.events_path, "rb")
         cmd = [*prefix, sys.executable, str(BENCH / "gossip_peer.py"), "--data-dir", str(data_dir),
+               "--events", str(self.events_path),
                "--listen", listen, "--rate", str(rate), "--index", str(index),
                "--settings", json.dumps(settings or {})]
         if peers:
@@ -185,19 +192,15 @@ class PeerProcess:
             cmd += ["--publish-seconds", str(publish_seconds)]
         if wait_go:
             cmd.append("--wait-go")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, bufsize=0)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, bufsize=0)
         self.started_at = time.time()
         self.stopped_at: float | None = None
         self.peer_id: str | None = None
 
     def poll(self) -> None:
-        """Read whatever the child has printed so far (never blocks)."""
-        fd = self.proc.stdout.fileno()
-        while select.select([fd], [], [], 0)[0]:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            self._buffer += chunk
+        """Read whatever the child has written so far (never blocks)."""
+        if not self._events_file.closed:
+            self._buffer += self._events_file.read()
         *lines, self._buffer = self._buffer.split(b"\n")
         for line in lines:
             try:
@@ -249,12 +252,18 @@ class PeerProcess:
                 self.proc.wait()
         self.stopped_at = self.stopped_at or time.time()
         self.poll()
+        self._events_file.close()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         self.log.close()
         return self.proc.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
-    trio.run(peer_main, parse_args(argv))
+    global _events
+    args = parse_args(argv)
+    with open(args.events, "a", buffering=1) as _events:  # line-buffered: the parent sees each event
+        trio.run(peer_main, args)
     return 0
 
 

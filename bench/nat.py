@@ -151,12 +151,15 @@ def run_swarm(args: argparse.Namespace, run: str) -> dict:
                 except TimeoutError:
                     phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
             before = link_kinds(links(peers))
+            cpu_before = [(p.last_state() or {}).get("cpu", 0.0) for p in everyone]
             go = time.time() + 2.0
             for p in peers:
                 p.go(go, args.seconds)
             time.sleep(2.0 + args.seconds + args.drain_seconds)
             after = link_kinds(links(peers))
             states = [p.last_state() or {} for p in everyone]
+            measured = 2.0 + args.seconds + args.drain_seconds
+            cpu = [(s.get("cpu", 0.0) - c0) / measured for s, c0 in zip(states, cpu_before)]
         finally:
             for p in everyone:
                 p.stop()
@@ -175,7 +178,8 @@ def run_swarm(args: argparse.Namespace, run: str) -> dict:
     return {"run": run, "published": len(published), "expected": len(published) * (args.nated - 1),
             "delivered": delivered, "latencies": latencies, "before": before, "after": after, "phases": phases,
             "counters": counters, "reachability": [s.get("reachability") for s in states[1:]],
-            "relaying": states[0].get("relaying")}
+            "relaying": states[0].get("relaying"), "cpu_bootstrap": cpu[0],
+            "cpu_peer_mean": sum(cpu[1:]) / len(cpu[1:]), "cpu_peer_max": max(cpu[1:])}
 
 
 def print_report(args: argparse.Namespace, results: list[dict]) -> None:
@@ -198,6 +202,8 @@ def print_report(args: argparse.Namespace, results: list[dict]) -> None:
         c = r["counters"]
         keys = ("relay_reserved", "relay_dials", "relay_dial_failed", "relay_circuits_served", "relay_refused",
                 "reachability_checks", "autonat_served", "autonat_refused", "discovery_connected", "publish_dropped")
+        print(f"  {r['run']}: CPU while measuring (cores): bootstrap {r['cpu_bootstrap']:.2f}, peers mean "
+              f"{r['cpu_peer_mean']:.2f} max {r['cpu_peer_max']:.2f}")
         print(f"  {r['run']}: bootstrap relaying={r['relaying']}, peers' reachability "
               f"{dict((s, r['reachability'].count(s)) for s in set(r['reachability']))}; "
               + ", ".join(f"{k}={c.get(k, 0)}" for k in keys))
