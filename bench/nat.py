@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--swarm-timeout", type=float, default=180.0, help="give up if no connected swarm forms in this long")
     parser.add_argument("--punch-timeout", type=float, default=150.0,
                         help="punched run: wait at most this long for relayed legs of punched links to close")
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy every peer's log and events here")
     parser.add_argument("--smoke", action="store_true", help="3 peers, 10 s: a quick check that this runs")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -114,72 +117,117 @@ def wait_until(what: str, condition, timeout: float, peers: list[PeerProcess]) -
     return time.monotonic() - started
 
 
-def run_swarm(args: argparse.Namespace, run: str) -> dict:
-    punching = run == "punched"
-    symmetric = frozenset(range(args.symmetric))
-    tag = f"nb{os.getpid() % 10000}{run[0]}"
+@dataclass
+class SwarmRun:
+    """What one run saw: who published what, who received what when, and the links."""
+
+    published: dict[str, tuple[str, float]] = field(default_factory=dict)  # group id -> (author, sent at)
+    received: dict[str, dict[str, float]] = field(default_factory=dict)  # peer id -> {group id: arrived at}
+    names: dict[str, str] = field(default_factory=dict)  # peer id -> process name
+    before: dict[str, int] = field(default_factory=dict)  # link kinds when publishing started
+    after: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    states: dict[str, dict] = field(default_factory=dict)  # name -> last state line
+    cpu: dict[str, float] = field(default_factory=dict)  # name -> cores while publishing
+
+    def missing(self, peer_id: str) -> set[str]:
+        """Groups of the other peers that `peer_id` never received."""
+        expected = {g for g, (author, _) in self.published.items() if author != peer_id}
+        return expected - set(self.received.get(peer_id, {}))
+
+    def latencies(self) -> list[float]:
+        return [at - self.published[g][1] for peer, got in self.received.items() for g, at in got.items()
+                if g in self.published and self.published[g][0] != peer]
+
+
+def all_linked(peers: list[PeerProcess]) -> bool:
+    """Every peer linked to every other (what discover_peers gives a swarm smaller than it)."""
+    return all(len(neighbours) == len(peers) - 1 for neighbours in links(peers).values())
+
+
+def run_swarm(*, nated: int, rate: float, seconds: float, drain: float = 10.0, symmetric: frozenset[int] = frozenset(),
+              hole_punching: bool = True, relay: str = "auto", ready=None, ready_timeout: float = 180.0,
+              settle_punches: bool = False, punch_timeout: float = 150.0, keep_logs: Path | None = None) -> SwarmRun:
+    """One public bootstrap (relaying per `relay`, gossiping another topic) and `nated` peers
+    behind NAT; waits for `ready(peers)` (default: one connected swarm), with `settle_punches`
+    also for DCUtR to replace the relayed legs, then every peer publishes `rate` groups/s for
+    `seconds` and gets `drain` more to deliver."""
+    ready = ready or (lambda peers: one_swarm(links(peers)))
+    out = SwarmRun()
+    tag = f"nb{os.getpid() % 10000}{'p' if hole_punching else 'r'}"
     with tempfile.TemporaryDirectory(prefix="sapo-bench-nat-") as tmp, \
-            NatTopology(tag, public=1, nated=args.nated, symmetric=symmetric) as topo:
+            NatTopology(tag, public=1, nated=nated, symmetric=symmetric) as topo:
         tmp = Path(tmp)
         groups = write_groups(tmp / "groups.json")
         started = time.monotonic()
         boot = PeerProcess("bootstrap", tmp / "bootstrap", prefix=topo.prefix(topo.public_ns[0]), rate=0,
-                           settings={"topic": RELAY_ONLY_TOPIC}, groups_file=groups)
+                           settings={"topic": RELAY_ONLY_TOPIC, "relay": relay}, groups_file=groups)
         everyone = [boot]
         try:
             boot_id = boot.wait_up(60 + START_SECONDS_PER_PEER)
             bootstrap = f"/ip4/{topo.public_ip[0]}/tcp/4001/p2p/{boot_id}"
             peers = [PeerProcess(f"nat{i}", tmp / f"nat{i}", prefix=topo.prefix(topo.nated_ns[i]), peers=[bootstrap],
-                                 rate=args.rate, index=i, groups_file=groups, wait_go=True,
-                                 settings={"hole_punching": punching}) for i in range(args.nated)]
+                                 rate=rate, index=i, groups_file=groups, wait_go=True,
+                                 settings={"hole_punching": hole_punching}) for i in range(nated)]
             everyone += peers
             for p in peers:
-                p.wait_up(60 + START_SECONDS_PER_PEER * args.nated)
-            phases = {"start s": time.monotonic() - started}
-            phases["one swarm s"] = wait_until("one connected swarm", lambda: one_swarm(links(peers)),
-                                               args.swarm_timeout, everyone)
-            if punching:
+                p.wait_up(60 + START_SECONDS_PER_PEER * nated)
+            out.phases["start s"] = time.monotonic() - started
+            out.phases["ready s"] = wait_until("the peers to be ready", lambda: ready(peers), ready_timeout, everyone)
+            if settle_punches:
                 # DCUtR tries each relayed link within seconds, and GossipSub keeps using the relayed
                 # leg until DCUtR closes it, 60 s after the punch: give it that, then wait for the
                 # last legs to close.
                 time.sleep(PUNCH_SETTLE_SECONDS)
                 try:
-                    phases["relay legs closed s"] = wait_until(
+                    out.phases["relay legs closed s"] = wait_until(
                         "punched links to drop their relayed legs",
                         lambda: link_kinds(links(peers))["both"] == 0 and one_swarm(links(peers)),
-                        args.punch_timeout, everyone) + PUNCH_SETTLE_SECONDS
+                        punch_timeout, everyone) + PUNCH_SETTLE_SECONDS
                 except TimeoutError:
-                    phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
-            before = link_kinds(links(peers))
-            cpu_before = [(p.last_state() or {}).get("cpu", 0.0) for p in everyone]
+                    out.phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
+            else:
+                time.sleep(3.0)  # a few GossipSub heartbeats: the mesh takes in the new links
+            out.before = link_kinds(links(peers))
+            cpu_before = {p.name: (p.last_state() or {}).get("cpu", 0.0) for p in everyone}
             go = time.time() + 2.0
             for p in peers:
-                p.go(go, args.seconds)
-            time.sleep(2.0 + args.seconds + args.drain_seconds)
-            after = link_kinds(links(peers))
-            states = [p.last_state() or {} for p in everyone]
-            measured = 2.0 + args.seconds + args.drain_seconds
-            cpu = [(s.get("cpu", 0.0) - c0) / measured for s, c0 in zip(states, cpu_before)]
+                p.go(go, seconds)
+            time.sleep(2.0 + seconds + drain)
+            out.after = link_kinds(links(peers))
+            out.states = {p.name: p.last_state() or {} for p in everyone}
+            measured = 2.0 + seconds + drain
+            out.cpu = {name: (state.get("cpu", 0.0) - cpu_before[name]) / measured for name, state in out.states.items()}
         finally:
             for p in everyone:
                 p.stop()
-    published = {e["id"]: (p.peer_id, e["at"]) for p in peers for e in p.of("pub") if e.get("ok")}
-    latencies, delivered = [], 0
-    for p in peers:
-        for e in p.of("recv"):
-            sent = published.get(e["id"])
-            if sent is not None and sent[0] != p.peer_id:
-                delivered += 1
-                latencies.append(e["at"] - sent[1])
+            if keep_logs is not None:
+                shutil.copytree(tmp, keep_logs / tag, ignore=shutil.ignore_patterns("identity.key"), dirs_exist_ok=True)
+    out.published = {e["id"]: (p.peer_id, e["at"]) for p in peers for e in p.of("pub") if e.get("ok")}
+    out.received = {p.peer_id: {e["id"]: e["at"] for e in p.of("recv")} for p in everyone}
+    out.names = {p.peer_id: p.name for p in everyone}
+    return out
+
+
+def measure(args: argparse.Namespace, run: str) -> dict:
+    """One bench run ("relayed" or "punched") summarised for print_report."""
+    r = run_swarm(nated=args.nated, rate=args.rate, seconds=args.seconds, drain=args.drain_seconds,
+                  symmetric=frozenset(range(args.symmetric)), hole_punching=run == "punched",
+                  ready_timeout=args.swarm_timeout, settle_punches=run == "punched", punch_timeout=args.punch_timeout,
+                  keep_logs=args.keep_logs)
+    peer_ids = [peer for peer, name in r.names.items() if name != "bootstrap"]
     counters: dict[str, int] = {}
-    for state in states:
+    for state in r.states.values():
         for name, value in state.get("counters", {}).items():
             counters[name] = counters.get(name, 0) + value
-    return {"run": run, "published": len(published), "expected": len(published) * (args.nated - 1),
-            "delivered": delivered, "latencies": latencies, "before": before, "after": after, "phases": phases,
-            "counters": counters, "reachability": [s.get("reachability") for s in states[1:]],
-            "relaying": states[0].get("relaying"), "cpu_bootstrap": cpu[0],
-            "cpu_peer_mean": sum(cpu[1:]) / len(cpu[1:]), "cpu_peer_max": max(cpu[1:])}
+    peer_cpu = [c for name, c in r.cpu.items() if name != "bootstrap"]
+    delivered = sum(1 for peer in peer_ids for g in r.received[peer] if g in r.published and r.published[g][0] != peer)
+    return {"run": run, "published": len(r.published), "expected": len(r.published) * (args.nated - 1),
+            "delivered": delivered,
+            "latencies": r.latencies(), "before": r.before, "after": r.after, "phases": r.phases,
+            "counters": counters, "reachability": [r.states[r.names[p]].get("reachability") for p in peer_ids],
+            "relaying": r.states["bootstrap"].get("relaying"), "cpu_bootstrap": r.cpu["bootstrap"],
+            "cpu_peer_mean": sum(peer_cpu) / len(peer_cpu), "cpu_peer_max": max(peer_cpu)}
 
 
 def print_report(args: argparse.Namespace, results: list[dict]) -> None:
@@ -194,7 +242,7 @@ def print_report(args: argparse.Namespace, results: list[dict]) -> None:
         ratio = r["delivered"] / r["expected"] if r["expected"] else 0.0
         p50, p99, p100 = (1e3 * percentile(r["latencies"], q) for q in (50, 99, 100))
         b, a = r["before"], r["after"]
-        setup = ", ".join(f"{k} {v:.0f}" for k, v in r["phases"].items())
+        setup = ", ".join(f"{k} {v:.0f}" for k, v in r["phases"].items())  # ready = one connected swarm
         print(f"{r['run']:<9} {str(r['delivered']) + ' / ' + str(r['expected']):>22} {ratio:7.4f} {p50:8.1f} {p99:8.1f} "
               f"{p100:8.1f}   {b['direct']}/{b['relayed']}/{b['both']} -> {a['direct']}/{a['relayed']}/{a['both']}"
               f"{'':>14}{setup}")
@@ -218,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for run in args.runs:
         try:
-            results.append(run_swarm(args, run))
+            results.append(measure(args, run))
         except (TimeoutError, RuntimeError) as error:
             print(f"NAT benchmark ({run}) failed: {error}", file=sys.stderr)
             return 1

@@ -28,6 +28,7 @@ circuit of the same peer (a node behind NAT has several); `_relay_data` here clo
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -340,7 +341,8 @@ class RelayService:
         """Connect to `info.peer_id` through one of its /p2p-circuit addresses; None once
         connected, else what went wrong. The relay must pass `may_use` too."""
         error: BaseException | None = ConnectionError(f"no usable relayed address for {info.peer_id}")
-        for address in info.addrs:
+        # In random order: every dialler taking the first one would pile all circuits on one relay.
+        for address in random.sample(list(info.addrs), len(info.addrs)):
             parts = circuit_parts(address)
             if parts is None:
                 continue
