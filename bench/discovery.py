@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=int, default=4, help="connections each node should reach (discover_peers)")
     parser.add_argument("--mechanisms", default=",".join(MECHANISMS))
     parser.add_argument("--seconds", type=float, default=20.0, help="publishing, once formed")
+    parser.add_argument("--rate", type=float, default=0.25,
+                        help="groups per second per node (all nodes share one process: keep it below saturation)")
     parser.add_argument("--replace", type=int, default=4, help="nodes that leave and are replaced, afterwards")
     parser.add_argument("--timeout", type=float, default=90.0, help="give up forming after this long")
     parser.add_argument("--smoke", action="store_true", help="5 nodes, target 2, 4 s, replace 1")
@@ -59,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.mechanisms = [m for m in args.mechanisms.split(",") if m]
     if not set(args.mechanisms) <= set(MECHANISMS):
         parser.error(f"--mechanisms takes {', '.join(MECHANISMS)}")
-    args.groups_per_round, args.round_seconds = 1, 1.0  # what publish_rounds reads
+    args.groups_per_round, args.round_seconds = 1, 1.0 / args.rate  # what publish_rounds reads
     return args
 
 
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(trio.run(run_mechanism, mechanism, args, Path(tmp), groups_pool))
     print()
     print(f"discovery benchmark: {args.nodes} nodes in ONE trio process on 127.0.0.1, star around node 0, target "
-          f"{args.target} connections, 1 group/s per node for {args.seconds:g} s, then {args.replace} replaced; "
+          f"{args.target} connections, {args.rate:g} groups/s per node for {args.seconds:g} s, then {args.replace} replaced; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     columns = ["formed s", "links mean", "links max", "delivery", "p50 ms", "p99 ms", "rejoin s", "rejoin failed dials"]
     print(f"{'mechanism':<11}" + "".join(f"{c:>21}" for c in columns))

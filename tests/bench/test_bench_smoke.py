@@ -81,3 +81,15 @@ def test_gossip_during_update_smoke(tmp_path):
         assert int(row.split()[2]) > 0, f"no message was timed in the {phase} phase: {row}"
     updates = next(line for line in out.splitlines() if line.startswith("updates: "))
     assert "(0 skipped)" in updates, updates
+
+
+def test_discovery_benchmark_smoke():
+    # sapo, rendezvous and Kademlia on 5 hosts in one process: about 45 s at load average 6 on 2
+    # cores; the timeout only catches a hang.
+    done = run_script("discovery.py", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line.split()[:1] in (["sapo"], ["rendezvous"], ["kademlia"])}
+    assert set(rows) == {"sapo", "rendezvous", "kademlia"}, done.stdout
+    for mechanism, (formed, *_rest) in rows.items():
+        assert formed != "nan", f"{mechanism} never reached its target: {done.stdout}"

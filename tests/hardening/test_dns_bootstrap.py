@@ -28,6 +28,22 @@ from nat_topology import NatTopology, missing  # noqa: E402
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"DNS namespaces: {missing()}")
 
 NODE_TOPIC = "sapo/default/rollouts/1"  # a node's topic for the default swarm name
+# What node/judge_client.py does with its --judge address: a host of ours, host.connect(/dns4/...).
+JUDGE_PROBE = """
+import sys, trio, multiaddr
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from sapo.protocol.hosts import new_noise_host
+async def main():
+    listen = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
+    host = new_noise_host(create_new_key_pair(), [listen])
+    async with host.run([listen]):
+        with trio.fail_after(30):
+            await host.connect(info_from_p2p_addr(multiaddr.Multiaddr(sys.argv[1])))
+        print("connected")
+        await host.close()
+trio.run(main)
+"""
 
 
 def wait_for(condition, timeout: float, what: str, processes) -> None:
@@ -108,6 +124,12 @@ def test_a_dnsaddr_names_several_bootstrap_peers_and_a_late_name_is_retried(tmp_
             assert ids[2] not in connected()
             hosts.write_text(f"127.0.0.1 localhost\n{ips[2]} late.sapo.test\n")  # same file, same mount
             wait_for(lambda: set(ids) <= connected(), 60, "the late name to resolve and connect", started)
+            # The judge client dials its /dns4 address through py-libp2p's own TCP transport, whose
+            # resolver asks the DNS server: that is how the compose judge is reached.
+            probe = subprocess.run([*topo.prefix(client_ns), sys.executable, "-c", JUDGE_PROBE,
+                                    f"/dns4/boot1.sapo.test/tcp/4001/p2p/{ids[1]}"],
+                                   capture_output=True, text=True, timeout=60)
+            assert probe.stdout.strip().endswith("connected"), probe.stdout + probe.stderr[-2000:]
         finally:
             if responder is not None:
                 responder.kill()
