@@ -54,10 +54,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="groups per second per node (all nodes share one process: keep it below saturation)")
     parser.add_argument("--replace", type=int, default=4, help="nodes that leave and are replaced, afterwards")
     parser.add_argument("--timeout", type=float, default=90.0, help="give up forming after this long")
-    parser.add_argument("--smoke", action="store_true", help="5 nodes, target 2, 4 s, replace 1")
+    parser.add_argument("--smoke", action="store_true", help="4 nodes, target 2, 2 s, replace 1")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.nodes, args.target, args.seconds, args.replace, args.timeout = 5, 2, 4.0, 1, 60.0
+        args.nodes, args.target, args.seconds, args.replace, args.timeout = 4, 2, 2.0, 1, 60.0
     args.mechanisms = [m for m in args.mechanisms.split(",") if m]
     if not set(args.mechanisms) <= set(MECHANISMS):
         parser.error(f"--mechanisms takes {', '.join(MECHANISMS)}")

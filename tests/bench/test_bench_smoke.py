@@ -84,8 +84,8 @@ def test_gossip_during_update_smoke(tmp_path):
 
 
 def test_discovery_benchmark_smoke():
-    # sapo, rendezvous and Kademlia on 5 hosts in one process: about 45 s at load average 6 on 2
-    # cores; the timeout only catches a hang.
+    # sapo, rendezvous and Kademlia on 4 hosts in one process: 32 s at load average 10 on 2 cores
+    # (5 hosts); the timeout only catches a hang.
     done = run_script("discovery.py", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
