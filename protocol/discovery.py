@@ -20,6 +20,12 @@ A record names addresses as its peer sees them, and a node listening on 0.0.0.0 
 unsigned); an unspecified address takes the hint's IP. A wrong hint costs a failed dial, not
 an impersonation: Noise authenticates the peer id on every connection.
 
+A node behind NAT advertises its relayed addresses instead (`<relay>/p2p/<relay id>/p2p-circuit`,
+relay.py) and re-seals its record (`advertise`) whenever it wins or loses a relay slot. A
+relayed address never takes the hint, and a record that arrives over a relayed connection
+travels without one: the IP seen there is the relay's. Whether the relay may be used (allow
+list, bans) is the dialler's check, like the peer's own.
+
 Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB).
     request   {"v": 1, "self": <envelope bytes>}
     response  {"v": 1, "self": <envelope bytes>, "peers": [[<envelope bytes>, <ip str or nil>], ...]}
