@@ -20,9 +20,11 @@ from them are refused on arrival.
 What is 0.8.1's and what is ours: the wire protocols, the relay's resource accounting, the
 circuit transport and DCUtR are the library's. Ours: when to reserve and on whom (0.8.1's
 RelayDiscovery reserves on every relay it meets and its transport reserves again on every
-dial), the advertised addresses, the refusals above, and one fix: 0.8.1's relay keys its open
-circuits by peer id, so when one of a peer's circuits ends it closes the streams of another
+dial), the advertised addresses, the refusals above, and two fixes. 0.8.1's relay keys its
+open circuits by peer id, so when one of a peer's circuits ends it closes the streams of another
 circuit of the same peer (a node behind NAT has several); `_relay_data` here closes only its own.
+And in a private swarm (pnet) 0.8.1 protects only the accepting end of a circuit with the swarm
+key, so no circuit could complete its handshake; `_ProtectedCircuits` protects the dialling end.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.security.pnet.protector import new_protected_conn
 from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.hosts import direct_peers, is_relayed
@@ -149,6 +152,24 @@ class _GuardedRelayProtocol(CircuitV2Protocol):
             await self._close_stream(dst_stream)
 
 
+class _ProtectedCircuits(CircuitV2Transport):
+    """0.8.1's circuit transport, protecting the dialled end of a circuit with the swarm key.
+
+    In a private swarm (pnet) 0.8.1 wraps the *accepted* end of a relayed connection in the
+    key's stream cipher (`upgrade_inbound_raw_conn`) but not the dialled end
+    (`upgrade_outbound_raw_conn` leaves that to the TCP dial, which a circuit does not make), so
+    no circuit ever completed its handshake there (test_relay.py)."""
+
+    async def dial(self, maddr: multiaddr.Multiaddr) -> Any:  # type: ignore[override]
+        relay_address, target = self.parse_circuit_ma(maddr)
+        relay = ID.from_base58(relay_address.get_peer_id())
+        raw = await self.dial_peer_info(dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address]))
+        psk = self.host.get_network().psk
+        if psk is not None:
+            raw = new_protected_conn(raw, psk)
+        return await self.host.upgrade_outbound_connection(raw, target)
+
+
 # A peer id no circuit is ever stored under (see _relay_data).
 _NO_CIRCUIT = ID(b"\x00\x24sapo-relay-no-circuit-key-000000000000")
 
@@ -184,7 +205,7 @@ class RelayService:
         self.clock = clock
         self.protocol = _GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count)
         # STOP only: we accept circuits; reservations are made here, not on every dial.
-        self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
+        self.transport = _ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self.reachability = Reachability.unknown
         self.reservations: dict[ID, Reservation] = {}
         self._refused_until: dict[ID, float] = {}
@@ -331,10 +352,10 @@ class RelayService:
                 continue
             for address in connection.get_transport_addresses():
                 if _is_ip_tcp(address):
-                    return address
+                    return _ip_tcp_part(address)
         for address in self.host.get_peerstore().addrs(relay):
             if _is_ip_tcp(address):
-                return address
+                return _ip_tcp_part(address)
         return None
 
     async def dial(self, info: PeerInfo) -> BaseException | None:
@@ -372,6 +393,12 @@ def _is_ip_tcp(address: multiaddr.Multiaddr) -> bool:
     except Exception:  # noqa: BLE001
         return False
     return ip not in ("0.0.0.0", "::")
+
+
+def _ip_tcp_part(address: multiaddr.Multiaddr) -> multiaddr.Multiaddr:
+    """/ip4|ip6/<ip>/tcp/<port> alone (a protected connection's address also names the peer)."""
+    names = [p.name for p in address.protocols()]
+    return multiaddr.Multiaddr(f"/{names[0]}/{address.value_for_protocol(names[0])}/tcp/{address.value_for_protocol('tcp')}")
 
 
 def relay_limits(*, reservations: int, circuits_per_peer: int, circuit_bytes: int, circuit_seconds: int) -> RelayLimits:

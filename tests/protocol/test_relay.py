@@ -33,8 +33,9 @@ async def wait_until(condition, timeout: float) -> None:
             await trio.sleep(0.1)
 
 
-async def relay_and_two_private(nursery, **private):
-    relay = await start_node(nursery, relay="on", reachability="public")
+async def relay_and_two_private(nursery, psk=None, **private):
+    relay = await start_node(nursery, relay="on", reachability="public", psk=psk)
+    private = {**private, "psk": psk}
     a = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
     b = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
     await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
@@ -130,3 +131,21 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
     error = await service.dial(PeerInfo(target, [circuit]))
     assert isinstance(error, ConnectionError) and "no usable relayed address" in str(error)
     assert asked == [refused]  # refused before any connection was attempted (the host is not even running)
+
+
+async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
+    # With a swarm key (pnet), both ends of a circuit must protect it: 0.8.1 does so only for
+    # the inbound end of a relayed connection (RelayService dials through _ProtectedCircuits).
+    psk = "ab" * 32
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            relay, a, b = await relay_and_two_private(nursery, psk=psk)
+            await dial_through_relay(a, b)
+            await wait_until(lambda: kinds(a, b) == {True}, 20)
+            await trio.sleep(2)
+            assert await a.service.publish(b"inside the private swarm")
+            assert [m.data for m in await receive_all(b, 1)] == [b"inside the private swarm"]
+            outsider = await start_node(nursery, peers=[relay.addr], **PRIVATE)  # no key
+            await trio.sleep(3)
+            assert not outsider.service.relayed_addrs and not outsider.service.connected_peers()
+            nursery.cancel_scope.cancel()
