@@ -20,6 +20,12 @@ A record names addresses as its peer sees them, and a node listening on 0.0.0.0 
 unsigned); an unspecified address takes the hint's IP. A wrong hint costs a failed dial, not
 an impersonation: Noise authenticates the peer id on every connection.
 
+A node behind NAT advertises its relayed addresses instead (`<relay>/p2p/<relay id>/p2p-circuit`,
+relay.py) and re-seals its record (`advertise`) whenever it wins or loses a relay slot. A
+relayed address never takes the hint, and a record that arrives over a relayed connection
+travels without one: the IP seen there is the relay's. Whether the relay may be used (allow
+list, bans) is the dialler's check, like the peer's own.
+
 Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB).
     request   {"v": 1, "self": <envelope bytes>}
     response  {"v": 1, "self": <envelope bytes>, "peers": [[<envelope bytes>, <ip str or nil>], ...]}
@@ -45,7 +51,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.hosts import open_peers
+from sapo.protocol.hosts import is_relayed, open_peers
 
 logger = logging.getLogger("sapo.discovery")
 
@@ -116,17 +122,43 @@ def check_record(envelope: bytes, observed_ip: str | None, expect_peer: ID | Non
         if dialable is not None and dialable not in addrs:
             addrs.append(dialable)
     if not addrs:
-        raise BadRecord(f"record of {str(signer)[:16]} has no dialable /ip4|ip6/.../tcp/... address")
+        raise BadRecord(f"record of {str(signer)[:16]} has no dialable /ip4|ip6/.../tcp/... or relayed address")
     return KnownPeer(signer, addrs[:MAX_ADDRS_PER_RECORD], record.seq, envelope, observed_ip)
 
 
 def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -> multiaddr.Multiaddr | None:
+    """`address` as we would dial it, or None: /ip4|ip6/<ip>/tcp/<port>[/p2p/<peer>], or a relayed
+    /ip4|ip6/<ip>/tcp/<port>/p2p/<relay>/p2p-circuit[/p2p/<peer>]."""
+    text = str(address)
+    if "/p2p-circuit" in text:
+        head, _, tail = text.partition("/p2p-circuit")
+        if tail not in ("", f"/p2p/{peer.to_base58()}") or "/p2p/" not in head:
+            return None
+        transport, _, relay_text = head.rpartition("/p2p/")
+        try:
+            relay = ID.from_base58(relay_text)
+            # The hint is the IP *this peer* connected from, not its relay's: never substitute.
+            relay_address = _ip_tcp(multiaddr.Multiaddr(transport), observed_ip, substitute=False)
+        except Exception:  # noqa: BLE001 - a malformed address is simply not dialable
+            return None
+        if relay == peer or relay_address is None:
+            return None
+        return multiaddr.Multiaddr(f"{relay_address}/p2p/{relay.to_base58()}/p2p-circuit/p2p/{peer.to_base58()}")
+    if "/p2p/" in text:
+        text, _, named = text.rpartition("/p2p/")
+        if named != peer.to_base58():
+            return None
+    try:
+        direct = _ip_tcp(multiaddr.Multiaddr(text), observed_ip, substitute=True)
+    except Exception:  # noqa: BLE001
+        return None
+    return None if direct is None else multiaddr.Multiaddr(f"{direct}/p2p/{peer.to_base58()}")
+
+
+def _ip_tcp(address: multiaddr.Multiaddr, observed_ip: str | None, substitute: bool) -> multiaddr.Multiaddr | None:
+    """`/ip4|ip6/<ip>/tcp/<port>` with an unspecified IP replaced by the hint (if `substitute`)."""
     try:
         names = [p.name for p in address.protocols()]
-        if names[-1:] == ["p2p"]:
-            if address.value_for_protocol("p2p") != peer.to_base58():
-                return None
-            names = names[:-1]
         if names not in (["ip4", "tcp"], ["ip6", "tcp"]):
             return None
         ip = ipaddress.ip_address(address.value_for_protocol(names[0]))
@@ -137,13 +169,13 @@ def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -
         return None
     hint = _ip_or_none(observed_ip)
     if ip.is_unspecified:
-        if hint is None or hint.version != ip.version or hint.is_unspecified:
+        if not substitute or hint is None or hint.version != ip.version or hint.is_unspecified:
             return None
         ip = hint
     elif ip.is_loopback and hint is not None and not hint.is_loopback:
         return None  # the peer is not on our machine: its 127.0.0.1 would be ourselves
     family = "ip4" if ip.version == 4 else "ip6"
-    return multiaddr.Multiaddr(f"/{family}/{ip}/tcp/{port}/p2p/{peer.to_base58()}")
+    return multiaddr.Multiaddr(f"/{family}/{ip}/tcp/{port}")
 
 
 def _ip_or_none(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -156,8 +188,10 @@ def _ip_or_none(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Addre
 
 
 def _strip_p2p(address: multiaddr.Multiaddr) -> multiaddr.Multiaddr:
+    """Without a trailing /p2p/<id> (a relayed address keeps its relay's)."""
     text = str(address)
-    return multiaddr.Multiaddr(text.split("/p2p/")[0]) if "/p2p/" in text else address
+    head, sep, last = text.rpartition("/p2p/")
+    return multiaddr.Multiaddr(head) if sep and "/" not in last else address
 
 
 # --- wire -----------------------------------------------------------------------------------------
@@ -331,14 +365,23 @@ class PeerDiscovery:
         self._me = ID.from_pubkey(key_pair.public_key)
         self._host: Any = None
         self._own = b""
+        self._advertised: list[multiaddr.Multiaddr] | None = None
         self._last_served: dict[ID, float] = {}
         self._serving = 0
 
-    def attach(self, host: Any) -> None:
-        """Seal our record (the host must be listening) and start answering requests."""
-        self._own = seal_own_record(self.key_pair, list(host.get_transport_addrs()))
-        host.set_stream_handler(PROTOCOL_ID, self.handle)
+    def attach(self, host: Any, addrs: list[multiaddr.Multiaddr] | None = None) -> None:
+        """Seal our record (by default of the host's listen addresses; the host must be
+        listening) and start answering requests."""
         self._host = host
+        self.advertise(list(host.get_transport_addrs()) if addrs is None else addrs)
+        host.set_stream_handler(PROTOCOL_ID, self.handle)
+
+    def advertise(self, addrs: list[multiaddr.Multiaddr]) -> None:
+        """Re-seal our record with these addresses (a newer sequence number), e.g. when a
+        relay slot was won or lost; peers learn it from our next ask or answer."""
+        if addrs != self._advertised:
+            self._advertised = list(addrs)
+            self._own = seal_own_record(self.key_pair, self._advertised)
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
@@ -455,6 +498,9 @@ class PeerDiscovery:
 
 
 def _remote_ip(stream: Any) -> str | None:
+    """The IP a peer's stream comes from; None over a relay (that IP is the relay's)."""
+    if is_relayed(stream.muxed_conn):
+        return None
     try:
         remote = stream.get_remote_address()
     except Exception:  # noqa: BLE001 - not every transport knows

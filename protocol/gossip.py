@@ -20,16 +20,19 @@ import trio
 
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
+from sapo.protocol.addresses import AddressError, parse_peer_address, resolve_peer_address
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
+from sapo.protocol.reachability import Reachability, ReachabilityService
+from sapo.protocol.relay import RelayService, relay_limits
 from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger("sapo.gossip")
@@ -49,6 +52,8 @@ OUTBOUND_QUEUE_SLOTS = 128
 CONNECTION_CHECK_SECONDS = 0.5
 # Bound on one dial attempt (TCP connect + Noise + yamux + multistream).
 DIAL_TIMEOUT_SECONDS = 10.0
+# Bound on resolving one DNS bootstrap address (OS resolver, or a /dnsaddr TXT lookup).
+DNS_TIMEOUT_SECONDS = 10.0
 # Bound on one publish (signing + handing the message to the per-peer queues).
 PUBLISH_TIMEOUT_SECONDS = 5.0
 # Bound on waiting for the pubsub service's internal tasks to start.
@@ -218,6 +223,9 @@ class GossipService:
             settings.peer_message_rate, settings.peer_message_burst, settings.ban_seconds
         )
         self._discovery: PeerDiscovery | None = None
+        self._reachability: ReachabilityService | None = None
+        self._relay: RelayService | None = None
+        self._bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
         self._nursery: trio.Nursery | None = None
 
     def is_allowed(self, peer_id: ID) -> bool:
@@ -300,6 +308,53 @@ class GossipService:
             return []
         return [str(address) for address in self._host.get_addrs()]
 
+    @property
+    def reachability(self) -> str:
+        """'public', 'private' or 'unknown' (reachability.py)."""
+        return self._reachability.status.value if self._reachability is not None else Reachability.unknown.value
+
+    @property
+    def relayed_addrs(self) -> list[str]:
+        """Our addresses through the relays we hold a slot on, ending in /p2p/<our id>."""
+        if self._relay is None:
+            return []
+        return [f"{address}/p2p/{self.peer_id}" for address in self._relay.relayed_addrs()]
+
+    @property
+    def relaying(self) -> bool:
+        """Whether this node currently serves circuits for other peers."""
+        return self._relay is not None and self._relay.serving
+
+    def advertised_addrs(self) -> list[multiaddr.Multiaddr]:
+        """What our signed peer record says: behind NAT with a relay slot, only the relayed
+        addresses (our own would cost every dialler a full timeout); otherwise our listen
+        addresses."""
+        host = self._host
+        if host is None:
+            return []
+        relayed = self._relay.relayed_addrs() if self._relay is not None else []
+        if relayed and self._reachability is not None and self._reachability.status is Reachability.private:
+            return relayed
+        return [*host.get_transport_addrs(), *relayed]
+
+    def _host_addrs(self, candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+        # identify's addresses: the host's (DCUtR needs our listen port there) and our relayed ones.
+        relayed = self._relay.relayed_addrs() if self._relay is not None else []
+        return [*candidates, *relayed]
+
+    def _readvertise(self) -> None:
+        if self._discovery is not None:
+            self._discovery.advertise(self.advertised_addrs())
+
+    def _on_reachability(self, status: Reachability) -> None:
+        self._count(f"reachability_{status.value}")
+        if self._relay is not None:
+            self._relay.set_reachability(status)
+        self._readvertise()
+
+    def _may_use(self, peer_id: ID) -> bool:
+        return self.refusal(peer_id) is None
+
     def connected_peers(self) -> list[str]:
         if self._host is None:
             return []
@@ -337,11 +392,7 @@ class GossipService:
         """Listen, subscribe, keep the bootstrap peers dialled; runs until cancelled."""
         settings = self.settings
         listen = multiaddr.Multiaddr(settings.listen)
-        host = new_noise_host(self.key_pair, [listen], psk=settings.psk)
-        # py-libp2p retries each dial 3 times internally; our keeper owns the back-off.
-        network = host.get_network()
-        if hasattr(network, "retry_config"):
-            network.retry_config.max_retries = 0
+        host = new_noise_host(self.key_pair, [listen], psk=settings.psk, addrs_factory=self._host_addrs)
 
         router = GossipSub(
             # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
@@ -383,6 +434,31 @@ class GossipService:
                         with trio.fail_after(START_TIMEOUT_SECONDS):
                             await pubsub.subscribe(settings.topic)
                         self._host, self._pubsub = host, pubsub
+                        reachability = self._reachability = ReachabilityService(
+                            host,
+                            mode=settings.reachability,
+                            interval=settings.reachability_check_seconds,
+                            may_use=self._may_use,
+                            count=self._count,
+                            on_change=self._on_reachability,
+                        )
+                        reachability.attach()  # answer dial-back requests whatever our own status
+                        relay = self._relay = RelayService(
+                            host,
+                            relay=settings.relay,
+                            limits=relay_limits(
+                                reservations=settings.relay_max_reservations,
+                                circuits_per_peer=settings.relay_max_circuits_per_peer,
+                                circuit_bytes=settings.relay_max_circuit_bytes,
+                                circuit_seconds=settings.relay_max_circuit_seconds,
+                            ),
+                            relays_to_reserve=settings.relays_to_reserve,
+                            hole_punching=settings.hole_punching,
+                            preferred_relays=lambda: sorted(self._bootstrap_ids, key=str),
+                            may_use=self._may_use,
+                            count=self._count,
+                            on_addrs_changed=self._readvertise,
+                        )
                         discovery = self._discovery = PeerDiscovery(
                             self.key_pair,
                             target=settings.discover_peers,
@@ -392,7 +468,7 @@ class GossipService:
                             dial=self._dial_discovered,
                             count=self._count,
                         )
-                        discovery.attach(host)  # answer requests even with discovery off
+                        discovery.attach(host, self.advertised_addrs())  # answer requests even with discovery off
                         logger.info(
                             "gossip up: peer %s listening on %s, topic %s",
                             self.peer_id,
@@ -401,6 +477,9 @@ class GossipService:
                         )
                         async with trio.open_nursery() as nursery:
                             self._nursery = nursery
+                            await nursery.start(relay.run)
+                            relay.set_reachability(reachability.status)
+                            await nursery.start(reachability.run)
                             for address in settings.peers:
                                 nursery.start_soon(self._keep_connected, host, address)
                             if settings.discover_peers > 0:
@@ -411,6 +490,8 @@ class GossipService:
                     self._pubsub = None
                     self._nursery = None
                     self._discovery = None
+                    self._reachability = None
+                    self._relay = None
                     # Exiting host.run() alone leaves peers' TCP connections open (they do not
                     # notice for a long time); close() can hang on a crashed peer, so bound it.
                     with trio.move_on_after(settings.close_timeout_seconds) as scope:
@@ -470,40 +551,74 @@ class GossipService:
             self._count("inbox_closed")
 
     async def _keep_connected(self, host: Any, address: str) -> None:
-        """Dial one bootstrap peer with exponential back-off; redial whenever it drops."""
+        """Keep one `peers` entry connected: resolve it (a name may point elsewhere after a
+        restart), dial each peer it names with exponential back-off, redial whenever one drops."""
         settings = self.settings
-        info = info_from_p2p_addr(multiaddr.Multiaddr(address))
-        if info.peer_id == self._my_id:
-            logger.info("bootstrap address %s is this node; skipping", address)
-            return
-        network = host.get_network()
         delay = settings.dial_backoff_initial
-        was_connected = False
+        infos: list[PeerInfo] = []
+        connected: set[ID] = set()
         while True:
-            if self.refusal(info.peer_id) is not None:  # banned: do not dial it back in
-                was_connected = False
-                await trio.sleep(CONNECTION_CHECK_SECONDS)
-                continue
-            if self._is_connected(network, info.peer_id):
-                if not was_connected:
-                    logger.info("connected to bootstrap peer %s", address)
-                was_connected = True
+            network = host.get_network()
+            usable = [i for i in infos if i.peer_id != self._my_id and self.refusal(i.peer_id) is None]
+            now = {i.peer_id for i in usable if self._is_connected(network, i.peer_id)}
+            for peer in now - connected:
+                logger.info("connected to bootstrap peer %s (%s)", peer, address)
+            for peer in connected - now:
+                logger.info("lost bootstrap peer %s (%s); redialling", peer, address)
+            connected = now
+            if usable and len(now) == len(usable):
                 delay = settings.dial_backoff_initial
                 await trio.sleep(CONNECTION_CHECK_SECONDS)
                 continue
-            if was_connected:
-                logger.info("lost bootstrap peer %s; redialling", address)
-                was_connected = False
-            error = await self._dial(host, info)
-            if error is None:
+            if infos and not usable:  # banned: do not dial it back in; look again later
+                await trio.sleep(CONNECTION_CHECK_SECONDS)
                 continue
-            self._count("dial_failed")
-            logger.debug("dial %s failed (%s); retrying in %.1f s", address, error, delay)
+            try:
+                infos = await resolve_peer_address(address, DNS_TIMEOUT_SECONDS)
+            except AddressError as error:
+                self._count("dns_failed")
+                logger.info("bootstrap peer %s: %s; retrying in %.1f s", address, error, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, settings.dial_backoff_max)
+                continue
+            if all(i.peer_id == self._my_id for i in infos):
+                logger.info("bootstrap address %s is this node; skipping", address)
+                return
+            self._bootstrap_ids.update(i.peer_id for i in infos if i.peer_id != self._my_id)
+            missing = [i for i in infos if i.peer_id != self._my_id and self.refusal(i.peer_id) is None
+                       and not self._is_connected(network, i.peer_id)]
+            errors: list[BaseException] = []
+
+            async def dial_one(info: PeerInfo) -> None:
+                error = await self._dial(host, info)
+                if error is not None:
+                    errors.append(error)
+
+            async with trio.open_nursery() as dials:
+                for info in missing:
+                    dials.start_soon(dial_one, info)
+            if not errors:
+                continue
+            self._count("dial_failed", len(errors))
+            logger.debug("dial %s failed (%s); retrying in %.1f s", address, errors[0], delay)
             await trio.sleep(delay)
             delay = min(delay * 2, settings.dial_backoff_max)
 
     async def _dial(self, host: Any, info: PeerInfo) -> BaseException | None:
-        """One bounded dial; None once connected, else what went wrong."""
+        """One bounded dial, directly or else through a relay; None once connected."""
+        direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
+        relayed = [a for a in info.addrs if "/p2p-circuit" in str(a)]
+        error: BaseException | None = ConnectionError(f"no address to dial {info.peer_id} at")
+        if direct:
+            error = await self._dial_direct(host, PeerInfo(info.peer_id, direct))
+        if error is not None and relayed and self._relay is not None:
+            error = await self._relay.dial(PeerInfo(info.peer_id, relayed))
+            if error is None and not self._is_connected(host.get_network(), info.peer_id):
+                error = ConnectionError("relayed dial returned without a connection")
+        return error
+
+    async def _dial_direct(self, host: Any, info: PeerInfo) -> BaseException | None:
+        """One bounded direct dial; None once connected, else what went wrong."""
         network = host.get_network()
         peerstore = host.get_peerstore()
         # A peer that restarted on a new port stays unreachable while its old address sits

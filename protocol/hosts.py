@@ -2,14 +2,31 @@
 
 A default py-libp2p host also offers TLS, secio and /plaintext/2.0.0, and accepts a
 plaintext-only dialler; gossip and the judge both go through here so neither can.
+
+Its dials are never retried inside libp2p (`RetryConfig(max_retries=0)`): the gossip keeper
+and the judge client own their back-off, and 0.8.1's three internal retries tripled every dead
+peer's cost. `new_host` does not pass a retry config on to its swarm, so the host is put
+together here from `new_swarm` and `BasicHost`, as `new_host` does.
+
+Nothing dials on its own either. 0.8.1's swarm runs an AutoConnector that keeps dialling every
+peer in the peerstore until 150 connections are open (every address identify ever told us,
+banned and not-allowed peers included, and a NATed peer's private addresses). It overrode
+`discover_peers` (a peer told to reach another only through a relay was dialled directly
+within seconds) and dials outside the allow list and bans. No setting turns it off (its target
+is the midpoint of the watermarks, and a zero high watermark makes the pruner close everything),
+so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import multiaddr
-from libp2p import new_host
+from libp2p import new_swarm
+from libp2p.host.basic_host import BasicHost
+from libp2p.network.auto_connector import AutoConnector
+from libp2p.network.config import RetryConfig
+from libp2p.rcmgr import new_resource_manager
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.peer.id import ID
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -18,16 +35,34 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 
-def new_noise_host(key_pair: Any, listen: list[multiaddr.Multiaddr], psk: str | None = None) -> Any:
+def new_noise_host(
+    key_pair: Any,
+    listen: list[multiaddr.Multiaddr],
+    psk: str | None = None,
+    addrs_factory: Callable[[list[multiaddr.Multiaddr]], list[multiaddr.Multiaddr]] | None = None,
+) -> Any:
     """A host with Noise as its only security protocol and yamux as its muxer; `psk` (hex)
-    turns on libp2p pnet for a private swarm."""
-    return new_host(
+    turns on libp2p pnet for a private swarm. `addrs_factory` turns the listen (and observed)
+    addresses into the ones the host advertises (identify), e.g. adding relayed addresses."""
+    resource_manager = new_resource_manager()  # what new_host gives every host
+    swarm = new_swarm(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519().private_key)},
         muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
         listen_addrs=listen,
         psk=psk,
+        retry_config=RetryConfig(max_retries=0),
+        resource_manager=resource_manager,
     )
+    swarm.auto_connector = _NoAutoConnect(swarm)
+    return BasicHost(network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+
+
+class _NoAutoConnect(AutoConnector):
+    """The swarm's auto-connector, minus the dialling (see the module docstring)."""
+
+    async def maybe_connect(self) -> None:
+        return
 
 
 def open_peers(host: Any) -> list[ID]:
@@ -38,4 +73,23 @@ def open_peers(host: Any) -> list[ID]:
         peer
         for peer in host.get_connected_peers()
         if any(not connection.is_closed for connection in network.get_connections(peer))
+    ]
+
+
+def is_relayed(connection: Any) -> bool:
+    """Whether a connection runs through a relay (a /p2p-circuit address), not straight to the peer."""
+    try:
+        return any("/p2p-circuit" in str(address) for address in connection.get_transport_addresses())
+    except Exception:  # noqa: BLE001 - a connection being torn down
+        return False
+
+
+def direct_peers(host: Any) -> list[ID]:
+    """Peers with an open connection that is not relayed (the only ones whose view of our
+    address means anything, and the only ones that can relay for us)."""
+    network = host.get_network()
+    return [
+        peer
+        for peer in host.get_connected_peers()
+        if any(not c.is_closed and not is_relayed(c) for c in network.get_connections(peer))
     ]

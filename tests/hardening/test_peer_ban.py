@@ -16,7 +16,10 @@ async def test_peer_sending_junk_groups_is_banned_and_cut_off(tmp_path, nodes):
     nodes.append(node)
     junk = Peer(0x31, node.address, model_id="junk")
     group = honest_group()
-    spoofed = group.model_copy(update={"problem": group.problem.model_copy(update={"answer": "12345"})})
+
+    def spoofed(i: int):  # distinct questions, so each counts as spoofed and none as a repeat
+        honest = honest_group(1 + i)
+        return honest.model_copy(update={"problem": honest.problem.model_copy(update={"answer": "12345"})})
 
     with trio.fail_after(50):
         async with trio.open_nursery() as nursery:
@@ -24,7 +27,7 @@ async def test_peer_sending_junk_groups_is_banned_and_cut_off(tmp_path, nodes):
             assert await junk.service.publish(junk.encoder.frame(group, 1))  # one honest group first
             for i in range(6):  # then junk: 10 points each, banned at -100
                 assert await junk.service.publish(b"\xde\xad junk %d" % i)  # bad_frame
-                assert await junk.service.publish(junk.encoder.frame(spoofed, 2 + i))  # spoofed_answer_key
+                assert await junk.service.publish(junk.encoder.frame(spoofed(i), 2 + i))  # spoofed_answer_key
                 await trio.sleep(0.1)
             while True:
                 rows = node.metrics()

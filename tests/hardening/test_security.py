@@ -48,7 +48,7 @@ class Peer:
         await trio.sleep(2)  # heartbeats: the mesh forms
 
     async def publish_honest(self) -> None:
-        if await self.service.publish(self.encoder.frame(honest_group(), 1)):
+        if await self.service.publish(self.encoder.frame(honest_group(self.published), 1)):
             self.published += 1
 
     def received(self) -> int:

@@ -92,6 +92,29 @@ def test_unspecified_listen_address_takes_the_observed_ip():
             check_record(envelope, hint)
 
 
+def test_relayed_addresses_are_kept_with_their_relay_and_never_take_the_hint():
+    key, relay_key = create_new_key_pair(b"\x07" * 32), create_new_key_pair(b"\x08" * 32)
+    me, relay = ID.from_pubkey(key.public_key), ID.from_pubkey(relay_key.public_key)
+    other = ID.from_pubkey(create_new_key_pair(b"\x09" * 32).public_key)
+    envelope = sealed(key, [
+        f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit",  # what a NATed node advertises
+        f"/ip4/198.51.100.3/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}",  # the same, with our id
+        f"/ip4/198.51.100.4/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{other}",  # someone else at the end
+        f"/ip4/0.0.0.0/tcp/4001/p2p/{relay}/p2p-circuit",  # the hint is our IP, not the relay's
+        f"/ip4/198.51.100.5/tcp/4001/p2p/{me}/p2p-circuit",  # relaying through ourselves
+        f"/ip4/127.0.0.1/tcp/4001/p2p/{relay}/p2p-circuit",  # loopback relay of a remote peer
+        "/ip4/198.51.100.6/tcp/4001/p2p-circuit",  # no relay id
+    ])
+    entry = check_record(envelope, "10.66.0.2")
+    assert [str(a) for a in entry.addrs] == [
+        f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}",
+        f"/ip4/198.51.100.3/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}",
+    ]
+    # our own record keeps the relay's id when the /p2p/<us> suffix is stripped
+    own = seal_own_record(key, [M(f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit")])
+    assert [str(a) for a in check_record(own, None, expect_peer=me).addrs] == [entry.addrs[0].__str__()]
+
+
 def test_wire_round_trip_and_refusals():
     key = create_new_key_pair(b"\x07" * 32)
     own = seal_own_record(key, [M("/ip4/127.0.0.1/tcp/1")])

@@ -1,7 +1,10 @@
 """Real py-libp2p hosts on 127.0.0.1 (port 0): the gossip service and its guards."""
 
+import os
 import socket
+import tempfile
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import multiaddr
 import trio
@@ -37,7 +40,17 @@ class Node:
         return self.service.listen_addrs[0]
 
 
-async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, **overrides) -> Node:
+def swarm_key_file(psk: str) -> Path:
+    """A libp2p swarm.key file holding `psk` (64 hex chars), as a private swarm's nodes are given."""
+    handle, name = tempfile.mkstemp(suffix=".key")
+    os.write(handle, f"/key/swarm/psk/1.0.0/\n/base16/\n{psk}\n".encode())
+    os.close(handle)
+    return Path(name)
+
+
+async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=None, **overrides) -> Node:
+    if psk is not None:
+        overrides["swarm_key"] = swarm_key_file(psk)
     settings = NetworkSettings(listen=listen, peers=list(peers), swarm=SWARM, **overrides)
     send, receive = trio.open_memory_channel(64)
     counters: dict[str, int] = {}

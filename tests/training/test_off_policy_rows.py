@@ -70,12 +70,13 @@ def own_group(policy, problem, seed: int) -> QuestionGroup:
 
 @pytest.mark.parametrize("failures, off_policy_rows, falls", [
     ("peer", "all", True), ("peer", "positive", False), ("own", "all", False),
+    ("peer", None, False),  # the node's defaults keep the tag (they did not before "positive" was the default)
 ])
 def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_rows, falls):
     torch.manual_seed(0)
     policy = load_policy("tiny-micro", device="cpu", seed=0, models_dir=warm, weights_from=warm)
-    settings = TrainingSettings(lr=3e-4, updates_per_batch=2, minibatches=2, max_new_tokens=24,
-                                off_policy_rows=off_policy_rows)
+    chosen = {} if off_policy_rows is None else {"off_policy_rows": off_policy_rows}
+    settings = TrainingSettings(lr=3e-4, max_new_tokens=24, **chosen)  # the defaults: 2 passes x 2 minibatches
     optimizer = make_optimizer(policy, settings)
     probe = TaskSampler(TASKS, dataset_seed=7, rng_seed=7).sample(32)
     before = closing_logprob(policy, probe)

@@ -15,8 +15,8 @@ GOOD_ID = "12D3KooWLxXydXxaSwjPDk6SeRkMHtB2ZDM5V5N3948EbaK2eUiP"
 
 # (flags, what the message must say); {tmp} is the test's own directory
 BAD = [
-    (["--peers", "not-a-multiaddr"], "--peers not-a-multiaddr (command line): bootstrap peer 'not-a-multiaddr' is not a multiaddr"),
-    (["--peers", "/ip4/127.0.0.1/tcp/4001"], "has no /p2p/<peer id> part"),
+    (["--peers", "not-a-multiaddr"], "--peers not-a-multiaddr (command line): peer address 'not-a-multiaddr' is not a multiaddr"),
+    (["--peers", "/ip4/127.0.0.1/tcp/4001"], "is not /ip4|ip6|dns|dns4|dns6/<host>/tcp/<port>/p2p/<peer id>"),
     (["--local", "0", "--external", "0"], "--local 0 with --external 0 trains on nothing"),
     (["--model", "/nonexistent/path"], "--model '/nonexistent/path' (command line): model path '/nonexistent/path' does not exist"),
     (["--model", "not a model!"], "is neither a tiny variant"),

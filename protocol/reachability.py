@@ -1,0 +1,248 @@
+"""Reachability: can other peers dial this node? AutoNAT v1 (`/libp2p/autonat/1.0.0`), fixed.
+
+A node asks a few connected peers to dial it back on its listen addresses. A peer that gets
+through answers OK, one whose dial fails answers E_DIAL_ERROR; the node is `public` when more
+of the latest verdicts say OK than not, `private` when more say the opposite. Public nodes can
+serve as relays (relay.py), private ones reserve a slot on one.
+
+The wire, the request parsing and the anti-amplification rules (dial only the requester's
+observed IP, never serve a request that came over a relayed connection) are py-libp2p 0.8.1's
+`AutoNATService`. Two of its parts do not work and are replaced here:
+
+- The dial-back. 0.8.1 calls `host.connect()`, which returns at once when a connection to the
+  peer exists, and one always does (the request came over it). So every node, NATed or not,
+  was told it is reachable (tests/protocol/test_reachability.py shows it). We dial a fresh TCP
+  connection and complete the Noise handshake against the requester's peer id, outside the
+  swarm (no connection is registered, so nothing else notices), then close it.
+- The address filter. A node listening on 0.0.0.0 can only say "0.0.0.0:4001", which 0.8.1
+  never dials. We dial the port on the IP the request came from, which is the only IP the
+  rules allow anyway.
+
+Verdicts need at least one server: with a single bootstrap peer that one answers (0.8.1's
+client wants four agreeing servers, which a small swarm never has). The server side answers at
+most `MAX_CONCURRENT_DIALBACKS` requests at once and one per peer per `MIN_ASK_INTERVAL_SECONDS`,
+and not at all for peers the gossip service refuses (allow list, bans).
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import logging
+import random
+import time
+from typing import Any, Callable
+
+import multiaddr
+import trio
+from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID, AutoNATService, _addr_ip
+from libp2p.host.autonat.pb.autonat_pb2 import Message
+from libp2p.peer.id import ID
+from libp2p.security.pnet.protector import new_protected_conn
+
+from sapo.protocol.hosts import direct_peers
+
+logger = logging.getLogger("sapo.reachability")
+
+# One dial-back: TCP connect + Noise. A NAT that drops the SYN makes this the whole wait.
+DIALBACK_TIMEOUT_SECONDS = 5.0
+MAX_DIALBACK_ADDRS = 4
+MAX_CONCURRENT_DIALBACKS = 8
+MIN_ASK_INTERVAL_SECONDS = 10.0
+# A request, including the server's dial-back (which may try a few addresses).
+QUERY_TIMEOUT_SECONDS = 4 * DIALBACK_TIMEOUT_SECONDS
+SERVERS_PER_CHECK = 2
+KEPT_VERDICTS = 4
+# Until the first verdict, look for a server this often (a peer is usually there within a second).
+FIRST_CHECK_POLL_SECONDS = 1.0
+# A server that could not answer (busy, asked too soon, no AutoNAT) is asked again after about this long.
+RETRY_ASK_SECONDS = 6.0
+
+
+class Reachability(str, enum.Enum):
+    unknown = "unknown"
+    public = "public"
+    private = "private"
+
+
+async def dial_back(network: Any, address: multiaddr.Multiaddr, peer_id: ID) -> bool:
+    """True if a fresh connection to `address` reaches `peer_id` (Noise proves who answered).
+    The connection never enters the swarm; callers bound the time."""
+    transport = network.transport_manager.transport_for_dialing(address)
+    if transport is None:
+        return False
+    raw = await transport.dial(address)
+    try:
+        conn = new_protected_conn(raw, network.psk) if network.psk is not None else raw
+        secured = await network.upgrader.upgrade_security(conn, True, peer_id)
+        await secured.close()
+        return True
+    finally:
+        try:
+            await raw.close()
+        except Exception:  # noqa: BLE001 - already closed by the secured conn
+            pass
+
+
+class _DialBackAutoNAT(AutoNATService):
+    """0.8.1's AutoNAT with a dial-back that really dials (see the module docstring)."""
+
+    @staticmethod
+    def _filter_by_observed_ip(addrs: list[bytes], observed_ip: str | None) -> list[bytes]:
+        if observed_ip is None:
+            return []
+        observed = ipaddress.ip_address(observed_ip)
+        dialable: list[bytes] = []
+        for raw in addrs[: 4 * MAX_DIALBACK_ADDRS]:
+            try:
+                address = multiaddr.Multiaddr(raw)
+                names = [p.name for p in address.protocols()]
+                if names[:2] not in (["ip4", "tcp"], ["ip6", "tcp"]):
+                    continue
+                port = int(address.value_for_protocol("tcp"))
+                ip = _addr_ip(address)
+            except Exception:  # noqa: BLE001 - a malformed address is simply not dialled
+                continue
+            if ip is None or not 0 < port < 65536:
+                continue
+            if ip != observed_ip and not (ipaddress.ip_address(ip).is_unspecified
+                                          and ipaddress.ip_address(ip).version == observed.version):
+                continue  # the rule: never dial an IP other than the one the request came from
+            family = "ip4" if observed.version == 4 else "ip6"
+            candidate = multiaddr.Multiaddr(f"/{family}/{observed}/tcp/{port}").to_bytes()
+            if candidate not in dialable:
+                dialable.append(candidate)
+        return dialable[:MAX_DIALBACK_ADDRS]
+
+    async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        network = self.host.get_network()
+        for raw in addrs:
+            with trio.move_on_after(DIALBACK_TIMEOUT_SECONDS):
+                try:
+                    if await dial_back(network, multiaddr.Multiaddr(raw), peer_id):
+                        return raw
+                except Exception as error:  # noqa: BLE001 - refused, reset, wrong peer
+                    logger.debug("dial-back to %s at %s failed: %s", peer_id, multiaddr.Multiaddr(raw), error)
+        return None
+
+
+class ReachabilityService:
+    """Serves AutoNAT dial-backs and keeps this node's own `status` current.
+
+    `mode` "public"/"private" fixes the status (no checks; requests are still served).
+    `may_use(peer)` is the gossip service's allow/ban rule; `on_change(status)` is called
+    (synchronously) whenever the status changes."""
+
+    def __init__(
+        self,
+        host: Any,
+        *,
+        mode: str,
+        interval: float,
+        may_use: Callable[[ID], bool],
+        count: Callable[[str], None],
+        on_change: Callable[[Reachability], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.host = host
+        self.mode = mode
+        self.interval = interval
+        self.may_use = may_use
+        self.count = count
+        self.on_change = on_change
+        self.clock = clock
+        self.status = Reachability(mode) if mode != "auto" else Reachability.unknown
+        self._autonat = _DialBackAutoNAT(host, serve=False)
+        self._verdicts: dict[ID, tuple[bool, float]] = {}
+        self._next_ask: dict[ID, float] = {}
+        self._served_at: dict[ID, float] = {}
+        self._serving = 0
+
+    def attach(self) -> None:
+        self.host.set_stream_handler(AUTONAT_PROTOCOL_ID, self.handle)
+
+    async def handle(self, stream: Any) -> None:
+        """Serve one request, unless the peer is refused, asked too recently, or we are busy."""
+        peer = stream.muxed_conn.peer_id
+        now = self.clock()
+        too_soon = now - self._served_at.get(peer, -1e9) < MIN_ASK_INTERVAL_SECONDS
+        if too_soon or self._serving >= MAX_CONCURRENT_DIALBACKS or not self.may_use(peer):
+            self.count("autonat_refused")
+            with trio.move_on_after(DIALBACK_TIMEOUT_SECONDS):
+                await stream.reset()
+            return
+        self._served_at[peer] = now
+        if len(self._served_at) > 1024:
+            self._served_at = {p: t for p, t in self._served_at.items() if now - t < MIN_ASK_INTERVAL_SECONDS}
+        self._serving += 1
+        try:
+            with trio.move_on_after(QUERY_TIMEOUT_SECONDS):
+                await self._autonat.handle_stream(stream)
+            self.count("autonat_served")
+        finally:
+            self._serving -= 1
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Ask peers to dial us back, now and then; runs until cancelled."""
+        task_status.started()
+        if self.mode != "auto":
+            await trio.sleep_forever()
+        while True:
+            asked = await self.check_once()
+            if self.status is Reachability.unknown or not asked:
+                poll = FIRST_CHECK_POLL_SECONDS if self.status is Reachability.unknown else RETRY_ASK_SECONDS
+                await trio.sleep(poll * random.uniform(0.75, 1.25))
+            else:
+                await trio.sleep(self.interval)
+
+    async def check_once(self) -> int:
+        """Ask up to SERVERS_PER_CHECK peers that are due; how many gave a verdict. A peer that
+        gave one is asked again after `interval`, one that could not after a few seconds."""
+        now = self.clock()
+        servers = [peer for peer in direct_peers(self.host)
+                   if self.may_use(peer) and self._next_ask.get(peer, 0.0) <= now]
+        answered = 0
+        for server in random.sample(servers, min(SERVERS_PER_CHECK, len(servers))):
+            verdict = await self._ask(server)
+            if verdict is None:
+                self._next_ask[server] = self.clock() + RETRY_ASK_SECONDS * random.uniform(0.5, 1.5)
+                continue
+            answered += 1
+            self._next_ask[server] = self.clock() + self.interval
+            self._verdicts[server] = (verdict, self.clock())
+        while len(self._verdicts) > KEPT_VERDICTS:
+            oldest = min(self._verdicts, key=lambda peer: self._verdicts[peer][1])
+            del self._verdicts[oldest]
+        if len(self._next_ask) > 1024:
+            self._next_ask = {p: t for p, t in self._next_ask.items() if t > now}
+        self._update()
+        return answered
+
+    async def _ask(self, server: ID) -> bool | None:
+        # Our listen addresses; the server dials their ports on the IP it sees us at.
+        addrs = [a.to_bytes() for a in self.host.get_transport_addrs()
+                 if "/p2p-circuit" not in str(a)][:MAX_DIALBACK_ADDRS]
+        try:
+            status, _ = await self._autonat.query_server(server, addrs=addrs, timeout=QUERY_TIMEOUT_SECONDS)
+        except Exception as error:  # noqa: BLE001 - no AutoNAT there, reset, timeout
+            logger.debug("AutoNAT request to %s failed: %s", server, error)
+            return None
+        self.count("reachability_checks")
+        if status == Message.OK:
+            return True
+        if status == Message.E_DIAL_ERROR:
+            return False
+        return None  # refused or bad request: that server could not judge
+
+    def _update(self) -> None:
+        successes = sum(1 for ok, _ in self._verdicts.values() if ok)
+        failures = len(self._verdicts) - successes
+        new = self.status
+        if successes > failures:
+            new = Reachability.public
+        elif failures > successes:
+            new = Reachability.private
+        if new is not self.status:
+            logger.info("reachability: %s (%d of %d peers could dial us back)", new.value, successes, len(self._verdicts))
+            self.status = new
+            self.on_change(new)

@@ -1,0 +1,411 @@
+"""NAT traversal for the gossip host: Circuit Relay v2 and hole punching (DCUtR), py-libp2p 0.8.1's.
+
+A node that reachability.py finds `private` reserves a slot on up to `relays_to_reserve`
+relay-serving peers it is directly connected to (its bootstrap peers first) and advertises
+`<relay address>/p2p/<relay>/p2p-circuit` in its signed peer record and in identify. A peer that
+learns that record dials the circuit: the relay opens a STOP stream to us and pipes the bytes
+(Noise runs end to end, so the relay sees ciphertext). Both ends then run DCUtR on the relayed
+connection: they swap their observed addresses and dial each other at the same moment from
+their listen port, which opens a direct TCP connection through most NATs (cone NATs that drop
+unsolicited SYNs rather than answer them with a reset). DCUtR closes the relayed connection
+60 s after the direct one is up; GossipSub moves to the direct one, since it reopens its stream
+on any connection left.
+
+A node serves as a relay (`relay`: "on"; "auto", the default, once it finds itself `public`,
+so public bootstrap nodes relay without being told) within limits: reservations, circuits per
+reserved peer, bytes and seconds per circuit. Peers that the gossip service refuses (allow
+list, bans) can neither reserve, nor open a circuit, nor be the target of one, and circuits
+from them are refused on arrival.
+
+What is 0.8.1's and what is ours: the wire protocols, the relay's resource accounting, the
+circuit transport and DCUtR are the library's. Ours: when to reserve and on whom (0.8.1's
+RelayDiscovery reserves on every relay it meets and its transport reserves again on every
+dial), the advertised addresses, the refusals above, and two fixes. 0.8.1's relay keys its
+open circuits by peer id, so when one of a peer's circuits ends it closes the streams of another
+circuit of the same peer (a node behind NAT has several); `_relay_data` here closes only its own.
+And in a private swarm (pnet) 0.8.1 protects only the accepting end of a circuit with the swarm
+key, so no circuit could complete its handshake; `_ProtectedCircuits` protects the dialling end.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import multiaddr
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.rcmgr import Direction
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.security.pnet.protector import new_protected_conn
+from libp2p.tools.anyio_service import background_trio_service
+
+from sapo.protocol.hosts import direct_peers, is_relayed
+from sapo.protocol.reachability import Reachability
+
+logger = logging.getLogger("sapo.relay")
+
+# A reservation is valid this long on the relay and renewed at half of it; a peer that left
+# frees its slot within this time (0.8.1's default, an hour, let departed peers hold slots).
+RESERVATION_TTL_SECONDS = 300
+# Reservation upkeep: how often to look while short of reservations, and otherwise.
+RESERVE_RETRY_SECONDS = 2.0
+RESERVE_CHECK_SECONDS = 15.0
+# One reservation or one circuit dial (relay connect + HOP + STOP + Noise over the circuit).
+RESERVE_TIMEOUT_SECONDS = 10.0
+CIRCUIT_DIAL_TIMEOUT_SECONDS = 15.0
+# A peer that refused to reserve for us is asked again only after this long.
+RESERVE_REFUSED_BACKOFF_SECONDS = 60.0
+
+
+@dataclass
+class Reservation:
+    relay: ID
+    address: multiaddr.Multiaddr  # the relay's /ip4|ip6/<ip>/tcp/<port>, as we reach it
+    expires: float  # monotonic
+
+    @property
+    def circuit(self) -> multiaddr.Multiaddr:
+        return multiaddr.Multiaddr(f"{self.address}/p2p/{self.relay}/p2p-circuit")
+
+
+def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID] | None:
+    """(relay's /ip*/tcp address, relay id) of `<relay>/p2p/<relay id>/p2p-circuit[/p2p/<peer>]`."""
+    text = str(address)
+    if "/p2p-circuit" not in text:
+        return None
+    head = text.split("/p2p-circuit")[0]
+    if "/p2p/" not in head:
+        return None
+    transport, relay = head.rsplit("/p2p/", 1)
+    try:
+        return multiaddr.Multiaddr(transport), ID.from_base58(relay)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class _GuardedRelayProtocol(CircuitV2Protocol):
+    """0.8.1's relay protocol, answering only peers the gossip service accepts."""
+
+    def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._may_use = may_use
+        self._count = count
+
+    async def _handle_hop_stream(self, stream: Any) -> None:
+        peer = stream.muxed_conn.peer_id
+        if not self.allow_hop or not self._may_use(peer):
+            self._count("relay_refused")
+            await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying for this peer")
+            await self._close_stream(stream)
+            return
+        await super()._handle_hop_stream(stream)
+
+    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
+        self._count("relay_reservations_served")
+        await super()._handle_reserve(stream, msg)
+
+    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+        try:
+            target = ID(msg.peer.id)
+        except Exception:  # noqa: BLE001 - a garbage id is the base class's problem
+            target = None
+        if target is not None and not self._may_use(target):
+            self._count("relay_refused")
+            await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying to this peer")
+            await stream.reset()
+            return
+        self._count("relay_circuits_served")
+        await super()._handle_connect(stream, msg)
+
+    async def handle_incoming_connection(self, stream: Any, remote_peer_id: bytes) -> None:
+        relay = stream.muxed_conn.peer_id
+        try:
+            source = ID(remote_peer_id)
+        except Exception:  # noqa: BLE001
+            source = None
+        if source is None or not self._may_use(source) or not self._may_use(relay):
+            self._count("relay_refused")
+            await stream.reset()
+            return
+        await super().handle_incoming_connection(stream, remote_peer_id)
+
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, peer_id: ID,
+                          deadline: float | None = None, circuit_data_limit: list[int] | None = None) -> None:
+        # The base class closes "the circuit of `peer_id`" when a direction ends, found by peer
+        # id: with two circuits of one peer that is the other one's streams. Hand it a key it
+        # holds nothing under, and close exactly this circuit's two streams instead.
+        try:
+            await super()._relay_data(src_stream, dst_stream, _NO_CIRCUIT, deadline, circuit_data_limit)
+        finally:
+            await self._close_stream(src_stream)
+            await self._close_stream(dst_stream)
+
+
+class _ProtectedCircuits(CircuitV2Transport):
+    """0.8.1's circuit transport, protecting the dialled end of a circuit with the swarm key.
+
+    In a private swarm (pnet) 0.8.1 wraps the *accepted* end of a relayed connection in the
+    key's stream cipher (`upgrade_inbound_raw_conn`) but not the dialled end
+    (`upgrade_outbound_raw_conn` leaves that to the TCP dial, which a circuit does not make), so
+    no circuit ever completed its handshake there (test_relay.py)."""
+
+    async def dial(self, maddr: multiaddr.Multiaddr) -> Any:  # type: ignore[override]
+        relay_address, target = self.parse_circuit_ma(maddr)
+        relay = ID.from_base58(relay_address.get_peer_id())
+        raw = await self.dial_peer_info(dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address]))
+        psk = self.host.get_network().psk
+        if psk is not None:
+            raw = new_protected_conn(raw, psk)
+        return await self.host.upgrade_outbound_connection(raw, target)
+
+
+# A peer id no circuit is ever stored under (see _relay_data).
+_NO_CIRCUIT = ID(b"\x00\x24sapo-relay-no-circuit-key-000000000000")
+
+
+class RelayService:
+    """Relay for others when we should, reserve on relays when we must, dial circuits, punch holes.
+
+    The gossip service owns the host and passes in `may_use(peer)` (allow list, bans),
+    `count(name)` and `on_addrs_changed()` (re-advertise: our relayed addresses changed)."""
+
+    def __init__(
+        self,
+        host: Any,
+        *,
+        relay: str,
+        limits: RelayLimits,
+        relays_to_reserve: int,
+        hole_punching: bool,
+        preferred_relays: Callable[[], list[ID]],
+        may_use: Callable[[ID], bool],
+        count: Callable[[str], None],
+        on_addrs_changed: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.host = host
+        self.relay = relay
+        self.relays_to_reserve = relays_to_reserve
+        self.hole_punching = hole_punching
+        self.preferred_relays = preferred_relays
+        self.may_use = may_use
+        self.count = count
+        self.on_addrs_changed = on_addrs_changed
+        self.clock = clock
+        self.protocol = _GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count)
+        # STOP only: we accept circuits; reservations are made here, not on every dial.
+        self.transport = _ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
+        self.reachability = Reachability.unknown
+        self.reservations: dict[ID, Reservation] = {}
+        self._refused_until: dict[ID, float] = {}
+        self._wake = trio.Event()
+        self._started = False
+
+    @property
+    def serving(self) -> bool:
+        return self.protocol.allow_hop
+
+    def set_reachability(self, status: Reachability) -> None:
+        self.reachability = status
+        self._set_serving(self.relay == "on" or (self.relay == "auto" and status is Reachability.public))
+        self._wake.set()
+
+    def _set_serving(self, serving: bool) -> None:
+        if serving == self.protocol.allow_hop:
+            return
+        self.protocol.allow_hop = serving
+        if not self._started:
+            return  # the protocol's run() registers the hop handler itself
+        if serving:
+            self.host.set_stream_handler(HOP_PROTOCOL_ID, self.protocol._handle_hop_stream)
+        else:
+            self.host.remove_stream_handler(HOP_PROTOCOL_ID)
+        logger.info("relay service %s", "on: serving circuits for other peers" if serving else "off")
+
+    def relayed_addrs(self) -> list[multiaddr.Multiaddr]:
+        """Our addresses through the relays we hold a slot on (without /p2p/<us>)."""
+        now = self.clock()
+        return [r.circuit for r in self.reservations.values() if r.expires > now]
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._set_serving(self.relay == "on")
+        async with background_trio_service(self.protocol):
+            self._started = True
+            try:
+                if self.hole_punching:
+                    async with background_trio_service(DCUtRProtocol(self.host)):
+                        task_status.started()
+                        await self._keep_reservations()
+                else:
+                    task_status.started()
+                    await self._keep_reservations()
+            finally:
+                self._started = False
+
+    async def _keep_reservations(self) -> None:
+        while True:
+            changed = self._prune()
+            wanted = self.relays_to_reserve if self.reachability is Reachability.private else 0
+            if wanted == 0 and self.reservations:
+                self.reservations.clear()
+                changed = True
+            if wanted:
+                changed |= await self._reserve_more(wanted)
+                changed |= await self._renew()
+            if changed:
+                self.on_addrs_changed()
+            self._wake = trio.Event()
+            short = wanted and len(self.reservations) < wanted
+            with trio.move_on_after(RESERVE_RETRY_SECONDS if short else RESERVE_CHECK_SECONDS):
+                await self._wake.wait()
+
+    def _prune(self) -> bool:
+        connected = set(direct_peers(self.host))
+        now = self.clock()
+        gone = [relay for relay, r in self.reservations.items()
+                if relay not in connected or r.expires <= now or not self.may_use(relay)]
+        for relay in gone:
+            logger.info("lost the relay slot on %s", relay)
+            del self.reservations[relay]
+        return bool(gone)
+
+    async def _reserve_more(self, wanted: int) -> bool:
+        now = self.clock()
+        connected = direct_peers(self.host)
+        preferred = [p for p in self.preferred_relays() if p in connected]
+        store = self.host.get_peerstore()
+
+        def advertises_hop(peer: ID) -> bool:
+            try:
+                return HOP_PROTOCOL_ID in store.get_protocols(peer)
+            except Exception:  # noqa: BLE001 - not identified yet
+                return False
+
+        candidates = preferred + [p for p in connected if p not in preferred and advertises_hop(p)]
+        changed = False
+        for relay in candidates:
+            if len(self.reservations) >= wanted:
+                break
+            if relay in self.reservations or self._refused_until.get(relay, 0) > now or not self.may_use(relay):
+                continue
+            address = self._relay_address(relay)
+            if address is None:
+                continue
+            expires = await self._reserve(relay)
+            if expires is None:
+                self._refused_until[relay] = self.clock() + RESERVE_REFUSED_BACKOFF_SECONDS
+                continue
+            self.reservations[relay] = Reservation(relay, address, expires)
+            self.count("relay_reserved")
+            logger.info("reserved a relay slot on %s: reachable at %s/p2p/%s", relay,
+                        self.reservations[relay].circuit, self.host.get_id())
+            changed = True
+        return changed
+
+    async def _renew(self) -> bool:
+        now = self.clock()
+        for relay, reservation in list(self.reservations.items()):
+            if reservation.expires - now < RESERVATION_TTL_SECONDS / 2:
+                expires = await self._reserve(relay)
+                if expires is None:
+                    del self.reservations[relay]
+                    return True
+                reservation.expires = expires
+        return False
+
+    async def _reserve(self, relay: ID) -> float | None:
+        """One RESERVE on its own stream; the local expiry time, or None if refused or failed."""
+        stream = None
+        with trio.move_on_after(RESERVE_TIMEOUT_SECONDS):
+            try:
+                stream = await self.host.new_stream(relay, [HOP_PROTOCOL_ID])
+                if await self.transport._make_reservation(stream, relay):
+                    ttl = self.transport._reservations.get(relay, 0) - time.time()
+                    return self.clock() + max(1.0, min(ttl, RESERVATION_TTL_SECONDS))
+            except Exception as error:  # noqa: BLE001 - no relay protocol there, reset, closed
+                logger.debug("reservation on %s failed: %s", relay, error)
+            finally:
+                if stream is not None:
+                    with trio.move_on_after(1.0):
+                        try:
+                            await stream.close()
+                        except Exception:  # noqa: BLE001
+                            pass
+        return None
+
+    def _relay_address(self, relay: ID) -> multiaddr.Multiaddr | None:
+        """Where others reach the relay: the address of our outbound connection to it, else a
+        specific /ip*/tcp address it is known by."""
+        for connection in self.host.get_network().get_connections(relay):
+            if is_relayed(connection) or getattr(connection, "direction", None) != Direction.OUTBOUND:
+                continue
+            for address in connection.get_transport_addresses():
+                if _is_ip_tcp(address):
+                    return _ip_tcp_part(address)
+        for address in self.host.get_peerstore().addrs(relay):
+            if _is_ip_tcp(address):
+                return _ip_tcp_part(address)
+        return None
+
+    async def dial(self, info: PeerInfo) -> BaseException | None:
+        """Connect to `info.peer_id` through one of its /p2p-circuit addresses; None once
+        connected, else what went wrong. The relay must pass `may_use` too."""
+        error: BaseException | None = ConnectionError(f"no usable relayed address for {info.peer_id}")
+        # In random order: every dialler taking the first one would pile all circuits on one relay.
+        for address in random.sample(list(info.addrs), len(info.addrs)):
+            parts = circuit_parts(address)
+            if parts is None:
+                continue
+            relay_address, relay = parts
+            if relay == self.host.get_id() or not self.may_use(relay):
+                continue
+            full = multiaddr.Multiaddr(f"{relay_address}/p2p/{relay}/p2p-circuit/p2p/{info.peer_id}")
+            with trio.move_on_after(CIRCUIT_DIAL_TIMEOUT_SECONDS) as scope:
+                try:
+                    await self.transport.dial(full)
+                    self.count("relay_dials")
+                    return None
+                except Exception as dial_error:  # noqa: BLE001 - relay gone, no reservation, refused
+                    error = dial_error
+            if scope.cancelled_caught:
+                error = TimeoutError(f"circuit dial via {relay} timed out")
+        self.count("relay_dial_failed")
+        return error
+
+
+def _is_ip_tcp(address: multiaddr.Multiaddr) -> bool:
+    try:
+        names = [p.name for p in address.protocols()]
+        if names[:2] not in (["ip4", "tcp"], ["ip6", "tcp"]):
+            return False
+        ip = address.value_for_protocol(names[0])
+    except Exception:  # noqa: BLE001
+        return False
+    return ip not in ("0.0.0.0", "::")
+
+
+def _ip_tcp_part(address: multiaddr.Multiaddr) -> multiaddr.Multiaddr:
+    """/ip4|ip6/<ip>/tcp/<port> alone (a protected connection's address also names the peer)."""
+    names = [p.name for p in address.protocols()]
+    return multiaddr.Multiaddr(f"/{names[0]}/{address.value_for_protocol(names[0])}/tcp/{address.value_for_protocol('tcp')}")
+
+
+def relay_limits(*, reservations: int, circuits_per_peer: int, circuit_bytes: int, circuit_seconds: int) -> RelayLimits:
+    return RelayLimits(
+        duration=circuit_seconds,
+        data=circuit_bytes,
+        max_circuit_conns=circuits_per_peer,
+        max_reservations=reservations,
+        reservation_ttl=RESERVATION_TTL_SECONDS,
+    )

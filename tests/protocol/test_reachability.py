@@ -1,0 +1,113 @@
+"""AutoNAT on real hosts on 127.0.0.1: 0.8.1's dial-back does not dial; ours does."""
+
+import multiaddr
+import pytest
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.host.autonat.autonat import AutoNATService
+from libp2p.host.autonat.pb.autonat_pb2 import Message
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from sapo.protocol import reachability
+from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
+
+LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def two_connected_hosts(nursery):
+    """(server, client): two listening hosts, the client connected to the server."""
+    hosts = [new_noise_host(create_new_key_pair(), [LOOPBACK]) for _ in range(2)]
+    for host in hosts:
+        await nursery.start(_run_host, host)
+    server, client = hosts
+    await client.connect(info_from_p2p_addr(server.get_addrs()[0]))
+    return server, client
+
+
+async def _run_host(host, *, task_status=trio.TASK_STATUS_IGNORED):
+    async with host.run([LOOPBACK]):
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.move_on_after(2) as scope:
+                scope.shield = True
+                await host.close()
+
+
+def dead_address() -> bytes:
+    return multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{free_port()}").to_bytes()
+
+
+async def test_stock_autonat_calls_an_address_nobody_listens_on_reachable():
+    # Why reachability.py replaces the dial-back: 0.8.1's host.connect() finds the connection
+    # the request came over and reports success without dialling anything.
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            server, client = await two_connected_hosts(nursery)
+            AutoNATService(server)  # serves /libp2p/autonat/1.0.0
+            status, _ = await AutoNATService(client, serve=False).query_server(server.get_id(), addrs=[dead_address()])
+            assert status == Message.OK
+            nursery.cancel_scope.cancel()
+
+
+async def test_our_dial_back_really_dials_and_answers_a_peer_once_per_interval(monkeypatch):
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server, client = await two_connected_hosts(nursery)
+            counters: dict[str, int] = {}
+            ReachabilityService(server, mode="auto", interval=60, may_use=lambda peer: True,
+                                count=lambda name: counters.__setitem__(name, counters.get(name, 0) + 1),
+                                on_change=lambda status: None).attach()
+            asker = AutoNATService(client, serve=False)
+            live = client.get_transport_addrs()[0].to_bytes()
+            status, _ = await asker.query_server(server.get_id(), addrs=[dead_address()])
+            assert status == Message.E_DIAL_ERROR
+            with pytest.raises(Exception):  # asked again at once: the stream is reset, nothing dialled
+                await asker.query_server(server.get_id(), addrs=[live])
+            monkeypatch.setattr(reachability, "MIN_ASK_INTERVAL_SECONDS", 0.0)
+            status, address = await asker.query_server(server.get_id(), addrs=[live])
+            assert status == Message.OK and address == live
+            assert counters == {"autonat_served": 2, "autonat_refused": 1}
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server, client = await two_connected_hosts(nursery)
+            ReachabilityService(server, mode="auto", interval=60, may_use=lambda peer: False,
+                                count=lambda name: None, on_change=lambda status: None).attach()
+            changes: list[Reachability] = []
+            service = ReachabilityService(client, mode="auto", interval=60, may_use=lambda peer: True,
+                                          count=lambda name: None, on_change=changes.append)
+            assert await service.check_once() == 0  # the server refuses us: no verdict either way
+            assert service.status is Reachability.unknown and not changes
+            ReachabilityService(server, mode="auto", interval=60, may_use=lambda peer: True,
+                                count=lambda name: None, on_change=lambda status: None).attach()
+            service._next_ask.clear()
+            assert await service.check_once() == 1
+            assert service.status is Reachability.public and changes == [Reachability.public]
+            nursery.cancel_scope.cancel()
+
+
+def test_the_server_dials_the_requesters_ip_only_and_fills_in_an_unspecified_one():
+    addrs = [multiaddr.Multiaddr(a).to_bytes() for a in (
+        "/ip4/0.0.0.0/tcp/4001",        # listening everywhere: the port, at the IP we see
+        "/ip4/203.0.113.9/tcp/4002",    # someone else's IP: never (amplification)
+        "/ip4/198.51.100.7/tcp/4003",   # the requester's own: yes
+        "/ip6/::/tcp/4004",             # wrong family for this requester
+        "/ip4/198.51.100.7/udp/4005/quic-v1",  # not TCP
+    )]
+    dialable = [str(multiaddr.Multiaddr(a)) for a in _DialBackAutoNAT._filter_by_observed_ip(addrs, "198.51.100.7")]
+    assert dialable == ["/ip4/198.51.100.7/tcp/4001", "/ip4/198.51.100.7/tcp/4003"]
+    assert _DialBackAutoNAT._filter_by_observed_ip(addrs, None) == []

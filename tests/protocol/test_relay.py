@@ -1,0 +1,151 @@
+"""Circuit Relay v2 and hole punching between real GossipServices on 127.0.0.1.
+
+On loopback nothing is behind NAT, so the "NATed" peers are told they are private
+(`reachability="private"`): they reserve a slot on the relay and advertise only their relayed
+address. Their discovery is off, since on loopback it would find and dial their real, reachable
+listen addresses first; here the circuit is dialled as discovery would dial a relayed record.
+Discovery meeting peers through relayed records, with real NATs, is tests/hardening/test_nat.py.
+"""
+
+import multiaddr
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from sapo.protocol import relay as relay_module
+from sapo.protocol.hosts import is_relayed, new_noise_host
+from sapo.protocol.relay import RelayService, relay_limits
+from tests.protocol.test_gossip import receive_all, start_node
+
+PRIVATE = {"reachability": "private", "hole_punching": False, "discover_peers": 0}
+
+
+def kinds(node, other) -> set[bool]:
+    """{True} relayed only, {False} direct only, both, or empty: node's open connections to `other`."""
+    network = node.service._host.get_network()
+    return {is_relayed(c) for c in network.get_connections(ID.from_base58(other.service.peer_id)) if not c.is_closed}
+
+
+async def wait_until(condition, timeout: float) -> None:
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.sleep(0.1)
+
+
+async def relay_and_two_private(nursery, psk=None, **private):
+    relay = await start_node(nursery, relay="on", reachability="public", psk=psk)
+    private = {**private, "psk": psk}
+    a = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
+    b = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
+    await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+    return relay, a, b
+
+
+async def dial_through_relay(a, b) -> None:
+    (circuit,) = b.service.relayed_addrs
+    info = PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
+    assert await a.service._dial(a.service._host, info) is None
+
+
+async def test_private_peers_meet_through_the_relay_and_gossip_over_the_circuit():
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            relay, a, b = await relay_and_two_private(nursery)
+            assert relay.service.relaying and not a.service.relaying
+            # a private peer's record names only its relayed address: its own would not answer
+            (address,) = a.service.advertised_addrs()
+            assert str(address) == f"{relay.addr}/p2p-circuit", address
+            await dial_through_relay(a, b)
+            await wait_until(lambda: kinds(a, b) == {True} and kinds(b, a) == {True}, 30)
+            await trio.sleep(2)  # heartbeats: the mesh takes the new link
+            assert await a.service.publish(b"a over the circuit")
+            assert await b.service.publish(b"b over the circuit")
+            assert [m.data for m in await receive_all(b, 1)] == [b"a over the circuit"]
+            assert [m.data for m in await receive_all(a, 1)] == [b"b over the circuit"]
+            assert relay.counters.get("relay_circuits_served", 0) >= 1, relay.counters
+            assert a.counters.get("relay_reserved") == 1 and b.counters.get("relay_reserved") == 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_hole_punching_adds_a_direct_connection_to_the_relayed_one():
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            _, a, b = await relay_and_two_private(nursery, hole_punching=True)
+            await dial_through_relay(a, b)
+            # DCUtR first tries the peer's own addresses, which on loopback answer at once
+            await wait_until(lambda: False in kinds(a, b), 30)
+            await trio.sleep(2)
+            assert await a.service.publish(b"after the punch")
+            assert [m.data for m in await receive_all(b, 1)] == [b"after the punch"]
+            nursery.cancel_scope.cancel()
+
+
+async def circuits_from_one_peer_survive_each_other(stock: bool, monkeypatch) -> bool:
+    """a holds circuits to b and c through the relay; a closes the one to b. Does a-c live on?"""
+    if stock:  # 0.8.1's _relay_data, which closes "the circuit of peer X" by peer id
+        monkeypatch.setattr(relay_module._GuardedRelayProtocol, "_relay_data",
+                            relay_module.CircuitV2Protocol._relay_data)
+    async with trio.open_nursery() as nursery:
+        relay, b, c = await relay_and_two_private(nursery)
+        a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
+        for target in (b, c):
+            await dial_through_relay(a, target)
+        await wait_until(lambda: kinds(a, b) == {True} and kinds(a, c) == {True}, 20)
+        network = a.service._host.get_network()
+        for connection in network.get_connections(ID.from_base58(b.service.peer_id)):
+            await connection.close()
+        await trio.sleep(2)
+        alive = kinds(a, c) == {True}
+        nursery.cancel_scope.cancel()
+    return alive
+
+
+async def test_closing_one_circuit_leaves_the_same_peers_other_circuits_open(monkeypatch):
+    with trio.fail_after(60):
+        assert await circuits_from_one_peer_survive_each_other(stock=False, monkeypatch=monkeypatch)
+
+
+async def test_stock_relay_closes_another_circuit_of_the_same_peer(monkeypatch):
+    # Why _GuardedRelayProtocol overrides _relay_data. If this starts failing, 0.8.x fixed it.
+    with trio.fail_after(60):
+        assert not await circuits_from_one_peer_survive_each_other(stock=True, monkeypatch=monkeypatch)
+
+
+async def test_a_relayed_dial_never_goes_through_a_refused_relay():
+    key_pair = create_new_key_pair()
+    host = new_noise_host(key_pair, [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")])
+    refused = ID.from_pubkey(create_new_key_pair().public_key)
+    target = ID.from_pubkey(create_new_key_pair().public_key)
+    asked: list[ID] = []
+
+    def may_use(peer: ID) -> bool:
+        asked.append(peer)
+        return peer != refused
+
+    service = RelayService(host, relay="off", limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1,
+                                                                  circuit_seconds=1),
+                           relays_to_reserve=0, hole_punching=False, preferred_relays=list, may_use=may_use,
+                           count=lambda name: None, on_addrs_changed=lambda: None)
+    circuit = multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/9/p2p/{refused}/p2p-circuit")
+    error = await service.dial(PeerInfo(target, [circuit]))
+    assert isinstance(error, ConnectionError) and "no usable relayed address" in str(error)
+    assert asked == [refused]  # refused before any connection was attempted (the host is not even running)
+
+
+async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
+    # With a swarm key (pnet), both ends of a circuit must protect it: 0.8.1 does so only for
+    # the inbound end of a relayed connection (RelayService dials through _ProtectedCircuits).
+    psk = "ab" * 32
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            relay, a, b = await relay_and_two_private(nursery, psk=psk)
+            await dial_through_relay(a, b)
+            await wait_until(lambda: kinds(a, b) == {True}, 20)
+            await trio.sleep(2)
+            assert await a.service.publish(b"inside the private swarm")
+            assert [m.data for m in await receive_all(b, 1)] == [b"inside the private swarm"]
+            outsider = await start_node(nursery, peers=[relay.addr], **PRIVATE)  # no key
+            await trio.sleep(3)
+            assert not outsider.service.relayed_addrs and not outsider.service.connected_peers()
+            nursery.cancel_scope.cancel()
