@@ -81,3 +81,27 @@ def test_gossip_during_update_smoke(tmp_path):
         assert int(row.split()[2]) > 0, f"no message was timed in the {phase} phase: {row}"
     updates = next(line for line in out.splitlines() if line.startswith("updates: "))
     assert "(0 skipped)" in updates, updates
+
+
+def test_roofline_smoke(capsys, monkeypatch, tmp_path):
+    # In this process, like the bandwidth smoke: torch and transformers are already imported.
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import roofline
+
+    threads = torch.get_num_threads()
+    try:
+        assert roofline.main(["--smoke", "--models-dir", str(tmp_path / "models")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "matmul GFLOPS, weights streamed from memory" in out
+    shapes = [line.split()[0] for line in out.splitlines() if " x " in line and ("fp32" in line or "bf16" in line)]
+    assert {"q", "lm_head", "q|k|v", "gate|up", "down"} <= set(shapes), shapes
+    table = out[out.index("decoding, tokens per CPU second"):]
+    rows = [line.split() for line in table.splitlines() if line[:2] in ("1 ", "8 ")]
+    assert [r[0] for r in rows] == ["1", "8"], table
+    for row in rows:  # ours fp32, ours bf16 and generate: positive rates with their share of the roof
+        assert float(row[4]) > 0 and float(row[9]) > 0 and float(row[-2]) > 0, row
+    assert out.count("real round, sample_completions") == 2

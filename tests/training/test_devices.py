@@ -65,3 +65,20 @@ def test_mps(machine):
 def test_unknown_names_list_the_choices(name):
     with pytest.raises(ValueError, match="choose auto, cpu, cuda, cuda:N or mps"):
         resolve_device(name)
+
+
+def test_owned_cpus_reads_the_affinity_and_a_cgroup_quota(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    assert devices.owned_cpus(str(tmp_path)) == 6  # no cgroup files: the affinity mask
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert devices.owned_cpus(str(tmp_path)) == 6  # no quota
+    (tmp_path / "cpu.max").write_text("250000 100000\n")  # --cpus 2.5
+    assert devices.owned_cpus(str(tmp_path)) == 3
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")  # cgroup v1, half a core
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert devices.owned_cpus(str(tmp_path)) == 1
+    assert devices.torch_threads_for(4) == 4 and devices.torch_threads_for(0) == devices.owned_cpus()
