@@ -172,8 +172,15 @@ def _effective_linear(module) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def _stack(parts: list[tuple[torch.Tensor, torch.Tensor | None]], dtype, pack) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Weights (and biases) of linear layers that read the same input, as one layer, in `dtype`,
-    laid out by `pack` for the matmul that will use them."""
-    weight = (parts[0][0] if len(parts) == 1 else torch.cat([w for w, _ in parts])).to(dtype).contiguous()
+    laid out by `pack` for the matmul that will use them. Each weight is read once: the copy into
+    the stacked tensor is also the cast (a single fp32 layer is not copied at all)."""
+    if len(parts) == 1:
+        weight = parts[0][0].to(dtype).contiguous()
+    else:
+        weight = torch.empty((sum(w.shape[0] for w, _ in parts), parts[0][0].shape[1]), dtype=dtype,
+                             device=parts[0][0].device)
+        for rows, (w, _) in zip(weight.split([w.shape[0] for w, _ in parts]), parts):
+            rows.copy_(w)
     if all(b is None for _, b in parts):
         return pack(weight), None
     bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
