@@ -24,11 +24,11 @@ late a 10 ms sleep wakes up) is printed beside it: it is what a slow delivery wa
     .venv/bin/python bench/gossip_during_update.py                              # tiny, 3 cycles
     .venv/bin/python bench/gossip_during_update.py --model smollm2-135m --lora  # the real figure
     .venv/bin/python bench/gossip_during_update.py --smoke                      # tiny, one 5 s cycle
-    .venv/bin/python bench/gossip_during_update.py --busy generate --step-pause 0.0002   # during generation
+    .venv/bin/python bench/gossip_during_update.py --busy generate --switch-interval 0.001   # generation
 
 With `--busy generate` the busy phases run `generate_groups` on the round's questions back to back
-instead (the per-token decoding loop, which holds the GIL between its torch ops); `--step-pause`
-and `--switch-interval` try the two GIL remedies a daemon can set.
+instead (the per-token decoding loop and the verifier, which hold the GIL between torch ops);
+`--switch-interval` tries the GIL remedy a daemon can set.
 """
 
 from __future__ import annotations
@@ -81,8 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sys.setswitchinterval for A, in seconds (Python's default: 0.005); to test the GIL")
     parser.add_argument("--busy", choices=("update", "generate"), default="update",
                         help="what the busy phases run back to back: GRPO updates, or generations of the round")
-    parser.add_argument("--step-pause", type=float, default=None,
-                        help="training.decoding.pause_between_steps for A, in seconds (default: no pause)")
+
     parser.add_argument("--seed", type=int, default=0, help="model, task and sampling seed")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
     parser.add_argument("--smoke", action="store_true", help="tiny, one short cycle at 10/s: a quick check it runs")
@@ -374,9 +373,8 @@ def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sen
     print(
         f"model {args.model}, {'LoRA r=16' if args.lora else 'full fine-tuning'}, torch threads {args.threads}, "
         f"round {args.questions} questions x {args.generations} generations, max_new_tokens {args.max_new_tokens}, "
-        f"{args.cycles} x ({args.idle_seconds:g} s idle + {args.busy_seconds:g} s of {args.busy}s), "
-        f"GIL switch interval {1e3 * sys.getswitchinterval():g} ms, pause between decoding steps "
-        + ("none" if args.step_pause is None else f"{1e3 * args.step_pause:g} ms")
+        f"{args.cycles} x ({args.idle_seconds:g} s idle + {args.busy_seconds:g} s of {args.busy.replace('generate', 'generation')}s), "
+        f"GIL switch interval {1e3 * sys.getswitchinterval():g} ms"
     )
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
@@ -419,10 +417,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    if args.step_pause is not None:
-        from sapo.training.decoding import pause_between_steps
-
-        pause_between_steps(args.step_pause)
     budget = 300 + args.cycles * (args.idle_seconds + args.busy_seconds)
     try:
         record, trainer, sent = trio.run(_bounded, args, budget)

@@ -23,28 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-
-_STEP_PAUSE: float | None = None
-
-
-def pause_between_steps(seconds: float | None) -> None:
-    """Sleep `seconds` after every decoding step (None: never), releasing the GIL for that long.
-
-    For a daemon whose network runs in Python threads beside generation: a step's torch ops
-    release the GIL while they run, but a thread that wants it back may wait for Python's switch
-    interval (5 ms) whenever the decoding thread runs Python between them. See bench/README.md
-    (gossip during generation) for what each choice measured.
-    """
-    global _STEP_PAUSE
-    if seconds is not None and seconds < 0:
-        raise ValueError(f"a pause between decoding steps must be >= 0 seconds, not {seconds}")
-    _STEP_PAUSE = seconds
 
 
 class GenerationInterrupted(RuntimeError):
@@ -505,8 +487,6 @@ def decode_samples(
                 if len(generated[active[0]]) >= max_new_tokens:
                     break
                 logits = decoding.step(chosen)
-                if _STEP_PAUSE is not None:
-                    time.sleep(_STEP_PAUSE)
     finally:
         if was_training:
             model.train()
