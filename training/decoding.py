@@ -80,28 +80,59 @@ def sample_tokens(logits: torch.Tensor, temperature: float | None, generator: to
 # --- the static KV cache ----------------------------------------------------------------------------
 
 
-class StaticKVCache:
-    """Keys and values of every layer, allocated once for `length` columns.
+class SharedPromptCache:
+    """Keys and values of every layer: each prompt's once, then each row's own generated tokens.
 
-    Rows are left-padded prompts followed by their generated tokens, so at every step all rows
-    write the same column. Keys are stored transposed ([head_dim, column]): a decoding step's
-    scores are then a plain batched matmul over contiguous rows of it. A row that finishes is
-    dropped with `keep` (one copy of the cache), so later steps cost only the live rows.
+    A prompt's G samples attend to the same prompt keys, so those are kept once per prompt, and a
+    step multiplies them by the queries of all G rows at once (one [G x group, head_dim] x
+    [head_dim, L] matmul per prompt and key/value head) instead of reading a copy per row (at
+    G = 8, 300 prompt tokens and bf16: 21 ms of attention a step instead of 37).
+
+    Each row's own part holds one column per generated token. A step attends to all of its
+    columns, the unwritten ones masked, because a matmul over a column slice of it would first
+    copy the slice; so the part starts 16 columns wide and doubles when full (one copy each time,
+    log2(max_new_tokens / 16) times at most), never more than twice what is written. A row that
+    finishes is dropped with `keep` (one copy of the own part), so later steps cost only the live
+    rows. Keys are stored transposed ([head_dim, column]), so scores are plain batched matmuls.
     """
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, head_dim: int, length: int, dtype, device):
-        # Never read before written: a step attends to columns 0..its own, all of them filled.
-        self.keys_t = torch.empty((layers, rows, kv_heads, head_dim, length), dtype=dtype, device=device)
-        self.values = torch.empty((layers, rows, kv_heads, length, head_dim), dtype=dtype, device=device)
+    def __init__(self, layers: int, prompts: int, samples: int, kv_heads: int, head_dim: int, prompt_length: int,
+                 new_tokens: int, dtype, device):
+        self.prompts, self.samples, self.prompt_length, self.new_tokens = prompts, samples, prompt_length, new_tokens
+        self.prompt_keys_t = torch.empty((layers, prompts, kv_heads, head_dim, prompt_length), dtype=dtype, device=device)
+        self.prompt_values = torch.empty((layers, prompts, kv_heads, prompt_length, head_dim), dtype=dtype, device=device)
+        self.prompt_bias: torch.Tensor | None = None  # [prompts x kv_heads, 1, L]: 0, or -inf on padding
+        width = min(new_tokens, 16)
+        # Zeros, not garbage: a masked column still meets a 0 weight in the values' matmul.
+        self.keys_t = torch.zeros((layers, prompts * samples, kv_heads, head_dim, width), dtype=dtype, device=device)
+        self.values = torch.zeros((layers, prompts * samples, kv_heads, width, head_dim), dtype=dtype, device=device)
+        self.own_bias = torch.full((width,), float("-inf"), dtype=dtype, device=device)  # 0 where written
+        self.column = 0  # own columns written
+        self.slots = torch.arange(prompts * samples, device=device)  # each live row's place among prompts x samples
+        self.live: tuple[torch.Tensor, torch.Tensor] | None = None  # (prompt, sample) of each row once some left
 
     @property
     def rows(self) -> int:
         return self.values.shape[1]
 
+    def open_column(self) -> int:
+        """The own column this step writes (the part doubles first if it is full)."""
+        width = self.own_bias.shape[0]
+        if self.column == width:
+            wider = min(2 * width, self.new_tokens)
+            self.keys_t = torch.cat([self.keys_t, self.keys_t.new_zeros((*self.keys_t.shape[:-1], wider - width))], -1)
+            self.values = torch.cat([self.values, self.values.new_zeros((*self.values.shape[:3], wider - width,
+                                                                           self.values.shape[-1]))], 3)
+            self.own_bias = torch.cat([self.own_bias, self.own_bias.new_full((wider - width,), float("-inf"))])
+        self.own_bias[self.column] = 0
+        return self.column
+
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the current rows), in that order."""
         self.keys_t = self.keys_t.index_select(1, rows)
         self.values = self.values.index_select(1, rows)
+        self.slots = self.slots[rows]
+        self.live = (self.slots // self.samples, self.slots % self.samples)
 
 
 # --- the Llama-family decoder -----------------------------------------------------------------------
@@ -194,7 +225,7 @@ def _onednn_packer(dtype: torch.dtype, device: torch.device, rows: int):
 
 
 class LlamaDecoder:
-    """A Llama-family causal LM's forward pass for decoding, on a `StaticKVCache`.
+    """A Llama-family causal LM's forward pass for decoding, on a `SharedPromptCache`.
 
     Built from the model's current weights (LoRA adapters merged, q/k/v and gate/up stacked,
     cast to `dtype`) at the start of each `decode_samples` call, so it always samples the policy
@@ -269,8 +300,9 @@ class LlamaDecoder:
             return None
         return cls(model.get_base_model() if hasattr(model, "get_base_model") else model, dtype, rows)
 
-    def new_cache(self, rows: int, length: int, device) -> StaticKVCache:
-        return StaticKVCache(len(self.layers), rows, self.kv_heads, self.head_dim, length, self.dtype, device)
+    def new_cache(self, prompts: int, samples: int, prompt_length: int, new_tokens: int, device) -> SharedPromptCache:
+        return SharedPromptCache(len(self.layers), prompts, samples, self.kv_heads, self.head_dim, prompt_length,
+                                 new_tokens, self.dtype, device)
 
     def rotary_tables(self, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for positions 0..length-1, from the model's own rotary embedding
@@ -291,18 +323,19 @@ class LlamaDecoder:
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self._norm(x, self.final_norm), self.lm_head).float()
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: StaticKVCache,
+    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: SharedPromptCache,
                 tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Run the left-padded prompts `input_ids` [rows, L] into columns 0..L-1 of `cache`, whose
-        rows are each prompt's samples (prompt-major: cache.rows / rows copies of each); the
-        logits [rows, vocab] after each prompt's last token."""
-        rows, length = input_ids.shape
+        """Run the left-padded prompts `input_ids` [prompts, L] into the prompt part of `cache`;
+        the logits [prompts, vocab] after each prompt's last token."""
+        prompts, length = input_ids.shape
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        cos, sin = (t[positions].unsqueeze(2) for t in tables)  # [rows, L, 1, head_dim]
+        cos, sin = (t[positions].unsqueeze(2) for t in tables)  # [prompts, L, 1, head_dim]
         causal = torch.ones((length, length), dtype=torch.bool, device=input_ids.device).tril()
         # A padding query may see only itself: it must see something, or its softmax is NaN.
         mask = (causal & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=input_ids.device)
         mask = mask.unsqueeze(1)
+        bias = torch.zeros((prompts, 1, length), dtype=self.dtype, device=input_ids.device)
+        cache.prompt_bias = bias.masked_fill_(~valid[:, None, :], float("-inf")).repeat_interleave(kv_heads, dim=0)
         x = self.embed(input_ids).float()
         for index, layer in enumerate(self.layers):
             qkv = self.linear(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)
@@ -311,9 +344,8 @@ class LlamaDecoder:
             q = qk[:, :, :heads].transpose(1, 2)
             k = qk[:, :, heads:].transpose(1, 2)
             v = qkv[..., (heads + kv_heads) * head_dim :].unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)
-            copies = (rows, cache.rows // rows)
-            cache.keys_t[index].unflatten(0, copies)[..., :length] = k.transpose(-1, -2).unsqueeze(1)
-            cache.values[index].unflatten(0, copies)[:, :, :, :length] = v.unsqueeze(1)
+            cache.prompt_keys_t[index] = k.transpose(-1, -2)
+            cache.prompt_values[index] = v
             if kv_heads != heads:
                 k = k.repeat_interleave(heads // kv_heads, dim=1)
                 v = v.repeat_interleave(heads // kv_heads, dim=1)
@@ -324,71 +356,90 @@ class LlamaDecoder:
                              layer.down, layer.down_bias)
         return self._logits(x[:, -1])
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, column: int, bias: torch.Tensor,
-             cache: StaticKVCache, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """One token per row (`tokens` [rows]) written at `column`; the next logits [rows, vocab].
-
-        `bias` [rows x kv_heads, 1, column + 1] is 0 where a row may attend and -inf on its padding.
-        The query heads that share a key/value head are that head's rows of one small matmul, so
-        grouped-query attention needs no copies of the cache.
-        """
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SharedPromptCache,
+             tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One token per live row of `cache` (`tokens` [rows]) written into its next generated
+        column; the next logits [rows, vocab]."""
         rows = tokens.shape[0]
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        group = heads // kv_heads
         qk_width = (heads + kv_heads) * head_dim
-        scale = head_dim**-0.5
+        column = cache.open_column()
         cos, sin = (t[positions].unsqueeze(1) for t in tables)  # [rows, 1, head_dim]
         x = self.embed(tokens).float()
         for index, layer in enumerate(self.layers):
             qkv = self.linear(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, head_dim), cos, sin)
-            keys_t, values = cache.keys_t[index], cache.values[index]
-            keys_t[:, :, :, column] = qk[:, heads:]
-            values[:, :, column] = qkv[:, qk_width:].view(rows, kv_heads, head_dim)
-            q = qk[:, :heads].to(self.dtype).reshape(rows * kv_heads, group, head_dim)
-            scores = torch.baddbmm(bias, q, keys_t[..., : column + 1].flatten(0, 1), alpha=scale)
-            weights = scores.softmax(dim=-1, dtype=torch.float32).to(self.dtype)
-            attended = torch.bmm(weights, values[:, :, : column + 1].flatten(0, 1))
-            x = x + self.linear(attended.view(rows, heads * head_dim), layer.out, layer.out_bias)
+            cache.keys_t[index, :, :, :, column] = qk[:, heads:]
+            cache.values[index, :, :, column] = qkv[:, qk_width:].view(rows, kv_heads, head_dim)
+            attended = self._attend((qk[:, :heads] * head_dim**-0.5).to(self.dtype), cache, index)
+            x = x + self.linear(attended, layer.out, layer.out_bias)
             gate_up = self.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias)
             x = x + self.linear(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :],
                              layer.down, layer.down_bias)
+        cache.column += 1
         return self._logits(x)
+
+    def _attend(self, q: torch.Tensor, cache: SharedPromptCache, index: int) -> torch.Tensor:
+        """Layer `index`'s attention for the scaled queries `q` [rows, heads, head_dim] of one step:
+        [rows, heads x head_dim].
+
+        Scores against the prompt come from one matmul per prompt and key/value head over its G
+        samples' queries (rows that left are zeros there, and dropped after); scores against the
+        row's own tokens from one small matmul per row and key/value head, the query heads that
+        share a key/value head being that matmul's rows, so grouped-query attention needs no
+        copies of the cache. One softmax spans both parts.
+        """
+        rows, heads, head_dim = q.shape
+        prompts, samples, length = cache.prompts, cache.samples, cache.prompt_length
+        kv_heads, group, own = self.kv_heads, heads // self.kv_heads, cache.own_bias.shape[0]
+        grouped = q if cache.live is None else q.new_zeros((prompts * samples, heads, head_dim)).index_copy_(0, cache.slots, q)
+        grouped = grouped.view(prompts, samples, kv_heads, group, head_dim).transpose(1, 2)
+        prompt_scores = torch.bmm(grouped.reshape(prompts * kv_heads, samples * group, head_dim),
+                                  cache.prompt_keys_t[index].flatten(0, 1)).add_(cache.prompt_bias)
+        prompt_scores = prompt_scores.view(prompts, kv_heads, samples, group, length).transpose(1, 2)
+        own_scores = torch.bmm(q.view(rows * kv_heads, group, head_dim), cache.keys_t[index].flatten(0, 1))
+        own_scores = own_scores.add_(cache.own_bias)
+        if cache.live is None:
+            scores = torch.cat([prompt_scores, own_scores.view(prompts, samples, kv_heads, group, own)], dim=-1)
+        else:
+            scores = torch.cat([prompt_scores[cache.live], own_scores.view(rows, kv_heads, group, own)], dim=-1)
+        weights = scores.softmax(dim=-1, dtype=torch.float32).to(self.dtype).view(rows, kv_heads, group, length + own)
+        to_prompt = weights[..., :length]
+        if cache.live is not None:
+            to_prompt = weights.new_zeros((prompts * samples, kv_heads, group, length)).index_copy_(0, cache.slots, to_prompt)
+        to_prompt = to_prompt.reshape(prompts, samples, kv_heads, group, length).transpose(1, 2)
+        from_prompt = torch.bmm(to_prompt.reshape(prompts * kv_heads, samples * group, length),
+                                cache.prompt_values[index].flatten(0, 1))
+        from_prompt = from_prompt.view(prompts, kv_heads, samples, group, head_dim).transpose(1, 2)
+        from_prompt = from_prompt.reshape(rows, kv_heads, group, head_dim) if cache.live is None else from_prompt[cache.live]
+        from_own = torch.bmm(weights[..., length:].reshape(rows * kv_heads, group, own), cache.values[index].flatten(0, 1))
+        return (from_prompt + from_own.view(rows, kv_heads, group, head_dim)).view(rows, heads * head_dim)
 
 
 # --- decoding ------------------------------------------------------------------------------------------
 
 
 class _StaticDecoding:
-    """A batch decoding on `LlamaDecoder` and its static cache."""
+    """A batch decoding on `LlamaDecoder` and its shared-prompt cache."""
 
     def __init__(self, decoder: LlamaDecoder, input_ids, attention, samples_per_prompt: int, max_new_tokens: int):
         self.decoder = decoder
         device = input_ids.device
         prompts, length = input_ids.shape
-        self.column = length
         self.tables = decoder.rotary_tables(length + max_new_tokens, device)
         # Left padding shifts positions; explicit ids make every row's prompt start at 0.
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
-        self.cache = decoder.new_cache(prompts * samples_per_prompt, length + max_new_tokens, device)
-        self.first_logits = decoder.prefill(input_ids, attention.bool(), positions, self.cache, self.tables)
-        repeat = torch.arange(prompts, device=device).repeat_interleave(samples_per_prompt)
-        self.first_logits = self.first_logits[repeat]
-        self.next_position = positions[:, -1][repeat] + 1
-        # 0 where a row may attend, -inf on its left padding; generated columns are all 0.
-        self.bias = torch.zeros((prompts * samples_per_prompt, length + max_new_tokens), dtype=decoder.dtype,
-                                device=device)
-        self.bias[:, :length].masked_fill_(attention[repeat] == 0, float("-inf"))
+        self.cache = decoder.new_cache(prompts, samples_per_prompt, length, max_new_tokens, device)
+        first = decoder.prefill(input_ids, attention.bool(), positions, self.cache, self.tables)
+        self.first_logits = first.repeat_interleave(samples_per_prompt, dim=0)
+        self.next_position = positions[:, -1].repeat_interleave(samples_per_prompt) + 1
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep(rows)
-        self.next_position, self.bias = self.next_position[rows], self.bias[rows]
+        self.next_position = self.next_position[rows]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        kv_heads = self.decoder.kv_heads
-        bias = self.bias[:, None, : self.column + 1].repeat_interleave(kv_heads, dim=0)
-        logits = self.decoder.step(tokens, self.next_position, self.column, bias, self.cache, self.tables)
-        self.column += 1
+        logits = self.decoder.step(tokens, self.next_position, self.cache, self.tables)
         self.next_position = self.next_position + 1
         return logits
 

@@ -174,7 +174,8 @@ def continuation_for(tokenizer, rows, n, seed=0):
 
 def test_static_decoder_computes_the_models_forward(tiny):
     model, tokenizer = tiny
-    ours, reference = teacher_forced_logits(model, tokenizer, PROMPTS, continuation_for(tokenizer, 2, 12))
+    # 40 steps: the rows' own part of the cache grows twice (16 -> 32 -> 40 columns) on the way
+    ours, reference = teacher_forced_logits(model, tokenizer, PROMPTS, continuation_for(tokenizer, 2, 40))
     assert LlamaDecoder.unsupported(model) is None
     assert (ours - reference).abs().max() < 1e-4 * reference.abs().max()
 
@@ -244,3 +245,37 @@ def test_rows_that_leave_do_not_disturb_the_rest(tiny):
     out = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=20, temperature=None,
                          seed=0, device=CPU, stop_text=tokenizer.decode(alone[0][:n]))
     assert out.token_ids == [alone[0][:n], alone[1]] and n < len(alone[1])
+
+
+def test_shared_prompt_attention_is_exact_as_rows_leave(tiny):
+    # Three samples per prompt share each prompt's keys; rows leave at steps 3 and 17 (as stops
+    # make them; the own part of the cache has grown from 16 columns by then), and every row's
+    # logits must still be the model's own for its sequence.
+    model, tokenizer = tiny
+    samples, steps = 3, 20
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, attention = enc["input_ids"], enc["attention_mask"]
+    continuation = continuation_for(tokenizer, len(PROMPTS) * samples, steps, seed=4)
+    live = list(range(len(PROMPTS) * samples))
+    with torch.inference_mode():
+        decoding = _StaticDecoding(LlamaDecoder.of(model, torch.float32), ids, attention, samples, steps)
+        ours = {row: [decoding.first_logits[row]] for row in live}
+        for step in range(steps - 1):
+            if step in (3, 17):
+                keep = [p for p, row in enumerate(live) if row not in ({1, 4} if step == 3 else {0, 5})]
+                decoding.keep(torch.tensor(keep))
+                live = [live[p] for p in keep]
+            logits = decoding.step(continuation[live, step])
+            for position, row in enumerate(live):
+                ours[row].append(logits[position])
+        full = torch.cat([ids.repeat_interleave(samples, 0), continuation], 1)
+        full_attention = torch.cat([attention.repeat_interleave(samples, 0), torch.ones_like(continuation)], 1)
+        positions = (full_attention.cumsum(-1) - 1).clamp_min(0)
+        reference = model(input_ids=full, attention_mask=full_attention, position_ids=positions).logits
+    reference = reference[:, ids.shape[1] - 1 : -1]
+    assert live == [2, 3]  # what is left after both drops
+    for row, logits in ours.items():
+        got = torch.stack(logits)
+        assert len(got) == (4 if row in (1, 4) else 18 if row in (0, 5) else steps)
+        assert (got - reference[row, : len(got)]).abs().max() < 1e-4 * reference.abs().max(), row
