@@ -413,7 +413,7 @@ class LlamaDecoder:
         from_prompt = from_prompt.view(prompts, kv_heads, samples, group, head_dim).transpose(1, 2)
         from_prompt = from_prompt.reshape(rows, kv_heads, group, head_dim) if cache.live is None else from_prompt[cache.live]
         from_own = torch.bmm(weights[..., length:].reshape(rows * kv_heads, group, own), cache.values[index].flatten(0, 1))
-        return (from_prompt + from_own.view(rows, kv_heads, group, head_dim)).view(rows, heads * head_dim)
+        return (from_prompt + from_own.view(rows, kv_heads, group, head_dim)).reshape(rows, heads * head_dim)
 
 
 # --- decoding ------------------------------------------------------------------------------------------

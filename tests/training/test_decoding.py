@@ -247,6 +247,19 @@ def test_rows_that_leave_do_not_disturb_the_rest(tiny):
     assert out.token_ids == [alone[0][:n], alone[1]] and n < len(alone[1])
 
 
+def test_shared_prompt_attention_is_exact_for_one_prompt(tiny):
+    model, tokenizer = tiny
+    tokenizer.padding_side = "left"
+    enc = tokenizer(PROMPTS[:1], return_tensors="pt", add_special_tokens=False)
+    continuation = continuation_for(tokenizer, 2, 6, seed=5)
+    with torch.inference_mode():
+        decoding = _StaticDecoding(LlamaDecoder.of(model, torch.float32), enc["input_ids"], enc["attention_mask"], 2, 6)
+        ours = torch.stack([decoding.first_logits] + [decoding.step(column) for column in continuation.T[:-1]], 1)
+        reference = model(input_ids=torch.cat([enc["input_ids"].expand(2, -1), continuation], 1)).logits
+    reference = reference[:, enc["input_ids"].shape[1] - 1 : -1]
+    assert (ours - reference).abs().max() < 1e-4 * reference.abs().max()
+
+
 def test_shared_prompt_attention_is_exact_as_rows_leave(tiny):
     # Three samples per prompt share each prompt's keys; rows leave at steps 3 and 17 (as stops
     # make them; the own part of the cache has grown from 16 columns by then), and every row's
