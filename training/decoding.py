@@ -169,38 +169,43 @@ def _is_plain_linear(module) -> bool:
     )
 
 
-def _effective_linear(module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A linear layer's weight and bias, with its active, unmerged LoRA adapters folded in."""
+def _linear_parts(module) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor, float]]]:
+    """A linear layer's weight and bias, and its active, unmerged LoRA adapters as (B, A, scale):
+    its effective weight is weight + sum of scale x B @ A."""
     base = getattr(module, "base_layer", None)
     if base is None:
-        return module.weight, module.bias
-    weight, bias = base.weight, base.bias
+        return module.weight, module.bias, []
+    bias, adapters = base.bias, []
     if module.disable_adapters:
-        return weight, bias
+        return base.weight, bias, adapters
     for name in module.active_adapters:
         if name not in module.lora_A or name in module.merged_adapters:
             continue
-        weight = weight + module.get_delta_weight(name)
+        adapters.append((module.lora_B[name].weight, module.lora_A[name].weight, module.scaling[name]))
         if module.lora_bias.get(name, False):
             extra = module.lora_B[name].bias * module.scaling[name]
             bias = extra if bias is None else bias + extra
-    return weight, bias
+    return base.weight, bias, adapters
 
 
-def _stack(parts: list[tuple[torch.Tensor, torch.Tensor | None]], dtype, pack) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weights (and biases) of linear layers that read the same input, as one layer, in `dtype`,
-    laid out by `pack` for the matmul that will use them. Each weight is read once: the copy into
-    the stacked tensor is also the cast (a single fp32 layer is not copied at all)."""
-    if len(parts) == 1:
+def _stack(modules: list, dtype, pack) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The linear layers `modules`, which read the same input, as one layer in `dtype` (LoRA
+    adapters folded in), laid out by `pack` for the matmul that will use it. Each weight is read
+    once: the copy into the stacked tensor is also the cast, and a LoRA merge is one addmm per
+    adapter, in fp32. A single plain fp32 layer is not copied at all."""
+    parts = [_linear_parts(m) for m in modules]
+    if len(parts) == 1 and not parts[0][2]:
         weight = parts[0][0].to(dtype).contiguous()
     else:
-        weight = torch.empty((sum(w.shape[0] for w, _ in parts), parts[0][0].shape[1]), dtype=dtype,
+        weight = torch.empty((sum(w.shape[0] for w, _, _ in parts), parts[0][0].shape[1]), dtype=dtype,
                              device=parts[0][0].device)
-        for rows, (w, _) in zip(weight.split([w.shape[0] for w, _ in parts]), parts):
+        for rows, (w, _, adapters) in zip(weight.split([w.shape[0] for w, _, _ in parts]), parts):
+            for b, a, scale in adapters:
+                w = torch.addmm(w, b, a, alpha=scale)
             rows.copy_(w)
-    if all(b is None for _, b in parts):
+    if all(b is None for _, b, _ in parts):
         return pack(weight), None
-    bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in parts])
+    bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b, _ in parts])
     return pack(weight), bias.to(dtype)
 
 
@@ -250,15 +255,15 @@ class LlamaDecoder:
         packer = _onednn_packer(dtype, device, rows)
         self.linear = F.linear if packer is None else _onednn_linear
         pack = packer or (lambda weight: weight)
-        self.lm_head = pack(_effective_linear(causal_lm.lm_head)[0].to(dtype).contiguous())
+        self.lm_head = _stack([causal_lm.lm_head], dtype, pack)[0]
         self.intermediate = config.intermediate_size
         self.layers = []
         for block in body.layers:
             attention, mlp = block.self_attn, block.mlp
-            qkv = _stack([_effective_linear(getattr(attention, n)) for n in ("q_proj", "k_proj", "v_proj")], dtype, pack)
-            out = _stack([_effective_linear(attention.o_proj)], dtype, pack)
-            gate_up = _stack([_effective_linear(mlp.gate_proj), _effective_linear(mlp.up_proj)], dtype, pack)
-            down = _stack([_effective_linear(mlp.down_proj)], dtype, pack)
+            qkv = _stack([attention.q_proj, attention.k_proj, attention.v_proj], dtype, pack)
+            out = _stack([attention.o_proj], dtype, pack)
+            gate_up = _stack([mlp.gate_proj, mlp.up_proj], dtype, pack)
+            down = _stack([mlp.down_proj], dtype, pack)
             self.layers.append(_Layer(block.input_layernorm.weight, *qkv, *out, block.post_attention_layernorm.weight,
                                       *gate_up, *down))
 

@@ -105,3 +105,13 @@ def test_roofline_smoke(capsys, monkeypatch, tmp_path):
     for row in rows:  # ours fp32, ours bf16 and generate: positive rates with their share of the roof
         assert float(row[4]) > 0 and float(row[9]) > 0 and float(row[-2]) > 0, row
     assert out.count("real round, sample_completions") == 2
+
+
+def test_gil_probe_smoke(tmp_path):
+    done = run_script("gil_probe.py", "--models-dir", str(tmp_path / "models"), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for phase in ("idle", "torch", "generate"):
+        row = next(line for line in out.splitlines() if line.startswith(f"{phase} "))
+        assert int(row.split()[1]) > 100, f"too few 1 ms wake-ups timed in the {phase} phase: {row}"
+    assert "p99 lateness, generate minus torch (the GIL's share):" in out
