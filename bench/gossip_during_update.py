@@ -81,7 +81,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sys.setswitchinterval for A, in seconds (Python's default: 0.005); to test the GIL")
     parser.add_argument("--busy", choices=("update", "generate"), default="update",
                         help="what the busy phases run back to back: GRPO updates, or generations of the round")
-
     parser.add_argument("--seed", type=int, default=0, help="model, task and sampling seed")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
     parser.add_argument("--smoke", action="store_true", help="tiny, one short cycle at 10/s: a quick check it runs")
@@ -211,7 +210,6 @@ class Trainer:
         self.reward_mean = sum(rewards) / len(rewards)
         self.real_signal = sum(1 for g in result.groups if len(set(g.rewards)) > 1)
         self.groups = result.groups
-        self.generated = result
         if args.force_signal:
             self.groups = [g if len(set(g.rewards)) > 1 else
                            g.model_copy(update={"rewards": [float(i % 2) for i in range(len(g.rewards))]})
