@@ -23,6 +23,16 @@ PROMPTS = [
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # A node's setting. With a thread per core on a machine whose cores other jobs also use, every
+    # small op waits for a descheduled OpenMP worker: these tests ran 10-30x slower that way.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     # A few random steps off the seeded init, so greedy paths differ between prompts and positions.
