@@ -7,6 +7,10 @@ node's default 2 x 2 clipped steps). Each seed runs once per tree, in its own pr
 
     git worktree add /tmp/sapo-before <commit>          # the tree to compare against
     .venv/bin/python bench/equivalence.py --before /tmp/sapo-before --seeds 4
+    .venv/bin/python bench/equivalence.py --before /tmp/sapo-before --generation-precision bf16
+
+`--generation-precision` is given to the trees whose `load_policy` takes it (the decoding
+precision, training/policy.py); an older tree without it samples in fp32, and says so.
 
 Sampling draws from a different random stream when the decoding loop changes, so single runs
 differ token by token; what must agree is the learning, seed-paired: the mean sampled reward over
@@ -30,7 +34,8 @@ PACKAGES = ("node", "protocol", "sampling", "training")
 HERE = Path(__file__).resolve().parent.parent
 
 
-def run_worker(seed: int, rounds: int) -> dict:
+def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
+    import inspect
     import random
 
     import torch
@@ -45,8 +50,12 @@ def run_worker(seed: int, rounds: int) -> dict:
     torch.set_num_threads(1)
     (spec,) = default_task_specs(["basic_arithmetic"])
     tasks = [spec.model_copy(update={"config": {**spec.config, "operators": ["+"]}})]
+    options = {}
+    if "generation_precision" in inspect.signature(load_policy).parameters:
+        options["generation_precision"] = generation_precision
     with tempfile.TemporaryDirectory() as models:
-        policy = load_policy("tiny", device="cpu", seed=seed, models_dir=Path(models))
+        policy = load_policy("tiny", device="cpu", seed=seed, models_dir=Path(models), **options)
+    sampled_in = "bf16" if getattr(policy, "generation_bf16", False) else "fp32"
     warm_start(policy, tasks, WarmStartSettings(steps=300, tag_rate=0.3, seed=seed))
     before = evaluate_greedy(policy, tasks, count=128, dataset_seed=999, max_new_tokens=24)
     settings = TrainingSettings(lr=1e-4, max_new_tokens=24, generations=8)
@@ -60,7 +69,8 @@ def run_worker(seed: int, rounds: int) -> dict:
         rewards.append(sum(batch) / len(batch))
         grpo_update(policy, optimizer, generation.groups, settings, rng)
     after = evaluate_greedy(policy, tasks, count=128, dataset_seed=999, max_new_tokens=24)
-    return {"seed": seed, "sampled_mean": statistics.fmean(rewards), "greedy_before": before, "greedy_after": after}
+    return {"seed": seed, "sampled_mean": statistics.fmean(rewards), "greedy_before": before, "greedy_after": after,
+            "generation": sampled_in}
 
 
 def tree_path(tree: Path) -> Path:
@@ -72,9 +82,10 @@ def tree_path(tree: Path) -> Path:
     return root
 
 
-def run_tree(tree: Path, seed: int, rounds: int) -> dict:
+def run_tree(tree: Path, seed: int, rounds: int, generation_precision: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree_path(tree)))
-    command = [sys.executable, __file__, "--worker", str(seed), "--rounds", str(rounds)]
+    command = [sys.executable, __file__, "--worker", str(seed), "--rounds", str(rounds),
+               "--generation-precision", generation_precision]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     for line in done.stdout.splitlines():
         if line.startswith(RESULT_MARKER):
@@ -88,19 +99,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=Path, default=HERE, help="source tree under test (default: this one)")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--generation-precision", choices=("auto", "fp32", "bf16"), default="fp32",
+                        help="decoding precision, for trees that have the setting (default fp32: the code alone differs)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         import sapo.training
 
         assert sapo.training.__path__, "sapo not importable"
-        print(RESULT_MARKER + json.dumps(run_worker(args.worker, args.rounds) | {"tree": str(Path(sapo.training.__path__[0]).resolve().parent)}), flush=True)
+        print(RESULT_MARKER + json.dumps(run_worker(args.worker, args.rounds, args.generation_precision) | {"tree": str(Path(sapo.training.__path__[0]).resolve().parent)}), flush=True)
         return 0
     if args.before is None:
         parser.error("--before TREE is required")
     rows = []
     for seed in range(args.seeds):
-        before, after = run_tree(args.before, seed, args.rounds), run_tree(args.after, seed, args.rounds)
+        before = run_tree(args.before, seed, args.rounds, args.generation_precision)
+        after = run_tree(args.after, seed, args.rounds, args.generation_precision)
+        if seed == 0:
+            print(f"sampling precision: {before['generation']} (before), {after['generation']} (after)", flush=True)
         rows.append((seed, before, after))
         print(f"seed {seed}: sampled mean {before['sampled_mean']:.3f} -> {after['sampled_mean']:.3f}   "
               f"greedy {before['greedy_before']:.3f}->{before['greedy_after']:.3f} (before)  "

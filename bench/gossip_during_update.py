@@ -1,4 +1,4 @@
-"""Gossip latency while a node is in its GRPO update, against the same node idle.
+"""Gossip latency while a node is in its GRPO update (or its generation), against the same node idle.
 
 The node keeps its torch work off the trio thread (`trio.to_thread.run_sync`, as node/round.py
 does) so that the network stays responsive. This measures whether it does:
@@ -24,6 +24,11 @@ late a 10 ms sleep wakes up) is printed beside it: it is what a slow delivery wa
     .venv/bin/python bench/gossip_during_update.py                              # tiny, 3 cycles
     .venv/bin/python bench/gossip_during_update.py --model smollm2-135m --lora  # the real figure
     .venv/bin/python bench/gossip_during_update.py --smoke                      # tiny, one 5 s cycle
+    .venv/bin/python bench/gossip_during_update.py --busy generate --switch-interval 0.001   # generation
+
+With `--busy generate` the busy phases run `generate_groups` on the round's questions back to back
+instead (the per-token decoding loop and the verifier, which hold the GIL between torch ops);
+`--switch-interval` tries the GIL remedy a daemon can set.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--settle-seconds", type=float, default=2.0, help="wait after connecting, for the mesh")
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="sys.setswitchinterval for A, in seconds (Python's default: 0.005); to test the GIL")
+    parser.add_argument("--busy", choices=("update", "generate"), default="update",
+                        help="what the busy phases run back to back: GRPO updates, or generations of the round")
     parser.add_argument("--seed", type=int, default=0, help="model, task and sampling seed")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
     parser.add_argument("--smoke", action="store_true", help="tiny, one short cycle at 10/s: a quick check it runs")
@@ -207,6 +214,7 @@ class Trainer:
             self.groups = [g if len(set(g.rewards)) > 1 else
                            g.model_copy(update={"rewards": [float(i % 2) for i in range(len(g.rewards))]})
                            for g in result.groups]
+        return result
 
     def update(self):
         from sapo.training.update import grpo_update
@@ -277,13 +285,18 @@ async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[
                     record.windows.append(("idle", start, time.time()))
                     start = time.time()
                     while True:
-                        stats = await trio.to_thread.run_sync(trainer.update)
-                        record.skipped += stats.skipped
-                        record.update_seconds.append(stats.seconds)
-                        record.update_tokens.append(stats.tokens)
+                        if args.busy == "update":
+                            stats = await trio.to_thread.run_sync(trainer.update)
+                            record.skipped += stats.skipped
+                            record.update_seconds.append(stats.seconds)
+                            record.update_tokens.append(stats.tokens)
+                        else:
+                            result = await trio.to_thread.run_sync(trainer.generate, args)
+                            record.update_seconds.append(result.seconds)
+                            record.update_tokens.append(result.new_tokens)
                         if time.time() - start >= args.busy_seconds:
                             break
-                    record.windows.append(("update", start, time.time()))
+                    record.windows.append((args.busy, start, time.time()))
                 await trio.sleep(0.5)  # the last frames in flight land
                 sender.stdin.write("stop\n")
                 sender.stdin.flush()
@@ -313,50 +326,52 @@ class PhaseFigures:
     seconds: float = 0.0
 
 
-def phase_of(windows: list[tuple[str, float, float]], sent: float, received: float | None) -> str | None:
-    """'update' if the flight overlaps a busy phase, else the phase that holds all of it."""
+def phase_of(windows: list[tuple[str, float, float]], sent: float, received: float | None,
+             busy: str = "update") -> str | None:
+    """The busy phase if the flight overlaps one, else the phase that holds all of it."""
     end = sent if received is None else received
     for phase, start, stop in windows:
-        if phase == "update" and sent <= stop and end >= start:
-            return "update"
+        if phase == busy and sent <= stop and end >= start:
+            return busy
     for phase, start, stop in windows:
         if start <= sent and end <= stop:
             return phase
     return None
 
 
-def figures(record: Record, sent: dict[int, float]) -> dict[str, PhaseFigures]:
+def figures(record: Record, sent: dict[int, float], busy: str = "update") -> dict[str, PhaseFigures]:
     phases = {name: PhaseFigures() for name in ("idle", "update", "generate")}
     for name, start, stop in record.windows:
         phases[name].seconds += stop - start
     for seq, sent_at in sent.items():
         received = record.received.get(seq)
-        phase = phase_of(record.windows, sent_at, received[1] if received else None)
+        phase = phase_of(record.windows, sent_at, received[1] if received else None, busy)
         if phase is None:
             continue  # sent before the first phase or after the last
         phases[phase].sent += 1
         if received:
             phases[phase].latencies.append(received[1] - received[0])
     for woke, late in record.lag:
-        phase = phase_of(record.windows, woke - LAG_PROBE_SECONDS - late, woke)
+        phase = phase_of(record.windows, woke - LAG_PROBE_SECONDS - late, woke, busy)
         if phase is not None:
             phases[phase].lag.append(late)
     return phases
 
 
 def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sent: dict[int, float]) -> float:
-    phases = figures(record, sent)
+    phases = figures(record, sent, args.busy)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     ms = lambda values, q: f"{1e3 * percentile(values, q):.1f}" if values else "-"  # noqa: E731
     print()
     print(
-        f"gossip latency during a GRPO update: receiver A (trio, real GossipService, grpo_update in "
+        f"gossip latency during a GRPO {'update' if args.busy == 'update' else 'generation'}: receiver A (trio, real "
+        f"GossipService, {'grpo_update' if args.busy == 'update' else 'generate_groups'} in "
         f"trio.to_thread.run_sync) and sender B (own OS process) on 127.0.0.1, {args.rate:g} RolloutGroup frames/s"
     )
     print(
         f"model {args.model}, {'LoRA r=16' if args.lora else 'full fine-tuning'}, torch threads {args.threads}, "
         f"round {args.questions} questions x {args.generations} generations, max_new_tokens {args.max_new_tokens}, "
-        f"{args.cycles} x ({args.idle_seconds:g} s idle + {args.busy_seconds:g} s of updates), "
+        f"{args.cycles} x ({args.idle_seconds:g} s idle + {args.busy_seconds:g} s of {args.busy.replace('generate', 'generation')}s), "
         f"GIL switch interval {1e3 * sys.getswitchinterval():g} ms"
     )
     print(
@@ -369,15 +384,21 @@ def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sen
         rows.append([name, f"{p.seconds:.1f}", str(len(p.latencies)), f"{len(p.latencies)} / {p.sent}",
                      ms(p.latencies, 50), ms(p.latencies, 99), ms(p.latencies, 100), ms(p.lag, 99), ms(p.lag, 100)])
     print_rows(rows)
-    idle, busy = phases["idle"].latencies, phases["update"].latencies
+    idle, busy = phases["idle"].latencies, phases[args.busy].latencies
     ratio = percentile(busy, 99) / percentile(idle, 99) if idle and busy else float("nan")
-    print(f"ratio p99(update) / p99(idle): {ratio:.2f} (target <= 2: {'met' if ratio <= 2 else 'NOT met'})")
+    target = 2.0 if args.busy == "update" else 1.5
+    print(f"ratio p99({args.busy}) / p99(idle): {ratio:.2f} (target <= {target:g}: {'met' if ratio <= target else 'NOT met'})")
     seconds = record.update_seconds
+    if args.busy == "update":
+        work = (f"updates: {len(seconds)} ({record.skipped} skipped), seconds p50 / max {percentile(seconds, 50):.2f} / "
+                f"{max(seconds):.2f}, {sum(record.update_tokens) // max(1, len(seconds))} completion tokens each")
+    else:
+        work = (f"generations: {len(seconds)}, seconds p50 / max {percentile(seconds, 50):.2f} / {max(seconds):.2f}, "
+                f"{sum(record.update_tokens) // max(1, len(seconds))} new tokens each "
+                f"({sum(record.update_tokens) / max(sum(seconds), 1e-9):.0f} tokens per wall second)")
     print(
-        f"updates: {len(seconds)} ({record.skipped} skipped), seconds p50 / max {percentile(seconds, 50):.2f} / "
-        f"{max(seconds):.2f}, {sum(record.update_tokens) // max(1, len(seconds))} completion tokens each; "
-        f"round reward {trainer.reward_mean:.3f}, {trainer.real_signal}/{len(trainer.groups)} groups with real signal"
-        + (" (the rest forced 0/1)" if args.force_signal else "")
+        f"{work}; round reward {trainer.reward_mean:.3f}, {trainer.real_signal}/{len(trainer.groups)} groups with real "
+        "signal" + (" (the rest forced 0/1)" if args.force_signal else "")
     )
     print(
         "setup: " + ", ".join(f"{k} {v:.1f}" for k, v in record.setup.items())

@@ -28,6 +28,11 @@ class ModelSettings(BaseModel):
         description="forward-pass precision: auto = bf16 autocast on CUDA GPUs that support it, fp32 on CPU and MPS; "
         "weights and optimizer state stay fp32",
     )
+    generation_precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="precision of the weights sampling runs on: auto = bf16 where the device multiplies bf16 in "
+        "hardware (CPUs with AVX512-BF16 or AMX, bf16-capable CUDA GPUs), else fp32; the update keeps --precision",
+    )
     lora_rank: int = Field(default=16, ge=1, le=512, description="LoRA rank r (alpha = 2r)")
     prompt_style: Literal["auto", "chat", "plain"] = Field(
         default="auto", description="chat template with system prompt, or the bare question (auto: plain for tiny models)"

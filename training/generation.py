@@ -52,6 +52,7 @@ def sample_completions(
         stop_text=ANSWER_CLOSE,
         stop=stop,
         autocast=policy.autocast,
+        weights_dtype=policy.generation_dtype,
     )
     texts = [_trim_after_answer(t) for t in policy.tokenizer.batch_decode(decoded.token_ids, skip_special_tokens=True)]
     grouped = [texts[i * num_generations : (i + 1) * num_generations] for i in range(len(prompts))]
@@ -118,5 +119,6 @@ def greedy_completions(policy: Policy, prompts: list[str], max_new_tokens: int) 
         device=policy.device,
         stop_text=ANSWER_CLOSE,
         autocast=policy.autocast,
+        weights_dtype=policy.generation_dtype,
     )
     return [_trim_after_answer(t) for t in policy.tokenizer.batch_decode(decoded.token_ids, skip_special_tokens=True)]

@@ -117,3 +117,37 @@ def test_discovery_benchmark_smoke():
     assert set(rows) == {"sapo", "rendezvous", "kademlia"}, done.stdout
     for mechanism, (formed, *_rest) in rows.items():
         assert formed != "nan", f"{mechanism} never reached its target: {done.stdout}"
+
+
+def test_roofline_smoke(capsys, monkeypatch, tmp_path):
+    # In this process, like the bandwidth smoke: torch and transformers are already imported.
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import roofline
+
+    threads = torch.get_num_threads()
+    try:
+        assert roofline.main(["--smoke", "--models-dir", str(tmp_path / "models")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    assert "matmul GFLOPS, weights streamed from memory" in out
+    shapes = [line.split()[0] for line in out.splitlines() if " x " in line and ("fp32" in line or "bf16" in line)]
+    assert {"q", "lm_head", "q|k|v", "gate|up", "down"} <= set(shapes), shapes
+    table = out[out.index("decoding, tokens per CPU second"):]
+    rows = [line.split() for line in table.splitlines() if line[:2] in ("1 ", "8 ")]
+    assert [r[0] for r in rows] == ["1", "8"], table
+    for row in rows:  # ours fp32, ours bf16 and generate: positive rates with their share of the roof
+        assert float(row[4]) > 0 and float(row[9]) > 0 and float(row[-2]) > 0, row
+    assert out.count("real round, sample_completions") == 2
+
+
+def test_gil_probe_smoke(tmp_path):
+    done = run_script("gil_probe.py", "--models-dir", str(tmp_path / "models"), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for phase in ("idle", "torch", "generate"):
+        row = next(line for line in out.splitlines() if line.startswith(f"{phase} "))
+        assert int(row.split()[1]) > 100, f"too few 1 ms wake-ups timed in the {phase} phase: {row}"
+    assert "p99 lateness, generate minus torch (the GIL's share):" in out

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sapo.training.config import TrainingSettings
-from sapo.training.policy import load_policy, use_bf16
+from sapo.training.policy import has_native_bf16, load_policy, use_bf16, use_bf16_generation
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
@@ -40,3 +40,36 @@ def test_bf16_policy_runs_its_forward_in_bf16_and_keeps_fp32_weights(tmp_path):
                         random.Random(0))
     assert not stats.skipped and torch.isfinite(torch.tensor(stats.loss))
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+
+
+def test_generation_precision_follows_the_hardware_unless_chosen(monkeypatch):
+    cpu = torch.device("cpu")
+    assert use_bf16_generation("fp32", cpu) is False and use_bf16_generation("bf16", cpu) is True
+    assert use_bf16_generation("auto", cpu) is has_native_bf16(cpu)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert use_bf16_generation("auto", cpu) is False  # an AVX2-only CPU emulates bf16: slower than fp32
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert use_bf16_generation("auto", cpu) is True
+    assert use_bf16_generation("auto", torch.device("mps")) is False
+    with pytest.raises(ValueError, match="generation precision"):
+        use_bf16_generation("fp16", cpu)
+
+
+def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_path, monkeypatch):
+    from sapo.training import decoding
+    from sapo.training.generation import sample_completions
+
+    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, generation_precision="bf16")
+    assert policy.generation_dtype == torch.bfloat16 and not policy.bf16  # the update stays fp32
+    built, real_of = [], decoding.LlamaDecoder.of
+
+    def recording_of(model, dtype, rows=32):
+        built.append(real_of(model, dtype, rows))
+        return built[-1]
+
+    monkeypatch.setattr(decoding.LlamaDecoder, "of", recording_of)
+    completions, tokens = sample_completions(policy, ["1+1="], num_generations=2, max_new_tokens=4)
+    assert tokens > 0 and len(completions[0]) == 2
+    assert built[0].layers[0].qkv.dtype == torch.bfloat16 and built[0].lm_head.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())

@@ -195,3 +195,22 @@ def test_package_without_gguf_is_reported(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec)
     with pytest.raises(ModelSourceError, match=r"SmolLM2-135M-Instruct.Q4_1.gguf is missing"):
         gguf_path()
+
+
+def test_decoder_matches_generate_on_smollm2(converted):
+    """The real model: greedy fp32 tokens as `generate` picks them, and bf16 close to fp32."""
+    from sapo.training.decoding import decode_samples
+    from tests.training.test_decoding import hf_greedy, teacher_forced_logits
+
+    _, model, tokenizer, _, _ = converted
+    prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in (
+        PROMPT, [{"role": "user", "content": "Name three colours, then say <answer>done</answer>."}])]
+    ours = decode_samples(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=16, temperature=None,
+                          seed=0, device=torch.device("cpu"))
+    assert ours.token_ids == hf_greedy(model, tokenizer, prompts, 16)
+    shortest = min(map(len, ours.token_ids))
+    continuation = torch.tensor([row[:shortest] for row in ours.token_ids])
+    low, reference = teacher_forced_logits(model, tokenizer, prompts, continuation, dtype=torch.bfloat16)
+    total_variation = (torch.softmax(reference, -1) - torch.softmax(low, -1)).abs().sum(-1) / 2
+    assert total_variation.max() < 0.1, total_variation
+    assert (low.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.9

@@ -77,7 +77,7 @@ def test_training_on_a_peers_text_raises_its_good_completion(problem, tmp_path, 
         return float((lp[0] * batch.completion_mask[0]).sum())
 
     before_good, before_bad = logprob_of(good), logprob_of(bad)
-    settings = TrainingSettings(lr=1e-3, max_new_tokens=64)
+    settings = TrainingSettings(lr=1e-3, max_new_tokens=64, off_policy_rows="all")  # the peer's failures train too
     optimizer = make_optimizer(pol, settings)
     for _ in range(3):
         stats = grpo_update(pol, optimizer, [g], settings, random.Random(0))
