@@ -53,6 +53,7 @@ class NodeMetrics:
         self.judge_score = Gauge("sapo_judge_score", "the open judge's pass@1 on this node's latest judged answer", registry=r)
         self.judged = Gauge("sapo_judged", "answers the judge has scored (this process)", registry=r)
         self.loading = Gauge("sapo_loading", "1 while the node loads its model or warm-starts, else 0", registry=r)
+        self.info = Gauge("sapo_node_info", "always 1; its labels name the node behind a scrape address", ["peer_id", "model"], registry=r)
         self._window: deque[float] = deque(maxlen=ma_window)
         self._seen: dict[str, float] = {}
 
@@ -87,6 +88,8 @@ class NodeMetrics:
 
     def observe_status(self, status: NodeStatus) -> None:
         """What changes between rounds, as the page sees it now."""
+        if status.peer_id:
+            self.info.labels(peer_id=status.peer_id, model=status.model or "").set(1)
         self.peers.set(sum(p.connected for p in status.peers))
         self.inbox.set(status.inbox_size)
         self.banned.set(len(status.bans))
