@@ -41,32 +41,35 @@ function movingAverage(values, window) {
 // Every series element carries data-series and data-points, which the browser test reads.
 function drawChart(svg, series, { yMax = null, yUnit = "", stacked = false } = {}) {
   const [W, H] = svg.getAttribute("viewBox").split(" ").slice(2).map(Number);
-  const pad = { l: 44, r: 12, t: 22, b: 26 };
+  const pad = { l: 48, r: 12, t: 10, b: 26 };
   svg.replaceChildren();
   const all = series.flatMap((s) => s.points);
   if (!all.length) {
     svg.append(el("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" }, "no round finished yet"));
+    legendOf(svg).replaceChildren();
     return;
   }
   const xs = all.map((p) => p[0]);
   let x0 = Math.min(...xs), x1 = Math.max(...xs);
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  const top = yMax ?? niceCeiling(Math.max(...(stacked ? stackTops(series) : all.map((p) => p[1]))));
+  const highest = Math.max(...(stacked ? stackTops(series) : all.map((p) => p[1])));
+  const step = niceStep((yMax ?? highest) / 4);
+  const top = yMax ?? step * Math.max(1, Math.ceil(highest / step - 1e-9));
   const X = (x) => pad.l + (x - x0) / (x1 - x0) * (W - pad.l - pad.r);
   const Y = (y) => H - pad.b - y / top * (H - pad.t - pad.b);
 
-  for (let i = 0; i <= 4; i++) {  // horizontal grid and y labels
-    const v = top * i / 4, y = Y(v);
-    svg.append(el("line", { x1: pad.l, x2: W - pad.r, y1: y, y2: y, class: i ? "grid" : "axis" }));
-    svg.append(el("text", { x: pad.l - 6, y: y + 4, "text-anchor": "end" }, `${+v.toFixed(2)}${yUnit}`));
+  for (let v = 0; v <= top + step / 2; v += step) {  // horizontal grid and y labels
+    const y = Y(v);
+    svg.append(el("line", { x1: pad.l, x2: W - pad.r, y1: y, y2: y, class: v ? "grid" : "axis" }));
+    svg.append(el("text", { x: pad.l - 6, y: y + 4, "text-anchor": "end" }, `${+v.toFixed(3)}${yUnit}`));
   }
-  for (const r of niceTicks(x0, x1, 6)) {  // rounds along the bottom
-    svg.append(el("text", { x: X(r), y: H - 8, "text-anchor": "middle" }, String(r)));
+  for (const r of niceTicks(x0, x1, 6)) {  // rounds along the bottom, clear of the "round" label
+    if (X(r) < W - pad.r - 50) svg.append(el("text", { x: X(r), y: H - 8, "text-anchor": "middle" }, String(r)));
   }
   svg.append(el("text", { x: W - pad.r, y: H - 8, "text-anchor": "end" }, "round"));
 
   let base = null;
-  let legendX = pad.l;
+  const legend = [];
   for (const s of series) {
     const pts = s.points;
     let shape;
@@ -80,20 +83,45 @@ function drawChart(svg, series, { yMax = null, yUnit = "", stacked = false } = {
       shape = el("g", { style: `fill: ${s.color}` });
       for (const [x, y] of pts) shape.append(el("circle", { cx: X(x), cy: Y(y), r: 3 }));
     } else {
-      shape = el("polyline", { points: pts.map(([x, y]) => `${X(x)},${Y(y)}`).join(" "),
-                               style: `stroke: ${s.color}; stroke-width: ${s.width ?? 1.8}; stroke-opacity: ${s.opacity ?? 1}` });
-      if (s.dash) shape.setAttribute("stroke-dasharray", "5 4");
+      // A path, broken where rounds are missing (rounds without external groups have no
+      // external reward): a line across a gap would show values that never were.
+      const gap = 1.5 * medianStep(pts);
+      const joined = (i, j) => j >= 0 && j < pts.length && Math.abs(pts[j][0] - pts[i][0]) <= gap;
+      const d = pts.map(([x, y], i) => `${joined(i, i - 1) ? "L" : "M"}${X(x)},${Y(y)}`).join(" ");
+      shape = el("g");
+      const line = el("path", { d, class: "series",
+                                style: `stroke: ${s.color}; stroke-width: ${s.width ?? 1.8}; stroke-opacity: ${s.opacity ?? 1}` });
+      if (s.dash) line.setAttribute("stroke-dasharray", "5 4");
+      shape.append(line);
+      pts.forEach(([x, y], i) => {  // a point with no neighbour would be invisible as a path
+        if (!joined(i, i - 1) && !joined(i, i + 1)) shape.append(el("circle", { cx: X(x), cy: Y(y), r: 2.5, style: `fill: ${s.color}` }));
+      });
     }
     shape.setAttribute("data-series", s.key);
     shape.setAttribute("data-points", String(pts.length));
     svg.append(shape);
-    if (s.legend !== false && pts.length) {
-      svg.append(el("rect", { x: legendX, y: 6, width: 10, height: 10, style: `fill: ${s.color}` }));
-      const label = el("text", { x: legendX + 14, y: 15 }, s.name);
-      svg.append(label);
-      legendX += 22 + 6.2 * s.name.length;
+    if (pts.length) {
+      const item = el("span");
+      item.append(el("i", { style: `background: ${s.color}` }), s.name);
+      legend.push(item);
     }
   }
+  legendOf(svg).replaceChildren(...legend);
+}
+
+// The legend is HTML under the chart, so long names wrap instead of running off the plot.
+function legendOf(svg) {
+  let legend = svg.nextElementSibling;
+  if (!legend || !legend.classList.contains("legend")) {
+    legend = el("div", { class: "legend" });
+    svg.after(legend);
+  }
+  return legend;
+}
+
+function medianStep(pts) {
+  const steps = pts.slice(1).map((p, i) => p[0] - pts[i][0]).sort((a, b) => a - b);
+  return steps.length ? steps[Math.floor(steps.length / 2)] : 1;
 }
 
 function stackTops(series) {
@@ -101,11 +129,11 @@ function stackTops(series) {
   return Array.from({ length: n }, (_, i) => series.reduce((sum, s) => sum + (s.points[i]?.[1] ?? 0), 0));
 }
 
-// The smallest 1, 2, 2.5 or 5 times a power of ten at or above x: round grid lines.
-function niceCeiling(x) {
-  if (!(x > 0)) return 1;
+// A round grid step at or above x: 1, 2, 2.5 or 5 times a power of ten.
+function niceStep(x) {
+  if (!(x > 0)) return 0.25;
   const mag = 10 ** Math.floor(Math.log10(x));
-  return [1, 2, 2.5, 5, 10].map((m) => m * mag).find((v) => v >= x);
+  return [1, 2, 2.5, 5, 10].map((m) => m * mag).find((v) => v >= x * (1 - 1e-9));
 }
 
 function niceTicks(a, b, count) {
