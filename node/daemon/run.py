@@ -49,7 +49,7 @@ INCOMING_BUFFER = 256
 # What each signal means to the person who sent it.
 SIGNAL_MEANING = {
     signal.SIGINT: "Ctrl-C",
-    signal.SIGTERM: "a stop request: `sapo-node swarm` forwards its Ctrl-C as SIGTERM, so do docker stop and systemd",
+    signal.SIGTERM: "a stop request: the swarm's Ctrl-C, docker stop or systemd",
 }
 
 

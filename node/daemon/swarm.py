@@ -124,8 +124,8 @@ def progress_line(members: list[SwarmMember]) -> str:
 
 
 async def _start_member(member: SwarmMember, command: list[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run one node; report its listen address once it prints it, print its page and log,
-    and relay nothing else (its output goes to its log)."""
+    """Run one node; report its listen address once it has printed that and its page, and
+    relay nothing else (its output goes to its log)."""
     member.data_dir.mkdir(parents=True, exist_ok=True)
     # Unbuffered: the node's stdout (relayed here) and its stderr (written straight to the
     # file) must land in the order they happened.
@@ -136,23 +136,24 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
     buffer = b""
     try:
         async for chunk in process.stdout:
-            log_file.write(chunk)
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            # Whole lines only: the node's stderr goes to the same file between our writes.
+            log_file.write(b"".join(line + b"\n" for line in lines))
             for line in (raw.decode(errors="replace").strip() for raw in lines):
                 if address is None and (match := LISTEN_LINE.match(line)):
                     address = match.group(1)
-                    task_status.started(address)
                 elif member.page is None and (match := PAGE_LINE.match(line)):
                     member.page = match.group(1)
-                    print(f"node {member.index}: page {member.page}  log {member.log_path}", flush=True)
+                    if address is not None:
+                        task_status.started(address)  # the page line follows the listening lines
                 elif READY_LINE.match(line):
                     member.ready.set()
+        log_file.write(buffer)
         await process.wait()
     finally:
         member.ready.set()
         log_file.close()
-    if address is None:
+    if member.page is None:
         raise RuntimeError(f"node {member.index} exited (code {process.returncode}) before listening; see {member.log_path}")
 
 
@@ -213,12 +214,13 @@ async def run_swarm(
                         addresses.append(await node_nursery.start(_start_member, m, command))
                         if m.index == 0:
                             print(f"bootstrap node: {addresses[0]}", flush=True)
-                            if nodes > 1:
-                                print(f"nodes 1-{nodes - 1} start once node 0 has loaded the model they share "
-                                      f"(its progress: its page, or {m.log_path})", flush=True)
-                                await m.ready.wait()
-                                if m.process.returncode is not None:
-                                    raise RuntimeError(f"node 0 exited (code {m.process.returncode}) while loading; see {m.log_path}")
+                        print(f"node {m.index}: page {m.page}  log {m.log_path}", flush=True)
+                        if m.index == 0 and nodes > 1:
+                            others = "node 1 starts" if nodes == 2 else f"nodes 1-{nodes - 1} start"
+                            print(f"{others} once node 0 has loaded the model they share (its page shows the progress)", flush=True)
+                            await m.ready.wait()
+                            if m.process.returncode is not None:
+                                raise RuntimeError(f"node 0 exited (code {m.process.returncode}) while loading; see {m.log_path}")
                     node_nursery.start_soon(_report, members, progress_every)
                     while any(m.process.returncode is None for m in members):
                         await trio.sleep(0.5)
