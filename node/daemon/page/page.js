@@ -194,6 +194,11 @@ function render(s) {
     { key: "external", name: "external groups' reward", color: "var(--external)", points: series((p) => p.external_reward), dash: true },
     { key: "heldout", name: "held-out accuracy", color: "var(--heldout)", points: series((p) => p.heldout), dots: true },
   ], { yMax: Math.max(1, ...reward.map((p) => p[1])) });
+  $("heldout").hidden = !s.heldout;
+  if (s.heldout) {
+    $("heldout").textContent = `Held-out accuracy at round ${s.heldout_round}, by task: ` +
+      Object.entries(s.heldout).map(([task, v]) => `${task} ${fmt(v, 2)}`).join(", ");
+  }
   drawChart($("format-chart"), [
     { key: "format", name: "format rate", color: "var(--format)", points: series((p) => p.format_rate) },
   ], { yMax: 1 });
