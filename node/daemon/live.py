@@ -15,6 +15,7 @@ import trio
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.daemon.status import (
+    MAX_POINTS,
     CurvePoint,
     JudgeStatus,
     NodeStatus,
@@ -155,6 +156,7 @@ class LiveStatus:
             last_score=scores[-1][1] if scores else None,
             judged=len(scores),
             mean_score=sum(s for _, s in scores) / len(scores) if scores else None,
+            scores=scores[-MAX_POINTS:],
             failures={k: v for k, v in judge.counters.items() if k != "judged"},
         )
 

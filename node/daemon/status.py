@@ -66,6 +66,7 @@ class JudgeStatus(BaseModel):
     last_score: float | None = Field(default=None, description="pass@1 of the latest judged answer")
     judged: int = 0
     mean_score: float | None = None
+    scores: list[tuple[int, float]] = Field(default_factory=list, description="(round, pass@1), the latest MAX_POINTS")
     failures: dict[str, int] = Field(default_factory=dict)
 
 
@@ -258,12 +259,12 @@ SPARKS = "▁▂▃▄▅▆▇█"
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
-    """The last `width` values as block characters, scaled from 0 to max(1, largest)."""
+    """The last `width` values as block characters, from 0 (lowest block) to the largest of them."""
     values = values[-width:]
     if not values:
         return ""
-    top = max(1.0, max(values))
-    return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1) + 0.5))] for v in values)
+    top = max(values) or 1.0
+    return "".join(SPARKS[min(len(SPARKS) - 1, int(max(0.0, v) / top * (len(SPARKS) - 1) + 0.5))] for v in values)
 
 
 def _ago(seconds: float) -> str:
@@ -307,10 +308,14 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
             f"reward     {last.reward:.3f}  accuracy {last.accuracy:.3f}  format {last.format_rate:.2f}  "
             f"cumulative {status.cumulative_reward:.2f}"
         )
-        lines.append(f"           {sparkline([p.reward for p in points])}  (reward, last {min(40, len(points))} points)")
-        external = [p.external_reward for p in points if p.external_reward is not None]
+        recent = [p.reward for p in points][-40:]
+        lines.append(f"           {sparkline(recent)}  (reward, last {len(recent)} points, 0 to {max(recent):.2f})")
+        external = [p for p in points if p.external_reward is not None]
         if external:
-            lines.append(f"external   {external[-1]:.3f} on {last.external_groups:g} group(s) last round (this node's verifier)")
+            e = external[-1]
+            lines.append(
+                f"external   {e.external_reward:.3f} on {e.external_groups:g} group(s) at round {e.round} (this node's verifier)"
+            )
         else:
             lines.append("external   no external groups trained on yet")
         if status.heldout:

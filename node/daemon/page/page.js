@@ -193,6 +193,7 @@ function render(s) {
     { key: "accuracy", name: "local accuracy", color: "var(--accuracy)", points: series((p) => p.accuracy) },
     { key: "external", name: "external groups' reward", color: "var(--external)", points: series((p) => p.external_reward), dash: true },
     { key: "heldout", name: "held-out accuracy", color: "var(--heldout)", points: series((p) => p.heldout), dots: true },
+    ...(s.judge ? [{ key: "judge", name: "judge pass@1", color: "var(--judge)", points: s.judge.scores, dots: true }] : []),
   ], { yMax: Math.max(1, ...reward.map((p) => p[1])) });
   $("heldout").hidden = !s.heldout;
   if (s.heldout) {

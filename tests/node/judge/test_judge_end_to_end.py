@@ -74,7 +74,7 @@ def test_two_nodes_are_judged_and_results_survive_a_judge_restart(tmp_path, node
     # what the node's page and `sapo-node status` show: its latest pass@1 (status.json, every 5 s)
     def judged_in_status(node):
         judge = status_from_data_dir(node.data_dir).judge
-        return judge is not None and judge.judged >= 1 and 0.0 <= judge.last_score <= 1.0 and judge.address == address
+        return judge is not None and judge.judged >= 1 and 0.0 <= judge.last_score <= 1.0 and judge.address == address and judge.scores
 
     wait_for(lambda: judged_in_status(first), timeout=30, what="the node's status to show the judge's score")
     for node in (first, second):
