@@ -84,9 +84,10 @@ def test_long_runs_are_binned_to_at_most_max_points_with_the_newest_round_last()
     assert binned(points[:10]) == points[:10]
 
 
-def test_sparkline_scales_to_one_or_the_largest_value():
+def test_sparkline_runs_from_zero_to_the_largest_value():
     assert sparkline([0, 0.5, 1]) == "▁▅█"
-    assert sparkline([0, 2]) == "▁█"
+    assert sparkline([0, 0.1, 0.2]) == "▁▅█"
+    assert sparkline([0, 0]) == "▁▁"
     assert sparkline([]) == ""
 
 
@@ -107,6 +108,6 @@ def test_status_command_prints_the_summary_and_json(tmp_path):
     write_rounds(tmp_path, [record(1), record(2)])
     text = sapo_node("status", str(tmp_path))
     assert text.returncode == 0, text.stderr
-    assert "round 2" in text.stdout and "external   0.250 on 2 group(s)" in text.stdout
+    assert "round 2" in text.stdout and "external   0.250 on 2 group(s) at round 2" in text.stdout
     as_json = sapo_node("status", str(tmp_path), "--json")
     assert NodeStatus.model_validate_json(as_json.stdout).round == 2
