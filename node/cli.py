@@ -1,5 +1,5 @@
 """`sapo-node`: one entry point for the node's programs, each in its own subpackage:
-the daemon (`start`, `swarm`, `plot`), the study (`experiment`) and the judge (`judge`)."""
+the daemon (`start`, `swarm`, `status`, `plot`), the study (`experiment`) and the judge (`judge`)."""
 
 from __future__ import annotations
 

@@ -360,6 +360,24 @@ class GossipService:
             return []
         return sorted(peer.to_base58() for peer in open_peers(self._host))
 
+    def peer_addresses(self) -> dict[str, list[str]]:
+        """The transport address of each open connection, per connected peer (for the status page)."""
+        if self._host is None:
+            return {}
+        network = self._host.get_network()
+        found: dict[str, list[str]] = {}
+        for peer in open_peers(self._host):
+            addresses = []
+            for connection in network.get_connections(peer):
+                if connection.is_closed:
+                    continue
+                try:
+                    addresses += [str(a) for a in connection.get_transport_addresses()]
+                except Exception:  # noqa: BLE001 - a connection closing under us
+                    continue
+            found[peer.to_base58()] = sorted(set(addresses))
+        return found
+
     async def publish(self, data: bytes) -> bool:
         """Sign and gossip `data`; False (and counted) if it was dropped here."""
         if self._pubsub is None:

@@ -14,9 +14,13 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
-from pathlib import Path
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,50 +84,132 @@ def specialist_pool(sampler: TaskSampler, settings: WarmStartSettings, size: int
     return list(pool.values())
 
 
+@dataclass(frozen=True)
+class WarmStartProgress:
+    """Where a warm start is, after `step` of `total` steps."""
+
+    step: int
+    total: int
+    elapsed: float
+    loss: float
+
+    @property
+    def seconds_left(self) -> float | None:
+        return self.elapsed / self.step * (self.total - self.step) if self.step else None
+
+
+# Who else follows the warm start besides the terminal (the daemon's status page). A context
+# variable rather than an argument because the warm start runs deep inside the node's
+# constructor; trio.to_thread.run_sync carries the caller's context into its worker thread.
+# A watcher may raise to abandon the warm start (the daemon does on Ctrl-C); nothing is cached then.
+_watcher: ContextVar[Callable[[WarmStartProgress], None] | None] = ContextVar("warm_start_watcher", default=None)
+
+# Without a terminal (a log file), a progress line this often instead of a bar.
+LOG_EVERY_SECONDS = 10.0
+
+
+@contextmanager
+def watching_warm_start(watcher: Callable[[WarmStartProgress], None]) -> Iterator[None]:
+    """Call `watcher` after every warm-start step run inside this block (and in worker
+    threads started from it)."""
+    token = _watcher.set(watcher)
+    try:
+        yield
+    finally:
+        _watcher.reset(token)
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class _ProgressReport:
+    """A tqdm bar on a terminal; in a log file, a line every LOG_EVERY_SECONDS instead of a
+    bar's carriage returns. Either way with the time left, and the watcher after each step."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+
+        self.total = total
+        self.started = time.perf_counter()
+        self.last_line = self.started
+        self.watcher = _watcher.get()
+        on_terminal = sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc="warm start", unit="step", file=sys.stderr, disable=not on_terminal, dynamic_ncols=True)
+
+    def step(self, done: int, loss: float) -> None:
+        now = time.perf_counter()
+        progress = WarmStartProgress(done, self.total, now - self.started, loss)
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if self.bar.disable and (now - self.last_line >= LOG_EVERY_SECONDS or done == self.total):
+            self.last_line = now
+            left = progress.seconds_left
+            log.info(
+                "warm start: %d/%d steps, loss %.3f, %s", done, self.total, loss,
+                "done" if done == self.total else f"about {_duration(left or 0)} left",
+            )
+        if self.watcher is not None:
+            self.watcher(progress)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def solution_text(answer: str, tagged: bool = True) -> str:
     return f"<answer>{answer}</answer>" if tagged else answer
 
 
 def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSettings) -> WarmStartReport:
-    """Teacher-forced cross-entropy on completion tokens of correct solutions."""
+    """Teacher-forced cross-entropy on completion tokens of correct solutions (a share of them
+    wrong with --warm-start-answer-noise)."""
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
     sampler = TaskSampler(tasks, dataset_seed=settings.dataset_seed, rng_seed=settings.seed)
     coin = random.Random(settings.seed)
     optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=settings.lr)
-    tokenizer = policy.tokenizer
-    model = policy.model
-    model.train()
-    loss_value = float("nan")
     pool = specialist_pool(sampler, settings) if settings.shares > 1 else None
-    for _ in range(settings.steps):
-        problems = sampler.sample(settings.batch_size) if pool is None else coin.choices(pool, k=settings.batch_size)
-        rows = []
-        for problem in problems:
-            prompt = tokenizer(policy.prompt(problem), add_special_tokens=False)["input_ids"]
-            tagged = coin.random() < settings.tag_rate
-            answer = wrong_answer(problem.answer, coin) if coin.random() < settings.answer_noise else problem.answer
-            target = tokenizer(solution_text(answer, tagged), add_special_tokens=False)["input_ids"]
-            rows.append((prompt, target + [tokenizer.eos_token_id]))
-        length = max(len(p) + len(t) for p, t in rows)
-        ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(rows), length), -100, dtype=torch.long)
-        attention = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, (prompt, target) in enumerate(rows):
-            seq = prompt + target
-            ids[i, : len(seq)] = torch.tensor(seq)
-            labels[i, len(prompt) : len(seq)] = torch.tensor(target)
-            attention[i, : len(seq)] = 1
-        out = model(
-            input_ids=ids.to(policy.device), attention_mask=attention.to(policy.device), labels=labels.to(policy.device)
-        )
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
-        optimizer.step()
-        loss_value = float(out.loss.detach())
-    model.eval()
-    return WarmStartReport(settings.steps, loss_value, time.perf_counter() - started)
+    policy.model.train()
+    loss = float("nan")
+    progress = _ProgressReport(settings.steps)
+    try:
+        for step in range(1, settings.steps + 1):
+            problems = sampler.sample(settings.batch_size) if pool is None else coin.choices(pool, k=settings.batch_size)
+            loss = _supervised_step(policy, problems, coin, optimizer, settings)
+            progress.step(step, loss)
+    finally:
+        progress.close()
+        policy.model.eval()
+    return WarmStartReport(settings.steps, loss, time.perf_counter() - started)
+
+
+def _supervised_step(policy: Policy, problems: list, coin: random.Random, optimizer, settings: WarmStartSettings) -> float:
+    """One optimizer step on these problems' solutions; its loss."""
+    tokenizer = policy.tokenizer
+    rows = []
+    for problem in problems:
+        prompt = tokenizer(policy.prompt(problem), add_special_tokens=False)["input_ids"]
+        tagged = coin.random() < settings.tag_rate
+        answer = wrong_answer(problem.answer, coin) if coin.random() < settings.answer_noise else problem.answer
+        target = tokenizer(solution_text(answer, tagged), add_special_tokens=False)["input_ids"]
+        rows.append((prompt, target + [tokenizer.eos_token_id]))
+    length = max(len(p) + len(t) for p, t in rows)
+    ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), length), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, (prompt, target) in enumerate(rows):
+        seq = prompt + target
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(prompt) : len(seq)] = torch.tensor(target)
+        attention[i, : len(seq)] = 1
+    device = policy.device
+    out = policy.model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device))
+    optimizer.zero_grad(set_to_none=True)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), 1.0)
+    optimizer.step()
+    return float(out.loss.detach())
 
 
 def evaluate_greedy(policy: Policy, tasks: list[TaskSpec], count: int, dataset_seed: int, max_new_tokens: int) -> float:
@@ -185,6 +271,10 @@ def _build_warm_start(
     final: Path,
 ) -> Path:
     policy = load_policy(source, device=device, seed=model_seed, models_dir=models_dir, prompt_style="auto")
+    log.info(
+        "warm start of %s: %d supervised steps on %d task(s), once; cached in %s",
+        source, settings.steps, len(tasks), final.parent,
+    )
     report = warm_start(policy, tasks, settings)
     log.info("warm start of %s: %d steps, final loss %.3f, %.1fs", source, report.steps, report.final_loss, report.seconds)
     partial = final.parent / f".partial-{final.name}-{os.getpid()}"

@@ -1,4 +1,5 @@
-"""The daemon's commands: `start` (one node), `swarm` (N local node processes) and `plot`.
+"""The daemon's commands: `start` (one node), `swarm` (N local node processes), `status`
+(what a node is doing, from its data dir or its page's port) and `plot`.
 
 Thin: parse the settings, check them, call the library. Nothing heavy (torch, libp2p) is
 imported until the settings are known to be good, so a bad flag is refused in well under a second.
@@ -106,6 +107,16 @@ def cmd_swarm(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from sapo.node.daemon.status import render_text, status_from_data_dir, status_from_url
+
+    if (args.data_dir is None) == (args.url is None):
+        raise ValueError("give a node's data directory (sapo-node status DATA_DIR) or its page (--url http://127.0.0.1:9100)")
+    status = status_from_url(args.url) if args.url else status_from_data_dir(args.data_dir)
+    print(status.model_dump_json(indent=1) if args.json else render_text(status))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from sapo.node.daemon.plot import plot_rewards
 
@@ -133,6 +144,16 @@ def add_commands(sub) -> None:
     swarm.add_argument("--seed", type=int, default=0, help="node I gets seed SEED+I (default: 0)")
     swarm.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     swarm.set_defaults(func=cmd_swarm, takes_node_flags=True)
+    status = sub.add_parser(
+        "status",
+        help="what a node is doing: reward, peers, inbox, rejections, judge",
+        description="Print a node's summary: the same as its page. From its data directory (works on a "
+        "stopped node too) or from a running node's --metrics-port.",
+    )
+    status.add_argument("data_dir", nargs="?", type=Path, metavar="DATA_DIR", help="the node's --data-dir")
+    status.add_argument("--url", help="a running node's page, e.g. http://127.0.0.1:9100")
+    status.add_argument("--json", action="store_true", help="print the status as JSON (the page's /api/status)")
+    status.set_defaults(func=cmd_status)
     plot = sub.add_parser("plot", help="PNG reward curves from nodes' metrics.jsonl", description="One line per node.")
     plot.add_argument("data_dirs", nargs="+", type=Path, metavar="DATA_DIR", help="node data directories")
     plot.add_argument("--out", type=Path, default=Path("rewards.png"), help="PNG to write (default: rewards.png)")

@@ -1,24 +1,21 @@
-"""Prometheus `/metrics` for one node, served by a small trio HTTP handler.
+"""Prometheus `/metrics` for one node (served by web.py, beside the page).
 
-prometheus_client's own server runs in a bare background thread; this one lives in the
-daemon's nursery like everything else. Each node has its own registry: no global state.
+Each node has its own registry: no global state. Round gauges move once per round (from the
+round record); the live ones (peers, bans, inbox, judge) are refreshed at every scrape from
+the same status the page shows.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 
-import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.daemon.status import LOADING_PHASES, NodeStatus
 
-log = logging.getLogger("sapo.prometheus")
-
-REQUEST_TIMEOUT_SECONDS = 5.0
-MAX_REQUEST_BYTES = 8192
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class NodeMetrics:
@@ -44,6 +41,19 @@ class NodeMetrics:
         )
         self.tokens_per_second = Gauge("sapo_generation_tokens_per_second", "generated tokens per second, last round", registry=r)
         self.step_seconds = Gauge("sapo_step_seconds", "seconds of the last round, by phase", ["phase"], registry=r)
+        self.accuracy = Gauge("sapo_local_accuracy", "fraction of this round's local completions with full credit", registry=r)
+        self.format_rate = Gauge("sapo_format_rate", "fraction of this round's local completions with an <answer> tag", registry=r)
+        self.external_reward = Gauge(
+            "sapo_external_reward", "this node's verifier on the external completions trained on (last round that had some)", registry=r
+        )
+        self.heldout = Gauge("sapo_heldout_accuracy", "held-out greedy accuracy by task (--eval-every)", ["task"], registry=r)
+        self.accepted = Counter("sapo_accepted_groups", "received groups that passed every check", registry=r)
+        self.accepted_from = Counter("sapo_accepted_groups_from", "accepted groups by the peer that wrote them", ["peer"], registry=r)
+        self.banned = Gauge("sapo_banned_peers", "peers banned right now", registry=r)
+        self.judge_score = Gauge("sapo_judge_score", "the open judge's pass@1 on this node's latest judged answer", registry=r)
+        self.judged = Gauge("sapo_judged", "answers the judge has scored (this process)", registry=r)
+        self.loading = Gauge("sapo_loading", "1 while the node loads its model or warm-starts, else 0", registry=r)
+        self.info = Gauge("sapo_node_info", "always 1; its labels name the node behind a scrape address", ["peer_id", "model"], registry=r)
         self._window: deque[float] = deque(maxlen=ma_window)
         self._seen: dict[str, float] = {}
 
@@ -66,6 +76,28 @@ class NodeMetrics:
         self.step_seconds.labels(phase="generate").set(record.generate_seconds)
         self.step_seconds.labels(phase="train").set(record.train_seconds)
         self.step_seconds.labels(phase="round").set(record.round_seconds)
+        self.accuracy.set(record.accuracy)
+        self.format_rate.set(record.format_rate)
+        if record.external_reward_mean is not None:
+            self.external_reward.set(record.external_reward_mean)
+        for task, value in (record.heldout or {}).items():
+            self.heldout.labels(task=task).set(value)
+        self._advance(self.accepted, "accepted", record.accepted)
+        for peer, count in record.accepted_from.items():
+            self._advance(self.accepted_from.labels(peer=peer), f"accepted_from:{peer}", count)
+
+    def observe_status(self, status: NodeStatus) -> None:
+        """What changes between rounds, as the page sees it now."""
+        if status.peer_id:
+            self.info.labels(peer_id=status.peer_id, model=status.model or "").set(1)
+        self.peers.set(sum(p.connected for p in status.peers))
+        self.inbox.set(status.inbox_size)
+        self.banned.set(len(status.bans))
+        self.loading.set(1 if status.phase in LOADING_PHASES else 0)
+        if status.judge is not None:
+            self.judged.set(status.judge.judged)
+            if status.judge.last_score is not None:
+                self.judge_score.set(status.judge.last_score)
 
     def _advance(self, counter, key: str, total: float) -> None:
         """The node keeps running totals; Prometheus counters only go up by increments."""
@@ -76,29 +108,3 @@ class NodeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-async def serve_metrics(metrics: NodeMetrics, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()[1]
-    log.info("metrics on http://%s:%d/metrics", host, bound)
-    task_status.started(bound)
-
-    async def handle(stream: trio.SocketStream) -> None:
-        with trio.move_on_after(REQUEST_TIMEOUT_SECONDS):
-            request = b""
-            while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_BYTES:
-                chunk = await stream.receive_some(1024)
-                if not chunk:
-                    return
-                request += chunk
-            path = request.split(b" ", 2)[1] if request.count(b" ") >= 2 else b""
-            if path.split(b"?")[0] == b"/metrics":
-                body, status, kind = metrics.render(), b"200 OK", CONTENT_TYPE_LATEST.encode()
-            else:
-                body, status, kind = b"not found; try /metrics\n", b"404 Not Found", b"text/plain"
-            head = b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind + b"\r\nContent-Length: " + str(len(body)).encode()
-            await stream.send_all(head + b"\r\nConnection: close\r\n\r\n" + body)
-        await stream.aclose()
-
-    await trio.serve_listeners(handle, listeners)

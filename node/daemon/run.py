@@ -1,22 +1,34 @@
-"""The node daemon: one trio nursery holding the network service, the receive loop and the
-round loop, shut down by cancelling it on SIGINT/SIGTERM."""
+"""The node daemon: one trio nursery holding the network service, the page, the receive
+loop and the round loop, shut down by cancelling it on SIGINT/SIGTERM.
+
+The libp2p host opens first and the dial address is printed before the model loads (a
+SmolLM2 conversion or a warm start can take minutes), so peers can connect and the page can
+show the loading progress meanwhile. Groups that arrive before the node can check them wait
+in the bounded channel between the network and the intake; past it they are dropped and
+counted (`inbox_channel_full`), never allowed to block the network.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
+import time
 from typing import Callable
 
 import trio
 
-from sapo.node.daemon.node import Node
+from sapo.node.daemon.dialable import dialable_all, page_urls
 from sapo.node.daemon.exchange import GossipExchange, GroupEncoder
 from sapo.node.daemon.intake import Intake
-from sapo.node.judge.client import JudgeClient
+from sapo.node.daemon.live import LiveStatus, LoadingStopped
 from sapo.node.daemon.metrics import RoundRecord
-from sapo.node.daemon.prometheus import NodeMetrics, serve_metrics
+from sapo.node.daemon.node import Node
+from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.round import Exchange, run_round
 from sapo.node.daemon.settings import NodeSettings
+from sapo.node.daemon.web import serve_page
+from sapo.node.judge.client import JudgeClient
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.gossip import GossipService, ReceivedMessage
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
@@ -25,12 +37,20 @@ from sapo.protocol.verify import VerifyPolicy
 from sapo.training.devices import resolve_device
 from sapo.training.generation import GenerationInterrupted
 from sapo.training.tasks import reasoning_gym_version
+from sapo.training.warmstart import watching_warm_start
 
 log = logging.getLogger("sapo.node")
 
-# Verified groups wait here between the network and the intake checks; beyond it, the
-# gossip layer drops (and counts) rather than blocking the network on a slow node.
+# Verified groups wait here between the network and the intake checks (and, while the
+# model loads, until the intake exists); beyond it, the gossip layer drops and counts them
+# rather than blocking the network on a slow node.
 INCOMING_BUFFER = 256
+
+# What each signal means to the person who sent it.
+SIGNAL_MEANING = {
+    signal.SIGINT: "Ctrl-C",
+    signal.SIGTERM: "a stop request: the swarm's Ctrl-C, docker stop or systemd",
+}
 
 
 async def round_loop(
@@ -40,7 +60,7 @@ async def round_loop(
     metrics: NodeMetrics | None = None,
     after_round: Callable[[RoundRecord], None] | None = None,
 ) -> None:
-    """Run rounds until --rounds; `after_round` (the judge client) sees each record and must not block."""
+    """Run rounds until --rounds; `after_round` (the page, the judge client) sees each record and must not block."""
     rounds = node.settings.run.rounds
     round_index = node.round + 1
     if rounds and round_index > rounds:
@@ -60,24 +80,46 @@ async def round_loop(
 
 
 async def _cancel_on_signal(
-    scope: trio.CancelScope, node: Node, *, task_status=trio.TASK_STATUS_IGNORED
+    scope: trio.CancelScope, stop: threading.Event, live: LiveStatus, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
-            log.info("received %s; finishing cleanly", signal.Signals(signum).name)
-            # A worker thread cannot be cancelled from trio: ask the generation loop to stop.
-            # An update in progress finishes, so the weights always match a whole round.
-            node.stop_requested.set()
+            log.info("received %s (%s); finishing cleanly", signal.Signals(signum).name, SIGNAL_MEANING[signum])
+            # A worker thread cannot be cancelled from trio: ask the warm start and the
+            # generation loop to stop at their next step. An update in progress finishes, so
+            # the weights always match a whole round.
+            stop.set()
+            live.phase = "stopping"
             scope.cancel()
             return
 
 
-async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: NodeSettings) -> GossipExchange:
-    """Start the libp2p service and the receive loop; print the address peers dial."""
-    net = settings.network
+async def open_network(
+    nursery: trio.Nursery, settings: NodeSettings, key_pair, counters: dict[str, int], live: LiveStatus
+) -> tuple[GossipService, trio.MemoryReceiveChannel[ReceivedMessage]]:
+    """Start the libp2p service and print the addresses peers can dial. What it receives
+    waits in the returned channel until the node can check it (start_intake)."""
     send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
-    service = GossipService(net, key_pair, send, counters=node.counters.transport)
+    service = GossipService(settings.network, key_pair, send, counters=counters)
+    await nursery.start(service.run)
+    live.service = service
+    live.listen = dialable_all(service.listen_addrs)
+    live.waiting = lambda: receive.statistics().current_buffer_used
+    for address in live.listen:
+        print(f"listening on {address}", flush=True)
+    return service, receive
+
+
+def start_intake(
+    nursery: trio.Nursery,
+    node: Node,
+    service: GossipService,
+    receive: trio.MemoryReceiveChannel[ReceivedMessage],
+    settings: NodeSettings,
+) -> GossipExchange:
+    """The node is loaded: check what has been waiting, and everything from now on."""
+    net = settings.network
     rg_version = reasoning_gym_version()
     intake = Intake(
         node.inbox,
@@ -96,11 +138,38 @@ async def start_gossip(nursery: trio.Nursery, node: Node, key_pair, settings: No
         share_logprobs=net.share_logprobs,
     )
     exchange = GossipExchange(service, encoder, intake, node.counters)
-    await nursery.start(service.run)
     nursery.start_soon(exchange.receive, receive)
-    for address in service.listen_addrs:
-        print(f"listening on {address}", flush=True)
     return exchange
+
+
+async def open_page(nursery: trio.Nursery, settings: NodeSettings, live: LiveStatus) -> NodeMetrics | None:
+    """With --metrics-port, the page at /, its JSON at /api/status and Prometheus /metrics."""
+    run = settings.run
+    if run.metrics_port is None:
+        return None
+    metrics = NodeMetrics()
+    port = await nursery.start(serve_page, metrics, live.snapshot, run.metrics_host, run.metrics_port)
+    live.page = page_urls(run.metrics_host, port)
+    print(f"page on {live.page[0]}", flush=True)
+    print(f"metrics on {live.page[0]}metrics", flush=True)
+    return metrics
+
+
+async def load_node(settings: NodeSettings, peer_id: str, live: LiveStatus) -> Node:
+    """Load (or convert) the model, warm-start it if due, resume from the last checkpoint:
+    in a worker thread, so the network and the page keep answering meanwhile."""
+    live.phase = "loading model"
+    started = time.perf_counter()
+    log.info("loading %s%s", settings.model.model, " (the page shows the progress)" if live.page else "")
+
+    def build() -> Node:
+        with watching_warm_start(live.warm_start_step):
+            return Node(settings, peer_id)
+
+    node = await trio.to_thread.run_sync(build)
+    live.node_ready(node)
+    print(f"model loaded in {time.perf_counter() - started:.1f}s", flush=True)
+    return node
 
 
 def _report_from_worker(service: GossipService, signer: str, reason: str) -> None:
@@ -140,30 +209,46 @@ async def start_judge_client(
     return client
 
 
-async def run_node(settings: NodeSettings) -> Node:
-    """Build the node (resuming from its last checkpoint), join the swarm, and run rounds
-    until done or signalled. A checkpoint is written on the way out, so a clean stop loses nothing."""
+async def run_node(settings: NodeSettings) -> Node | None:
+    """Join the swarm, then build the node (resuming from its last checkpoint) and run rounds
+    until done or signalled. A checkpoint is written on the way out, so a clean stop loses
+    nothing. None if it was stopped before the model had loaded."""
     # The last check that needs torch, made before anything is written: is the device here?
     resolve_device(settings.model.device)
     seed = settings.network.identity_seed
     key_pair = load_or_create_identity(settings.run.data_dir, bytes.fromhex(seed) if seed else None)
-    node = await trio.to_thread.run_sync(Node, settings, peer_id_of(key_pair))
+    peer_id = peer_id_of(key_pair)
+    stop = threading.Event()
+    live = LiveStatus(settings, peer_id, stop)
+    transport: dict[str, int] = {}  # the gossip layer's counters; the node's own once it exists
     torch_lock = trio.Lock()
-    start_round = node.round
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(_cancel_on_signal, scope, node)
-            exchange = await start_gossip(nursery, node, key_pair, settings)
-            metrics = None
-            if settings.run.metrics_port is not None:
-                metrics = NodeMetrics()
-                port = await nursery.start(serve_metrics, metrics, settings.run.metrics_host, settings.run.metrics_port)
-                print(f"metrics on http://{settings.run.metrics_host}:{port}/metrics", flush=True)
-            judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
-            await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
-            await round_loop(node, exchange, torch_lock, metrics, judge.round_done if judge else None)
-            nursery.cancel_scope.cancel()
-    if node.round > start_round and not node.checkpoint_due(node.round):
+    node: Node | None = None
+    start_round = 0
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_cancel_on_signal, scope, stop, live)
+                service, receive = await open_network(nursery, settings, key_pair, transport, live)
+                metrics = await open_page(nursery, settings, live)
+                nursery.start_soon(live.keep_file)
+                node = await load_node(settings, peer_id, live)
+                start_round = node.round
+                node.counters.transport = transport
+                node.stop_requested = stop  # one flag for the whole daemon, set by the signal handler
+                exchange = start_intake(nursery, node, service, receive, settings)
+                live.judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
+                live.phase = "waiting for peers"
+                await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
+                live.phase = "training"
+                await round_loop(node, exchange, torch_lock, metrics, live.after_round)
+                live.phase = "finished"
+                nursery.cancel_scope.cancel()
+    except* LoadingStopped as stopped:
+        log.info("%s", stopped.exceptions[0])
+    if node is not None and node.round > start_round and not node.checkpoint_due(node.round):
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(node.checkpoint)
+    if live.phase != "finished":
+        live.phase = "stopped"
+    live.write_file()
     return node

@@ -1,7 +1,11 @@
 """`sapo-node swarm`: N real node processes on 127.0.0.1, wired to each other over libp2p.
 
 Each node is a separate `sapo-node start` with its own data directory, so this is exactly
-what N machines would run, squeezed onto one.
+what N machines would run, squeezed onto one. Each serves its live page on a port of its
+own; the swarm prints where, and where each node's log is.
+
+Node 0 loads the model before the others start: they share its converted model and warm
+start (models/), and converting it N times at once on the same cores would only be slower.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import trio
 
@@ -22,6 +27,8 @@ from sapo.node.daemon.settings import SettingsError
 log = logging.getLogger("sapo.swarm")
 
 LISTEN_LINE = re.compile(r"^listening on (/ip4/127\.0\.0\.1/\S+/p2p/\S+)$")
+PAGE_LINE = re.compile(r"^page on (http://\S+)$")
+READY_LINE = re.compile(r"^model loaded in ")
 FORBIDDEN_NODE_FLAGS = ("--data-dir", "--listen", "--peers", "--seed")
 
 
@@ -38,13 +45,42 @@ class SwarmMember:
     index: int
     data_dir: Path
     process: trio.Process | None = None
+    log: BinaryIO | None = None
+    page: str | None = None
+    # Set when the node has loaded its model (or exited).
+    ready: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "node.log"
+
+    def note(self, text: str) -> None:
+        """A line from the swarm itself in the node's log, so the log tells the whole story."""
+        if self.log is not None and not self.log.closed:
+            self.log.write(f"sapo-swarm: {text}\n".encode())
+
+
+def metrics_ports(node_args: list[str], nodes: int) -> tuple[list[str], list[int]]:
+    """The node flags without --metrics-port, and each node's port: the one given plus the
+    node's index (one port cannot serve N pages), or any free port (0) for each."""
+    args, base = [], 0
+    it = iter(node_args)
+    for arg in it:
+        if arg == "--metrics-port":
+            base = int(next(it, "0"))
+        elif arg.startswith("--metrics-port="):
+            base = int(arg.split("=", 1)[1])
+        else:
+            args.append(arg)
+    return args, [base + i if base else 0 for i in range(nodes)]
 
 
 def node_command(
-    member: SwarmMember, node_args: list[str], seed: int, peers: list[str], nodes: int, models_dir: Path
+    member: SwarmMember, node_args: list[str], seed: int, peers: list[str], nodes: int, models_dir: Path, metrics_port: int = 0
 ) -> list[str]:
     args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args]
     args += ["--data-dir", str(member.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0", "--seed", str(seed + member.index)]
+    args += ["--metrics-port", str(metrics_port)]
     if not any(a.startswith("--models-dir") for a in node_args):
         # one converted model and warm-start cache for the whole swarm
         args += ["--models-dir", str(models_dir)]
@@ -88,33 +124,44 @@ def progress_line(members: list[SwarmMember]) -> str:
 
 
 async def _start_member(member: SwarmMember, command: list[str], *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Run one node; report its listen address once it prints it, and relay nothing else."""
+    """Run one node; report its listen address once it has printed that and its page, and
+    relay nothing else (its output goes to its log)."""
     member.data_dir.mkdir(parents=True, exist_ok=True)
-    log_file = (member.data_dir / "node.log").open("ab")
+    # Unbuffered: the node's stdout (relayed here) and its stderr (written straight to the
+    # file) must land in the order they happened.
+    member.log = log_file = member.log_path.open("ab", buffering=0)
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True)
     member.process = process
     address = None
     buffer = b""
     try:
         async for chunk in process.stdout:
-            log_file.write(chunk)
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                match = LISTEN_LINE.match(line.decode(errors="replace").strip())
-                if match and address is None:
+            *lines, buffer = (buffer + chunk).split(b"\n")
+            # Whole lines only: the node's stderr goes to the same file between our writes.
+            log_file.write(b"".join(line + b"\n" for line in lines))
+            for line in (raw.decode(errors="replace").strip() for raw in lines):
+                if address is None and (match := LISTEN_LINE.match(line)):
                     address = match.group(1)
-                    task_status.started(address)
+                elif member.page is None and (match := PAGE_LINE.match(line)):
+                    member.page = match.group(1)
+                    if address is not None:
+                        task_status.started(address)  # the page line follows the listening lines
+                elif READY_LINE.match(line):
+                    member.ready.set()
+        log_file.write(buffer)
         await process.wait()
     finally:
+        member.ready.set()
         log_file.close()
-    if address is None:
-        raise RuntimeError(f"node {member.index} exited (code {process.returncode}) before listening; see {member.data_dir / 'node.log'}")
+    if member.page is None:
+        raise RuntimeError(f"node {member.index} exited (code {process.returncode}) before listening; see {member.log_path}")
 
 
-async def _stop(members: list[SwarmMember], timeout: float) -> None:
+async def _stop(members: list[SwarmMember], timeout: float, why: str | None = None) -> None:
     for m in members:
         if m.process is not None and m.process.returncode is None:
+            if why:
+                m.note(f"{why}; sending this node SIGTERM")
             m.process.send_signal(signal.SIGTERM)
     with trio.move_on_after(timeout):
         for m in members:
@@ -133,6 +180,7 @@ async def run_swarm(
     """Start the nodes, show progress until they all finish, stop them all on Ctrl-C.
     Returns the number of nodes that failed."""
     check_swarm_flags(node_args)
+    node_args, ports = metrics_ports(node_args, nodes)
     members = [SwarmMember(i, data_dir / f"node-{i}") for i in range(nodes)]
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -141,12 +189,13 @@ async def run_swarm(
                 # A node mid-update finishes its step so its checkpoint matches a whole round;
                 # with a large model that can take minutes, so a second Ctrl-C kills at once.
                 stopping = False
-                async for _ in signals:
+                async for signum in signals:
                     if not stopping:
                         stopping = True
-                        print("stopping the swarm: each node finishes its current step "
+                        what = "you pressed Ctrl-C" if signum == signal.SIGINT else "the swarm received SIGTERM"
+                        print(f"stopping the swarm ({what}): each node gets SIGTERM and finishes its current step "
                               "(Ctrl-C again to kill them now)...", flush=True)
-                        nursery.start_soon(_stop, members, stop_timeout)
+                        nursery.start_soon(_stop, members, stop_timeout, f"{what} in the swarm's terminal")
                     else:
                         print("killing the swarm's nodes", flush=True)
                         for m in members:
@@ -161,10 +210,17 @@ async def run_swarm(
                     # so no single process is a bridge the others depend on.
                     addresses: list[str] = []
                     for m in members:
-                        command = node_command(m, node_args, seed, list(addresses), nodes, data_dir / "models")
+                        command = node_command(m, node_args, seed, list(addresses), nodes, data_dir / "models", ports[m.index])
                         addresses.append(await node_nursery.start(_start_member, m, command))
                         if m.index == 0:
                             print(f"bootstrap node: {addresses[0]}", flush=True)
+                        print(f"node {m.index}: page {m.page}  log {m.log_path}", flush=True)
+                        if m.index == 0 and nodes > 1:
+                            others = "node 1 starts" if nodes == 2 else f"nodes 1-{nodes - 1} start"
+                            print(f"{others} once node 0 has loaded the model they share (its page shows the progress)", flush=True)
+                            await m.ready.wait()
+                            if m.process.returncode is not None:
+                                raise RuntimeError(f"node 0 exited (code {m.process.returncode}) while loading; see {m.log_path}")
                     node_nursery.start_soon(_report, members, progress_every)
                     while any(m.process.returncode is None for m in members):
                         await trio.sleep(0.5)
@@ -177,7 +233,7 @@ async def run_swarm(
     print(progress_line(members), flush=True)
     failed = [m.index for m in members if m.process is not None and m.process.returncode not in (0, -signal.SIGTERM)]
     for index in failed:
-        print(f"node {index} failed; see {members[index].data_dir / 'node.log'}", file=sys.stderr)
+        print(f"node {index} failed; see {members[index].log_path}", file=sys.stderr)
     return len(failed)
 
 

@@ -1,5 +1,7 @@
 """`sapo-node swarm`: N real processes, live progress, clean end."""
 
+import re
+
 from tests.conftest import read_metrics, sapo_node
 
 
@@ -14,6 +16,13 @@ def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
     assert "bootstrap node: /ip4/127.0.0.1/tcp/" in result.stdout
     assert "n0: r" in result.stdout  # live progress lines
     for i in range(3):
+        # where to look: each node's page, and its log
+        assert re.search(rf"^node {i}: page http://127\.0\.0\.1:\d+/  log {re.escape(str(tmp_path))}/node-{i}/node\.log$",
+                         result.stdout, re.M), result.stdout
+        log = (tmp_path / f"node-{i}" / "node.log").read_text().splitlines()
+        # the address first, then the loading, then the rounds, in the order they happened
+        first = {what: next(n for n, line in enumerate(log) if what in line) for what in ("listening on", "model loaded", "round 1:")}
+        assert first["listening on"] < first["model loaded"] < first["round 1:"], log[:20]
         rows = read_metrics(tmp_path / f"node-{i}")
         assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
         assert any(r["external_groups"] > 0 for r in rows), f"node {i} never used an external group"
@@ -48,10 +57,12 @@ def test_ctrl_c_stops_every_node_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-2000:] + err[-2000:]
-    assert "stopping the swarm" in out
+    assert "stopping the swarm (you pressed Ctrl-C)" in out
     for i in range(2):
         log = (tmp_path / f"node-{i}" / "node.log").read_text()
-        assert "finishing cleanly" in log
+        # each node's log says why it got a SIGTERM, before the node says it got one
+        told = log.index("sapo-swarm: you pressed Ctrl-C in the swarm's terminal; sending this node SIGTERM")
+        assert told < log.index("received SIGTERM") < log.index("finishing cleanly")
         rounds = [r["round"] for r in read_metrics(tmp_path / f"node-{i}")]
         # the clean stop checkpoints the last finished round
         assert (tmp_path / f"node-{i}" / "checkpoints" / f"round-{rounds[-1]:08d}").is_dir()

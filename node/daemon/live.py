@@ -1,0 +1,174 @@
+"""The running daemon's view of itself: which phase it is in, and the live objects (gossip
+service, node, judge client) as each comes to exist. It answers the page's `/api/status`
+and keeps DATA_DIR/status.json current for `sapo-node status DATA_DIR`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+import trio
+
+from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.daemon.settings import NodeSettings
+from sapo.node.daemon.status import (
+    MAX_POINTS,
+    CurvePoint,
+    JudgeStatus,
+    NodeStatus,
+    Phase,
+    Progress,
+    binned,
+    curve_point,
+    peer_rows,
+    read_records,
+    write_status_file,
+)
+from sapo.training.warmstart import WarmStartProgress
+
+if TYPE_CHECKING:
+    from sapo.node.daemon.node import Node
+    from sapo.node.judge.client import JudgeClient
+    from sapo.protocol.gossip import GossipService
+
+log = logging.getLogger("sapo.node")
+
+STATUS_FILE_EVERY_SECONDS = 5.0
+
+
+class LoadingStopped(Exception):
+    """Asked to stop (SIGINT/SIGTERM) while the model was still loading."""
+
+
+class LiveStatus:
+    def __init__(self, settings: NodeSettings, peer_id: str, stop: threading.Event):
+        self.settings = settings
+        self.peer_id = peer_id
+        # Set by the signal handler; the warm start checks it after every step.
+        self.stop = stop
+        self.started = time.time()
+        self.phase: Phase = "starting"
+        self.progress: Progress | None = None
+        self.listen: list[str] = []
+        self.page: list[str] = []
+        self.service: GossipService | None = None
+        self.node: Node | None = None
+        self.judge: JudgeClient | None = None
+        # Received frames queued between the network and the (not yet started) intake.
+        self.waiting: Callable[[], int] = lambda: 0
+        self._records: list[RoundRecord] = []
+        self._points: list[CurvePoint] = []
+
+    # --- what the daemon tells it ----------------------------------------------------------
+
+    def warm_start_step(self, progress: WarmStartProgress) -> None:
+        """The warm start's watcher; runs in the loading worker thread."""
+        if self.stop.is_set():
+            raise LoadingStopped("stopped during the warm start; nothing was cached, the next start begins it again")
+        self.phase = "warm start" if progress.step < progress.total else "loading model"
+        self.progress = Progress(
+            what="warm start",
+            done=progress.step,
+            total=progress.total,
+            elapsed_seconds=progress.elapsed,
+            seconds_left=progress.seconds_left,
+        )
+
+    def node_ready(self, node: Node) -> None:
+        """The node exists: its past rounds (a resumed node's) join the curves."""
+        self.node = node
+        self.progress = None
+        self._records = [r for r in read_records(node.data_dir) if r.round <= node.round]
+        self._points = [curve_point(r) for r in self._records]
+
+    def after_round(self, record: RoundRecord) -> None:
+        """The round loop's after-round call: the curves grow, and the judge hears of it."""
+        self._records.append(record)
+        self._points.append(curve_point(record))
+        if self.judge is not None:
+            self.judge.round_done(record)
+
+    # --- what it answers -------------------------------------------------------------------
+
+    def snapshot(self) -> NodeStatus:
+        node, service = self.node, self.service
+        status = NodeStatus(
+            source="live",
+            updated=time.time(),
+            pid=os.getpid(),
+            peer_id=self.peer_id,
+            model=self.settings.model.model,
+            data_dir=str(self.settings.run.data_dir),
+            phase=self.phase,
+            progress=self.progress,
+            started=self.started,
+            listen=self.listen,
+            page=self.page,
+            rounds_planned=self.settings.run.rounds,
+            waiting_while_loading=self.waiting(),
+            judge=self._judge(),
+        )
+        update: dict = {}
+        transport = service.counters if service is not None else {}
+        if node is not None:
+            counters = node.counters
+            update |= {
+                "round": node.round,
+                "cumulative_reward": node.cumulative_reward,
+                "inbox_size": len(node.inbox),
+                "received": counters.received,
+                "accepted": counters.accepted,
+                "rejected": counters.all_rejections(),
+            }
+            accepted_from = dict(counters.accepted_from)
+        else:
+            accepted_from = {}
+        update |= {"dropped": transport.get("inbox_channel_full", 0), "peers_banned": transport.get("peers_banned", 0)}
+        if service is not None:
+            bans = service.banned_peers()
+            update |= {
+                "bans": bans,
+                "peers": peer_rows(service.connected_peers(), service.peer_addresses(), accepted_from, bans),
+            }
+        if self._records:
+            last = self._records[-1]
+            update |= {"rounds": binned(self._points), "per_task": last.per_task}
+            judged = [r for r in self._records if r.heldout]
+            if judged:
+                update |= {"heldout": judged[-1].heldout, "heldout_round": judged[-1].round}
+        return status.model_copy(update=update)
+
+    def _judge(self) -> JudgeStatus | None:
+        address = self.settings.network.judge
+        if not address:
+            return None
+        judge = self.judge
+        if judge is None:
+            return JudgeStatus(address=address, every=self.settings.network.judge_every)
+        scores = list(judge.scores)
+        return JudgeStatus(
+            address=address,
+            every=judge.every,
+            last_round=scores[-1][0] if scores else None,
+            last_score=scores[-1][1] if scores else None,
+            judged=len(scores),
+            mean_score=sum(s for _, s in scores) / len(scores) if scores else None,
+            scores=scores[-MAX_POINTS:],
+            failures={k: v for k, v in judge.counters.items() if k != "judged"},
+        )
+
+    # --- the status file -------------------------------------------------------------------
+
+    def write_file(self) -> None:
+        try:
+            write_status_file(self.settings.run.data_dir, self.snapshot())
+        except OSError as error:  # a full disk must not stop training; the page still works
+            log.warning("could not write %s: %s", self.settings.run.data_dir / "status.json", error)
+
+    async def keep_file(self, every: float = STATUS_FILE_EVERY_SECONDS) -> None:
+        while True:
+            self.write_file()
+            await trio.sleep(every)

@@ -1,0 +1,113 @@
+"""`sapo-node status DATA_DIR` and the NodeStatus model behind it and the page, on data
+directories written the way a node writes them (MetricsLog, status.json)."""
+
+import json
+import subprocess
+import sys
+
+from sapo.node.daemon.metrics import MetricsLog, RoundRecord
+from sapo.node.daemon.status import (
+    MAX_POINTS,
+    NodeStatus,
+    PeerRow,
+    binned,
+    curve_point,
+    render_text,
+    sparkline,
+    status_from_data_dir,
+    write_status_file,
+)
+from sapo.node.cli import main
+from tests.conftest import sapo_node
+
+PEER = "12D3KooWPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+
+
+def record(n: int, **changes) -> RoundRecord:
+    values = dict(
+        round=n, time=1000.0 + n, reward_mean=n / 10, cumulative_reward=sum(i / 10 for i in range(1, n + 1)),
+        format_rate=0.5, accuracy=n / 20, per_task={"basic_arithmetic": n / 10}, local_groups=2, external_groups=2,
+        external_reward_mean=0.25, inbox_size=7, received=10 * n, accepted=8 * n, rejected={"duplicate": 2 * n},
+        transport={"peers_banned": 1}, published=2 * n, accepted_from={PEER: 8 * n}, peers=[PEER],
+        generate_seconds=1.5, train_seconds=0.5, round_seconds=2.1, generated_tokens=100, tokens_per_second=66.0,
+        loss=0.1, clip_fraction=0.0,
+    )
+    return RoundRecord(**(values | changes))
+
+
+def write_rounds(data_dir, records):
+    log = MetricsLog(data_dir / "metrics.jsonl")
+    for r in records:
+        log.append(r)
+
+
+def test_a_stopped_nodes_rounds_and_traffic_come_from_metrics_jsonl(tmp_path):
+    write_rounds(tmp_path, [record(1), record(2, heldout={"basic_arithmetic": 0.5}), record(3)])
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "torn')  # a crash mid-write
+    status = status_from_data_dir(tmp_path)
+    assert status.source == "files" and status.round == 3
+    assert [p.round for p in status.rounds] == [1, 2, 3]
+    assert status.rounds[1].heldout == 0.5 and status.heldout_round == 2
+    assert status.received == 30 and status.rejected == {"duplicate": 6} and status.peers_banned == 1
+    assert status.peers == [PeerRow(peer_id=PEER, connected=True, accepted=24)]
+    text = render_text(status)
+    assert "round 3" in text and "reward     0.300" in text and "held-out   0.500 at round 2" in text
+    assert "duplicate 6" in text and PEER[:12] in text and "24 accepted" in text
+
+
+def test_the_last_status_file_wins_for_live_fields_and_a_dead_pid_reads_as_stopped(tmp_path):
+    write_rounds(tmp_path, [record(1), record(2)])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    snapshot = NodeStatus(
+        source="live", updated=2000.0, pid=int(dead.stdout), peer_id="12D3KooWme", model="tiny", phase="training",
+        listen=["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWme"], bans=[PEER], peers_banned=1,
+        peers=[PeerRow(peer_id=PEER, addresses=["/ip4/127.0.0.1/tcp/5555"], connected=True, accepted=3, banned=True)],
+    )
+    write_status_file(tmp_path, snapshot)
+    assert json.loads((tmp_path / "status.json").read_text())["rounds"] == []  # the curves live in metrics.jsonl
+    status = status_from_data_dir(tmp_path)
+    assert status.phase == "stopped"  # its process is gone
+    assert status.peers[0].addresses == ["/ip4/127.0.0.1/tcp/5555"] and status.bans == [PEER]
+    assert [p.round for p in status.rounds] == [1, 2]
+    text = render_text(status, now=2030.0)
+    assert "stopped, round 2" in text and "written 30 s ago" in text
+    assert "dial" not in text  # a stopped node's address dials nothing
+    assert "BANNED" in text
+
+
+def test_long_runs_are_binned_to_at_most_max_points_with_the_newest_round_last():
+    points = [curve_point(record(n)) for n in range(1, 2501)]
+    out = binned(points)
+    assert len(out) <= MAX_POINTS and out[-1].round == 2500
+    assert out[0].reward == sum(p.reward for p in points[:3]) / 3
+    assert binned(points[:10]) == points[:10]
+
+
+def test_sparkline_runs_from_zero_to_the_largest_value():
+    assert sparkline([0, 0.5, 1]) == "▁▅█"
+    assert sparkline([0, 0.1, 0.2]) == "▁▅█"
+    assert sparkline([0, 0]) == "▁▁"
+    assert sparkline([]) == ""
+
+
+def test_status_command_names_what_is_missing(tmp_path, capsys):
+    # the CLI's own main(), in this process: these errors need no child process to show
+    cases = [
+        ([str(tmp_path / "nope")], "no such directory"),
+        ([str(tmp_path)], "has a node run"),
+        ([], "--url"),
+        (["--url", "http://127.0.0.1:9"], "no node answered"),
+    ]
+    for args, message in cases:
+        assert main(["status", *args]) == 1
+        assert message in capsys.readouterr().err
+
+
+def test_status_command_prints_the_summary_and_json(tmp_path):
+    write_rounds(tmp_path, [record(1), record(2)])
+    text = sapo_node("status", str(tmp_path))
+    assert text.returncode == 0, text.stderr
+    assert "round 2" in text.stdout and "external   0.250 on 2 group(s) at round 2" in text.stdout
+    as_json = sapo_node("status", str(tmp_path), "--json")
+    assert NodeStatus.model_validate_json(as_json.stdout).round == 2
