@@ -26,43 +26,40 @@ relayed address never takes the hint, and a record that arrives over a relayed c
 travels without one: the IP seen there is the relay's. Whether the relay may be used (allow
 list, bans) is the dialler's check, like the peer's own.
 
-Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB).
-    request   {"v": 1, "self": <envelope bytes>}
-    response  {"v": 1, "self": <envelope bytes>, "peers": [[<envelope bytes>, <ip str or nil>], ...]}
+The records and their wire frames: peer_records.py.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import random
-import struct
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-import msgpack
 import multiaddr
 import trio
 from libp2p.crypto.keys import KeyPair
-from libp2p.peer.envelope import consume_envelope, seal_record
 from libp2p.peer.id import ID
-from libp2p.peer.peer_record import PeerRecord
 from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.hosts import is_relayed, open_peers
+from sapo.protocol.peer_records import (
+    RECORDS_PER_RESPONSE,
+    BadRecord,
+    KnownPeer,
+    check_record,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    read_frame,
+    seal_own_record,
+)
 
 logger = logging.getLogger("sapo.discovery")
 
 PROTOCOL_ID = "/sapo/peers/1"
-WIRE_VERSION = 1
-RECORD_DOMAIN = "libp2p-peer-record"
-# An Ed25519 record with a handful of addresses is ~200 bytes; 2 KiB leaves room, not abuse.
-MAX_RECORD_BYTES = 2048
-MAX_ADDRS_PER_RECORD = 8
-RECORDS_PER_RESPONSE = 15
-MAX_FRAME_BYTES = 64 * 1024
 # One request/response, stream open included; a peer slower than this is not worth waiting for.
 STREAM_TIMEOUT_SECONDS = 5.0
 # While below target and still learning, ask again after this long (a star fills in within a
@@ -73,204 +70,6 @@ MIN_SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
 # Failed dials back off 2, 4, 8... s (at most a minute); after this many the record is dropped.
 MAX_DIAL_FAILURES = 4
-_HEADER = struct.Struct(">I")
-
-
-class BadRecord(ValueError):
-    """A peer record (or discovery frame) we refuse; the message is one bounded log line."""
-
-
-@dataclass
-class KnownPeer:
-    peer_id: ID
-    addrs: list[multiaddr.Multiaddr]  # dialable: /ip4|ip6/<ip>/tcp/<port>/p2p/<peer_id>
-    seq: int
-    envelope: bytes
-    observed_ip: str | None
-    failures: int = 0
-    next_dial_at: float = 0.0
-
-
-# --- records --------------------------------------------------------------------------------------
-
-
-def seal_own_record(key_pair: KeyPair, listen_addrs: list[multiaddr.Multiaddr]) -> bytes:
-    """This node's signed peer record (its transport addresses, without /p2p/)."""
-    peer_id = ID.from_pubkey(key_pair.public_key)
-    record = PeerRecord(peer_id, [_strip_p2p(a) for a in listen_addrs][:MAX_ADDRS_PER_RECORD])
-    return seal_record(record, key_pair.private_key).marshal_envelope()
-
-
-def check_record(envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> KnownPeer:
-    """A signed peer record we may dial, or BadRecord. The signature must verify, the signing key
-    must be the record's peer id (and `expect_peer`, when the record is a peer's own), and at
-    least one address must be /ip4|ip6/<ip>/tcp/<port>[/p2p/<that id>]."""
-    if not isinstance(envelope, bytes) or not 0 < len(envelope) <= MAX_RECORD_BYTES:
-        raise BadRecord(f"record is not 1..{MAX_RECORD_BYTES} bytes")
-    try:
-        env, record = consume_envelope(envelope, RECORD_DOMAIN)
-        signer = ID.from_pubkey(env.public_key)
-    except Exception as error:  # noqa: BLE001 - libp2p raises many types on garbage
-        raise BadRecord(f"not a validly signed peer record ({type(error).__name__})") from None
-    if record.peer_id != signer:
-        raise BadRecord(f"record names {str(record.peer_id)[:16]} but is signed by {str(signer)[:16]}")
-    if expect_peer is not None and signer != expect_peer:
-        raise BadRecord(f"record of {str(signer)[:16]} sent as the record of {str(expect_peer)[:16]}")
-    addrs: list[multiaddr.Multiaddr] = []
-    for address in record.addrs[: 4 * MAX_ADDRS_PER_RECORD]:
-        dialable = _dialable(address, signer, observed_ip)
-        if dialable is not None and dialable not in addrs:
-            addrs.append(dialable)
-    if not addrs:
-        raise BadRecord(f"record of {str(signer)[:16]} has no dialable /ip4|ip6/.../tcp/... or relayed address")
-    return KnownPeer(signer, addrs[:MAX_ADDRS_PER_RECORD], record.seq, envelope, observed_ip)
-
-
-def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -> multiaddr.Multiaddr | None:
-    """`address` as we would dial it, or None: /ip4|ip6/<ip>/tcp/<port>[/p2p/<peer>], or a relayed
-    /ip4|ip6/<ip>/tcp/<port>/p2p/<relay>/p2p-circuit[/p2p/<peer>]."""
-    text = str(address)
-    if "/p2p-circuit" in text:
-        head, _, tail = text.partition("/p2p-circuit")
-        if tail not in ("", f"/p2p/{peer.to_base58()}") or "/p2p/" not in head:
-            return None
-        transport, _, relay_text = head.rpartition("/p2p/")
-        try:
-            relay = ID.from_base58(relay_text)
-            # The hint is the IP *this peer* connected from, not its relay's: never substitute.
-            relay_address = _ip_tcp(multiaddr.Multiaddr(transport), observed_ip, substitute=False)
-        except Exception:  # noqa: BLE001 - a malformed address is simply not dialable
-            return None
-        if relay == peer or relay_address is None:
-            return None
-        return multiaddr.Multiaddr(f"{relay_address}/p2p/{relay.to_base58()}/p2p-circuit/p2p/{peer.to_base58()}")
-    if "/p2p/" in text:
-        text, _, named = text.rpartition("/p2p/")
-        if named != peer.to_base58():
-            return None
-    try:
-        direct = _ip_tcp(multiaddr.Multiaddr(text), observed_ip, substitute=True)
-    except Exception:  # noqa: BLE001
-        return None
-    return None if direct is None else multiaddr.Multiaddr(f"{direct}/p2p/{peer.to_base58()}")
-
-
-def _ip_tcp(address: multiaddr.Multiaddr, observed_ip: str | None, substitute: bool) -> multiaddr.Multiaddr | None:
-    """`/ip4|ip6/<ip>/tcp/<port>` with an unspecified IP replaced by the hint (if `substitute`)."""
-    try:
-        names = [p.name for p in address.protocols()]
-        if names not in (["ip4", "tcp"], ["ip6", "tcp"]):
-            return None
-        ip = ipaddress.ip_address(address.value_for_protocol(names[0]))
-        port = int(address.value_for_protocol("tcp"))
-    except Exception:  # noqa: BLE001 - a malformed address is simply not dialable
-        return None
-    if not 0 < port < 65536 or ip.is_multicast or ip.is_reserved:
-        return None
-    hint = _ip_or_none(observed_ip)
-    if ip.is_unspecified:
-        if not substitute or hint is None or hint.version != ip.version or hint.is_unspecified:
-            return None
-        ip = hint
-    elif ip.is_loopback and hint is not None and not hint.is_loopback:
-        return None  # the peer is not on our machine: its 127.0.0.1 would be ourselves
-    family = "ip4" if ip.version == 4 else "ip6"
-    return multiaddr.Multiaddr(f"/{family}/{ip}/tcp/{port}")
-
-
-def _ip_or_none(text: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    if not isinstance(text, str) or len(text) > 64:
-        return None
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
-def _strip_p2p(address: multiaddr.Multiaddr) -> multiaddr.Multiaddr:
-    """Without a trailing /p2p/<id> (a relayed address keeps its relay's)."""
-    text = str(address)
-    head, sep, last = text.rpartition("/p2p/")
-    return multiaddr.Multiaddr(head) if sep and "/" not in last else address
-
-
-# --- wire -----------------------------------------------------------------------------------------
-
-
-def encode_request(own_record: bytes) -> bytes:
-    return _frame({"v": WIRE_VERSION, "self": own_record})
-
-
-def encode_response(own_record: bytes, peers: list[tuple[bytes, str | None]]) -> bytes:
-    return _frame({"v": WIRE_VERSION, "self": own_record, "peers": [[e, ip] for e, ip in peers[:RECORDS_PER_RESPONSE]]})
-
-
-def decode_request(payload: bytes) -> bytes:
-    obj = _unpack(payload)
-    if set(obj) != {"v", "self"}:
-        raise BadRecord("request must hold exactly 'v' and 'self'")
-    return _record_bytes(obj["self"])
-
-
-def decode_response(payload: bytes) -> tuple[bytes, list[tuple[bytes, str | None]]]:
-    obj = _unpack(payload)
-    if set(obj) != {"v", "self", "peers"}:
-        raise BadRecord("response must hold exactly 'v', 'self' and 'peers'")
-    peers = obj["peers"]
-    if not isinstance(peers, list) or len(peers) > RECORDS_PER_RESPONSE:
-        raise BadRecord(f"'peers' must be a list of at most {RECORDS_PER_RESPONSE}")
-    out: list[tuple[bytes, str | None]] = []
-    for item in peers:
-        if not (isinstance(item, list) and len(item) == 2 and (item[1] is None or isinstance(item[1], str))):
-            raise BadRecord("each peer must be [record bytes, ip string or nil]")
-        out.append((_record_bytes(item[0]), item[1]))
-    return _record_bytes(obj["self"]), out
-
-
-def _frame(obj: dict) -> bytes:
-    payload = msgpack.packb(obj, use_bin_type=True)
-    if len(payload) > MAX_FRAME_BYTES:
-        raise BadRecord(f"frame of {len(payload)} bytes is over {MAX_FRAME_BYTES}")
-    return _HEADER.pack(len(payload)) + payload
-
-
-def _unpack(payload: bytes) -> dict:
-    try:
-        obj = msgpack.unpackb(
-            payload, raw=False, strict_map_key=True, max_bin_len=MAX_RECORD_BYTES, max_str_len=64,
-            max_array_len=RECORDS_PER_RESPONSE, max_map_len=4, max_ext_len=0,
-        )
-    except Exception as error:  # noqa: BLE001 - msgpack raises several types on garbage
-        raise BadRecord(f"not a bounded msgpack map ({type(error).__name__})") from None
-    if not isinstance(obj, dict) or obj.get("v") != WIRE_VERSION or isinstance(obj.get("v"), bool):
-        raise BadRecord(f"not a version {WIRE_VERSION} discovery map")
-    return obj
-
-
-def _record_bytes(value: Any) -> bytes:
-    if not isinstance(value, bytes) or not 0 < len(value) <= MAX_RECORD_BYTES:
-        raise BadRecord(f"a record must be 1..{MAX_RECORD_BYTES} bytes")
-    return value
-
-
-async def read_frame(stream: Any) -> bytes:
-    """One frame's payload; the length is checked before the payload is read. Callers bound time."""
-    header = await _read_exactly(stream, _HEADER.size)
-    (length,) = _HEADER.unpack(header)
-    if not 0 < length <= MAX_FRAME_BYTES:
-        raise BadRecord(f"declared frame length {length} is not 1..{MAX_FRAME_BYTES}")
-    return await _read_exactly(stream, length)
-
-
-async def _read_exactly(stream: Any, n: int) -> bytes:
-    chunks, remaining = [], n
-    while remaining:
-        chunk = await stream.read(remaining)
-        if not chunk:
-            raise BadRecord(f"stream ended after {n - remaining} of {n} bytes")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
 
 
 # --- the table of known peers ---------------------------------------------------------------------

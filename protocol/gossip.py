@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,14 +22,13 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.pubsub.pubsub import Pubsub
-from libp2p.pubsub.validators import signature_validator
 
 from sapo.protocol.addresses import AddressError, parse_peer_address, resolve_peer_address
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
+from sapo.protocol.pubsub_guards import GuardedPubsub, cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService
 from sapo.protocol.relay import RelayService, relay_limits
 from libp2p.tools.anyio_service import background_trio_service
@@ -44,9 +42,6 @@ RPC_OVERHEAD_BYTES = 16 * 1024
 RPC_MESSAGES_PER_FRAME = 2
 # How many message ids we remember to drop replays; a rejoining peer is replayed 4-50 old ones.
 SEEN_IDS = 65_536
-# libp2p's per-peer outbound queue holds 32 RPCs; at 50 msg/s that is 0.6 s of slack before
-# silent drops. 128 slots is 2.5 s, and at most 128 x 256 KiB = 32 MiB per slow peer.
-OUTBOUND_QUEUE_SLOTS = 128
 # Poll interval of the bootstrap keeper while a peer is connected (a dropped connection is
 # noticed within this time; py-libp2p has no per-peer "disconnected" event we can await).
 CONNECTION_CHECK_SECONDS = 0.5
@@ -70,132 +65,6 @@ class ReceivedMessage:
     received_at: float  # time.time() when it reached this node
 
 
-class _GuardedPubsub(Pubsub):
-    """Pubsub with the guards py-libp2p 0.8.1 lacks; every override calls the original.
-
-    - `stream_handler`: a malformed frame makes `continuously_read_stream` raise protobuf's
-      DecodeError, which libp2p does not catch and which ends `host.run()` (any peer could
-      kill the node with 16 bytes). We drop that peer's stream and connection instead.
-    - `push_msg`: runs as a service task per inbound message; an exception there (e.g. a
-      garbage public key in `msg.key`) would cancel the whole pubsub service.
-    - `write_msg`: the per-peer sender, GossipSub's flush and its mcache replay write to the
-      same stream concurrently; yamux then interleaves the 64 KB frames of big messages and
-      the receiver sees garbage. One lock per stream serialises whole RPC frames.
-    - `notify_subscriptions`: deliver straight to the service instead of through libp2p's
-      32-slot subscription channel, which drops silently when full.
-    - `_handle_new_peer`: enlarge the 32-slot per-peer outbound queue (not a constructor
-      argument in 0.8.1).
-    - With an allowlist, a peer not on it is disconnected when pubsub first sees it (either
-      direction), and a message it signed or forwarded is dropped before validation, so it
-      neither receives our messages nor gets its own delivered or relayed. A banned peer
-      (peer_guard.py) is treated the same way until its ban expires.
-    - Every new message's author draws from its token bucket once its signature has checked
-      out; a message over the bucket is dropped before validation (so not relayed either),
-      and unsigned or badly signed messages and bad frames cost the peer that sent them.
-    """
-
-    def __init__(self, *args: Any, service: GossipService, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._service = service
-        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    async def _refuse(self, peer_id: ID, reason: str, stream: Any = None) -> None:
-        self._service._count(reason)
-        logger.info("refusing peer %s: %s", peer_id, reason)
-        with trio.move_on_after(self._service.settings.close_timeout_seconds):
-            if stream is not None:
-                try:
-                    await stream.reset()
-                except Exception:
-                    pass
-            await cut_connections(self.host, peer_id)
-
-    async def stream_handler(self, stream: Any) -> None:
-        peer_id = stream.muxed_conn.peer_id
-        refusal = self._service.refusal(peer_id)
-        if refusal is not None:
-            await self._refuse(peer_id, refusal, stream)
-            return
-        try:
-            await super().stream_handler(stream)
-        except Exception as error:  # hostile input must cost the sender, not this node
-            self._service._count("malformed_frame")
-            self._service.penalize(peer_id, "malformed_frame")
-            logger.warning(
-                "dropping peer %s: bad pubsub frame (%s: %s)", peer_id, type(error).__name__, error
-            )
-            with trio.move_on_after(self._service.settings.close_timeout_seconds):
-                try:
-                    await stream.reset()
-                except Exception:
-                    pass
-                self._handle_dead_peer(peer_id)
-                try:
-                    await self.host.disconnect(peer_id)
-                except Exception as close_error:
-                    logger.debug("closing connection to %s failed: %s", peer_id, close_error)
-
-    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
-        service = self._service
-        refusal = service.refusal(msg_forwarder) or service.refusal_bytes(msg.from_id)
-        if refusal is not None:
-            service._count(refusal)
-            return
-        if msg_forwarder != self.my_id and not self._is_msg_seen(msg):
-            # libp2p drops these silently under strict signing; check first so they are counted
-            # and charged to the peer that sent them (honest peers check before forwarding).
-            if not msg.signature:
-                service._count("unsigned")
-                service.penalize(msg_forwarder, "unsigned")
-                return
-            try:
-                valid = signature_validator(msg)
-            except Exception:  # noqa: BLE001 - a garbage key is a bad signature too
-                valid = False
-            if not valid:
-                service._count("bad_signature")
-                service.penalize(msg_forwarder, "bad_signature")
-                return
-            # The signature names the author: now its bucket, not the relay's, pays.
-            verdict = service.admit_author(msg)
-            if verdict is not None:
-                service._count(verdict)
-                return
-        try:
-            await super().push_msg(msg_forwarder, msg)
-        except Exception as error:
-            self._service._count("malformed_message")
-            logger.warning(
-                "dropped message forwarded by %s: %s: %s",
-                msg_forwarder,
-                type(error).__name__,
-                error,
-            )
-
-    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
-        lock = self._write_locks.get(stream)
-        if lock is None:
-            lock = self._write_locks[stream] = trio.Lock()
-        async with lock:
-            return await super().write_msg(stream, rpc_msg)
-
-    def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
-        if any(topic in self.topic_ids for topic in publish_message.topicIDs):
-            self._service._deliver(publish_message)
-
-    async def _handle_new_peer(self, peer_id: ID) -> None:
-        refusal = self._service.refusal(peer_id)
-        if refusal is not None:
-            await self._refuse(peer_id, refusal)
-            return
-        await super()._handle_new_peer(peer_id)
-        queue = self.peer_queues.get(peer_id)
-        if queue is not None:
-            queue._queue.max_size = max(queue._queue.max_size, OUTBOUND_QUEUE_SLOTS)
-
-
 class GossipService:
     """A libp2p host + GossipSub on one topic; `run()` it in the daemon's nursery."""
 
@@ -213,7 +82,7 @@ class GossipService:
         self._my_id = ID.from_pubkey(key_pair.public_key)
         self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._host: Any = None
-        self._pubsub: _GuardedPubsub | None = None
+        self._pubsub: GuardedPubsub | None = None
         self._allowed: frozenset[bytes] | None = (
             frozenset(ID.from_base58(peer).to_bytes() for peer in settings.allow_peers)
             if settings.allow_peers
@@ -430,7 +299,7 @@ class GossipService:
             # than D, i.e. always in a swarm of 3-6 nodes. Keep the heartbeat we asked for.
             adaptive_gossip_enabled=False,
         )
-        pubsub = _GuardedPubsub(
+        pubsub = GuardedPubsub(
             host,
             router,
             service=self,
@@ -673,22 +542,6 @@ class GossipService:
 
     def _count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
-
-
-async def cut_connections(host: Any, peer_id: ID) -> None:
-    """Drop every connection to a peer we refuse, now. Yamux's polite close first takes its
-    stream lock and writes a GO_AWAY, which a peer flooding us held off for seconds (while its
-    messages kept arriving); closing the secured connection underneath ends the TCP stream at
-    once, and the host's own disconnect then tidies up. Callers bound it in time."""
-    for connection in host.get_network().get_connections(peer_id):
-        try:
-            await connection.muxed_conn.secured_conn.close()
-        except Exception as error:  # noqa: BLE001 - already closed, or another transport
-            logger.debug("cutting the connection to %s failed: %s", peer_id, error)
-    try:
-        await host.disconnect(peer_id)
-    except Exception as error:  # noqa: BLE001 - it may be gone already
-        logger.debug("closing connection to %s failed: %s", peer_id, error)
 
 
 def _peer_str(peer_id_bytes: bytes) -> str:

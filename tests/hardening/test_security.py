@@ -142,7 +142,7 @@ async def test_model_id_with_dot_dot_in_a_message_creates_no_file(tmp_path, node
     assert after == before
     assert not any("pwned" in p.name for p in tmp_path.rglob("*"))
     assert not any("pwned" in p.name for p in Path.cwd().parent.glob("*"))
-    assert {p.name for p in data.iterdir()} <= {"identity.key", "checkpoints", "metrics.jsonl", "models"}
+    assert {p.name for p in data.iterdir()} <= {"identity.key", "checkpoints", "metrics.jsonl", "models", "status.json"}
 
 
 def test_model_path_outside_the_data_dir_is_read_only(tmp_path):

@@ -31,9 +31,9 @@ def forged(pubsub, data: bytes, *, signer, key_of) -> rpc_pb2.Message:
 async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keeps_training(tmp_path, nodes):
     node = NodeProcess(tmp_path / "n", [*PLUMBING, "--metrics-port", "0"])
     nodes.append(node)
-    with trio.fail_after(10):
-        line = await trio.to_thread.run_sync(node.proc.stdout.readline)
-    metrics_url = re.search(r"metrics on (http://\S+/metrics)", line).group(1)
+    with trio.fail_after(10):  # after the listening line: "page on URL", then "metrics on URL/metrics"
+        lines = [await trio.to_thread.run_sync(node.proc.stdout.readline) for _ in range(2)]
+    metrics_url = re.search(r"metrics on (http://\S+/metrics)", lines[1]).group(1)
     attacker = Peer(0x21, node.address, model_id="forger")
     frame = attacker.encoder.frame(honest_group(), 1)  # a group the node would accept if signed right
     stranger = create_new_key_pair(b"\x22" * 32)
