@@ -92,7 +92,7 @@ def matmul_gflops(weights: list[torch.Tensor], batch: int, kernel: str, seconds:
     x = torch.randn(batch, inp).to(weights[0].dtype)
     linear = F.linear
     if kernel == "packed":  # training/decoding.py's kernel
-        from sapo.training.decoding import _onednn_linear, _onednn_packer
+        from sapo.training.llama_decoder import _onednn_linear, _onednn_packer
 
         packer, linear = _onednn_packer(weights[0].dtype, torch.device("cpu"), batch), _onednn_linear
         if packer is None:
@@ -179,7 +179,7 @@ def real_round(policy, prompts: list[str], max_new_tokens: int) -> tuple[int, fl
     from sapo.training.generation import sample_completions
 
     started = time.process_time()
-    _, tokens = sample_completions(policy, prompts[:4], num_generations=8, max_new_tokens=max_new_tokens, seed=1)
+    _, tokens, _ = sample_completions(policy, prompts[:4], num_generations=8, max_new_tokens=max_new_tokens, seed=1)
     return tokens, time.process_time() - started
 
 

@@ -23,7 +23,8 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 
-from sapo.protocol.addresses import AddressError, parse_peer_address, resolve_peer_address
+from sapo.protocol.addresses import parse_peer_address
+from sapo.protocol.dialing import BootstrapKeeper, dial
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
 from sapo.protocol.settings import NetworkSettings
@@ -42,13 +43,6 @@ RPC_OVERHEAD_BYTES = 16 * 1024
 RPC_MESSAGES_PER_FRAME = 2
 # How many message ids we remember to drop replays; a rejoining peer is replayed 4-50 old ones.
 SEEN_IDS = 65_536
-# Poll interval of the bootstrap keeper while a peer is connected (a dropped connection is
-# noticed within this time; py-libp2p has no per-peer "disconnected" event we can await).
-CONNECTION_CHECK_SECONDS = 0.5
-# Bound on one dial attempt (TCP connect + Noise + yamux + multistream).
-DIAL_TIMEOUT_SECONDS = 10.0
-# Bound on resolving one DNS bootstrap address (OS resolver, or a /dnsaddr TXT lookup).
-DNS_TIMEOUT_SECONDS = 10.0
 # Bound on one publish (signing + handing the message to the per-peer queues).
 PUBLISH_TIMEOUT_SECONDS = 5.0
 # Bound on waiting for the pubsub service's internal tasks to start.
@@ -367,8 +361,10 @@ class GossipService:
                             await nursery.start(relay.run)
                             relay.set_reachability(reachability.status)
                             await nursery.start(reachability.run)
+                            keeper = BootstrapKeeper(host, settings, self._my_id, self.refusal, relay,
+                                                     self._count, self._bootstrap_ids)
                             for address in settings.peers:
-                                nursery.start_soon(self._keep_connected, host, address)
+                                nursery.start_soon(keeper.keep, address)
                             if settings.discover_peers > 0:
                                 await nursery.start(discovery.run)
                             task_status.started()
@@ -437,108 +433,17 @@ class GossipService:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._count("inbox_closed")
 
-    async def _keep_connected(self, host: Any, address: str) -> None:
-        """Keep one `peers` entry connected: resolve it (a name may point elsewhere after a
-        restart), dial each peer it names with exponential back-off, redial whenever one drops."""
-        settings = self.settings
-        delay = settings.dial_backoff_initial
-        infos: list[PeerInfo] = []
-        connected: set[ID] = set()
-        while True:
-            network = host.get_network()
-            usable = [i for i in infos if i.peer_id != self._my_id and self.refusal(i.peer_id) is None]
-            now = {i.peer_id for i in usable if self._is_connected(network, i.peer_id)}
-            for peer in now - connected:
-                logger.info("connected to bootstrap peer %s (%s)", peer, address)
-            for peer in connected - now:
-                logger.info("lost bootstrap peer %s (%s); redialling", peer, address)
-            connected = now
-            if usable and len(now) == len(usable):
-                delay = settings.dial_backoff_initial
-                await trio.sleep(CONNECTION_CHECK_SECONDS)
-                continue
-            if infos and not usable:  # banned: do not dial it back in; look again later
-                await trio.sleep(CONNECTION_CHECK_SECONDS)
-                continue
-            try:
-                infos = await resolve_peer_address(address, DNS_TIMEOUT_SECONDS)
-            except AddressError as error:
-                self._count("dns_failed")
-                logger.info("bootstrap peer %s: %s; retrying in %.1f s", address, error, delay)
-                await trio.sleep(delay)
-                delay = min(delay * 2, settings.dial_backoff_max)
-                continue
-            if all(i.peer_id == self._my_id for i in infos):
-                logger.info("bootstrap address %s is this node; skipping", address)
-                return
-            self._bootstrap_ids.update(i.peer_id for i in infos if i.peer_id != self._my_id)
-            missing = [i for i in infos if i.peer_id != self._my_id and self.refusal(i.peer_id) is None
-                       and not self._is_connected(network, i.peer_id)]
-            errors: list[BaseException] = []
-
-            async def dial_one(info: PeerInfo) -> None:
-                error = await self._dial(host, info)
-                if error is not None:
-                    errors.append(error)
-
-            async with trio.open_nursery() as dials:
-                for info in missing:
-                    dials.start_soon(dial_one, info)
-            if not errors:
-                continue
-            self._count("dial_failed", len(errors))
-            logger.debug("dial %s failed (%s); retrying in %.1f s", address, errors[0], delay)
-            await trio.sleep(delay)
-            delay = min(delay * 2, settings.dial_backoff_max)
-
     async def _dial(self, host: Any, info: PeerInfo) -> BaseException | None:
-        """One bounded dial, directly or else through a relay; None once connected."""
-        direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
-        relayed = [a for a in info.addrs if "/p2p-circuit" in str(a)]
-        error: BaseException | None = ConnectionError(f"no address to dial {info.peer_id} at")
-        if direct:
-            error = await self._dial_direct(host, PeerInfo(info.peer_id, direct))
-        if error is not None and relayed and self._relay is not None:
-            error = await self._relay.dial(PeerInfo(info.peer_id, relayed))
-            if error is None and not self._is_connected(host.get_network(), info.peer_id):
-                error = ConnectionError("relayed dial returned without a connection")
-        return error
-
-    async def _dial_direct(self, host: Any, info: PeerInfo) -> BaseException | None:
-        """One bounded direct dial; None once connected, else what went wrong."""
-        network = host.get_network()
-        peerstore = host.get_peerstore()
-        # A peer that restarted on a new port stays unreachable while its old address sits
-        # in the peerstore (dial_peer tries one address per transport), and a failed dial
-        # blocks every redial for 60 s. The address we were given is authoritative: reset both.
-        peerstore.clear_addrs(info.peer_id)
-        peerstore.add_addrs(info.peer_id, info.addrs, 3600)
-        if hasattr(network, "unblock_peer"):
-            network.unblock_peer(info.peer_id)
-        error: BaseException | None = None
-        with trio.move_on_after(DIAL_TIMEOUT_SECONDS) as scope:
-            try:
-                await host.connect(info)
-            except Exception as dial_error:
-                error = dial_error
-        if scope.cancelled_caught:
-            error = TimeoutError(f"dial timed out after {DIAL_TIMEOUT_SECONDS:.0f} s")
-        if error is None and not self._is_connected(network, info.peer_id):
-            error = ConnectionError("dial returned without a connection")
-        return error
+        return await dial(host, info, self._relay)
 
     async def _dial_discovered(self, info: PeerInfo) -> bool:
         host = self._host
         if host is None or self.refusal(info.peer_id) is not None:
             return False
-        error = await self._dial(host, info)
+        error = await dial(host, info, self._relay)
         if error is not None:
             logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
         return error is None
-
-    @staticmethod
-    def _is_connected(network: Any, peer_id: ID) -> bool:
-        return any(not connection.is_closed for connection in network.get_connections(peer_id))
 
     def _count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sapo.training.decoding import GenerationInterrupted, decode_samples
 from sapo.training.policy import Policy
 from sapo.training.rewards import Verifier, score_group
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import Problem
 
 __all__ = ["ANSWER_CLOSE", "GenerationInterrupted", "GenerationResult", "generate_groups", "greedy_completions", "sample_completions"]
@@ -34,11 +34,14 @@ def sample_completions(
     temperature: float = 1.0,
     seed: int = 0,
     stop: threading.Event | None = None,
-) -> tuple[list[list[str]], int]:
+    record_logprobs: bool = False,
+) -> tuple[list[list[str]], int, list[list[list[float]]] | None]:
     """All questions x G samples in one batch, with a KV cache and left padding.
 
     Each sequence stops at EOS or at the closing </answer>; the decoded text keeps the tag.
-    Returns the completions per prompt and the number of generated tokens.
+    Returns the completions per prompt, the number of generated tokens, and with
+    `record_logprobs` each completion's token log-probs per prompt (None for a completion whose
+    text, cut after the tag, no longer encodes to the tokens sampled: they could not be compared).
     """
     decoded = decode_samples(
         policy.model,
@@ -53,10 +56,16 @@ def sample_completions(
         stop=stop,
         autocast=policy.autocast,
         weights_dtype=policy.generation_dtype,
+        record_logprobs=record_logprobs,
     )
     texts = [_trim_after_answer(t) for t in policy.tokenizer.batch_decode(decoded.token_ids, skip_special_tokens=True)]
     grouped = [texts[i * num_generations : (i + 1) * num_generations] for i in range(len(prompts))]
-    return grouped, decoded.new_tokens
+    if decoded.token_logprobs is None:
+        return grouped, decoded.new_tokens, None
+    encoded = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    rows = [lp if list(ids) == tokens else None
+            for lp, ids, tokens in zip(decoded.token_logprobs, encoded, decoded.token_ids)]
+    return grouped, decoded.new_tokens, [rows[i * num_generations : (i + 1) * num_generations] for i in range(len(prompts))]
 
 
 def _trim_after_answer(text: str) -> str:
@@ -76,13 +85,17 @@ def generate_groups(
     sender_round: int = 0,
     stop: threading.Event | None = None,
     verifier: Verifier = score_group,
+    record_behavior: bool = False,
 ) -> GenerationResult:
-    """This round's local rollouts: sampled, decoded and scored by this node's verifier."""
+    """This round's local rollouts: sampled, decoded and scored by this node's verifier.
+
+    With `record_behavior`, each group carries the token log-probs it was sampled with (its
+    `behavior`, which --share-logprobs publishes), where every completion's can be compared."""
     if not problems:
         return GenerationResult([], 0.0, 0)
     started, cpu_started = time.perf_counter(), time.process_time()
     prompts = [policy.prompt(p) for p in problems]
-    completions, new_tokens = sample_completions(
+    completions, new_tokens, logprobs = sample_completions(
         policy,
         prompts,
         num_generations=num_generations,
@@ -90,6 +103,7 @@ def generate_groups(
         temperature=temperature,
         seed=seed,
         stop=stop,
+        record_logprobs=record_behavior,
     )
     now = time.time()
     groups = [
@@ -100,10 +114,18 @@ def generate_groups(
             model_id=policy.model_id,
             sender_round=sender_round,
             created_at=now,
+            behavior=_behavior(policy, temperature, logprobs[i]) if logprobs is not None else None,
         )
-        for problem, texts in zip(problems, completions)
+        for i, (problem, texts) in enumerate(zip(problems, completions))
     ]
     return GenerationResult(groups, time.perf_counter() - started, new_tokens, time.process_time() - cpu_started)
+
+
+def _behavior(policy: Policy, temperature: float, rows: list[list[float] | None]) -> Behavior | None:
+    # One row that cannot be compared drops the group's: the wire field is all or nothing.
+    if any(row is None for row in rows):
+        return None
+    return Behavior(tokenizer=policy.tokenizer_fingerprint, temperature=temperature, token_logprobs=rows)
 
 
 def greedy_completions(policy: Policy, prompts: list[str], max_new_tokens: int) -> list[str]:

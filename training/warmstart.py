@@ -191,7 +191,10 @@ def _supervised_step(policy: Policy, problems: list, coin: random.Random, optimi
     for problem in problems:
         prompt = tokenizer(policy.prompt(problem), add_special_tokens=False)["input_ids"]
         tagged = coin.random() < settings.tag_rate
-        answer = wrong_answer(problem.answer, coin) if coin.random() < settings.answer_noise else problem.answer
+        # Without noise, draw nothing: the coin's stream (and so every noise-free warm start) stays
+        # what it was before answer noise existed.
+        noisy = settings.answer_noise > 0 and coin.random() < settings.answer_noise
+        answer = wrong_answer(problem.answer, coin) if noisy else problem.answer
         target = tokenizer(solution_text(answer, tagged), add_special_tokens=False)["input_ids"]
         rows.append((prompt, target + [tokenizer.eos_token_id]))
     length = max(len(p) + len(t) for p, t in rows)

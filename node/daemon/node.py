@@ -152,6 +152,7 @@ class Node:
             sender_round=plan.index,
             stop=self.stop_requested,
             verifier=self.verifier,
+            record_behavior=self.settings.network.share_logprobs,  # published with the groups
         )
 
     def mix(self, plan: RoundPlan, generation: GenerationResult, now: float) -> TrainingSet:

@@ -69,7 +69,7 @@ def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_p
         return built[-1]
 
     monkeypatch.setattr(decoding.LlamaDecoder, "of", recording_of)
-    completions, tokens = sample_completions(policy, ["1+1="], num_generations=2, max_new_tokens=4)
+    completions, tokens, _ = sample_completions(policy, ["1+1="], num_generations=2, max_new_tokens=4)
     assert tokens > 0 and len(completions[0]) == 2
     assert built[0].layers[0].qkv.dtype == torch.bfloat16 and built[0].lm_head.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())

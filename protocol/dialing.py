@@ -1,0 +1,138 @@
+"""Dialling peers: one bounded dial (directly, else through a relay), and the keeper that holds
+one `--peers` entry connected for as long as the node runs."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from sapo.protocol.addresses import AddressError, resolve_peer_address
+from sapo.protocol.settings import NetworkSettings
+
+if TYPE_CHECKING:
+    from sapo.protocol.relay import RelayService
+
+logger = logging.getLogger("sapo.gossip")
+
+# Poll interval of the bootstrap keeper while a peer is connected (a dropped connection is
+# noticed within this time; py-libp2p has no per-peer "disconnected" event we can await).
+CONNECTION_CHECK_SECONDS = 0.5
+# Bound on one dial attempt (TCP connect + Noise + yamux + multistream).
+DIAL_TIMEOUT_SECONDS = 10.0
+# Bound on resolving one DNS bootstrap address (OS resolver, or a /dnsaddr TXT lookup).
+DNS_TIMEOUT_SECONDS = 10.0
+
+
+def is_connected(network: Any, peer_id: ID) -> bool:
+    return any(not connection.is_closed for connection in network.get_connections(peer_id))
+
+
+async def dial(host: Any, info: PeerInfo, relay: RelayService | None) -> BaseException | None:
+    """One bounded dial, directly or else through a relay; None once connected."""
+    direct = [a for a in info.addrs if "/p2p-circuit" not in str(a)]
+    relayed = [a for a in info.addrs if "/p2p-circuit" in str(a)]
+    error: BaseException | None = ConnectionError(f"no address to dial {info.peer_id} at")
+    if direct:
+        error = await dial_direct(host, PeerInfo(info.peer_id, direct))
+    if error is not None and relayed and relay is not None:
+        error = await relay.dial(PeerInfo(info.peer_id, relayed))
+        if error is None and not is_connected(host.get_network(), info.peer_id):
+            error = ConnectionError("relayed dial returned without a connection")
+    return error
+
+
+async def dial_direct(host: Any, info: PeerInfo) -> BaseException | None:
+    """One bounded direct dial; None once connected, else what went wrong."""
+    network = host.get_network()
+    peerstore = host.get_peerstore()
+    # A peer that restarted on a new port stays unreachable while its old address sits
+    # in the peerstore (dial_peer tries one address per transport), and a failed dial
+    # blocks every redial for 60 s. The address we were given is authoritative: reset both.
+    peerstore.clear_addrs(info.peer_id)
+    peerstore.add_addrs(info.peer_id, info.addrs, 3600)
+    if hasattr(network, "unblock_peer"):
+        network.unblock_peer(info.peer_id)
+    error: BaseException | None = None
+    with trio.move_on_after(DIAL_TIMEOUT_SECONDS) as scope:
+        try:
+            await host.connect(info)
+        except Exception as dial_error:
+            error = dial_error
+    if scope.cancelled_caught:
+        error = TimeoutError(f"dial timed out after {DIAL_TIMEOUT_SECONDS:.0f} s")
+    if error is None and not is_connected(network, info.peer_id):
+        error = ConnectionError("dial returned without a connection")
+    return error
+
+
+class BootstrapKeeper:
+    """Keeps `--peers` entries connected; the gossip service owns the host and decides whom
+    it refuses (`refusal`: allow list, bans)."""
+
+    def __init__(self, host: Any, settings: NetworkSettings, my_id: ID, refusal: Callable[[ID], str | None],
+                 relay: RelayService | None, count: Callable[..., None], bootstrap_ids: set[ID]) -> None:
+        self.host = host
+        self.settings = settings
+        self.my_id = my_id
+        self.refusal = refusal
+        self.relay = relay
+        self.count = count
+        self.bootstrap_ids = bootstrap_ids  # shared with the relay: the relays a NATed node tries first
+
+    async def keep(self, address: str) -> None:
+        """Keep one `peers` entry connected: resolve it (a name may point elsewhere after a
+        restart), dial each peer it names with exponential back-off, redial whenever one drops."""
+        host, settings = self.host, self.settings
+        delay = settings.dial_backoff_initial
+        infos: list[PeerInfo] = []
+        connected: set[ID] = set()
+        while True:
+            network = host.get_network()
+            usable = [i for i in infos if i.peer_id != self.my_id and self.refusal(i.peer_id) is None]
+            now = {i.peer_id for i in usable if is_connected(network, i.peer_id)}
+            for peer in now - connected:
+                logger.info("connected to bootstrap peer %s (%s)", peer, address)
+            for peer in connected - now:
+                logger.info("lost bootstrap peer %s (%s); redialling", peer, address)
+            connected = now
+            if usable and len(now) == len(usable):
+                delay = settings.dial_backoff_initial
+                await trio.sleep(CONNECTION_CHECK_SECONDS)
+                continue
+            if infos and not usable:  # banned: do not dial it back in; look again later
+                await trio.sleep(CONNECTION_CHECK_SECONDS)
+                continue
+            try:
+                infos = await resolve_peer_address(address, DNS_TIMEOUT_SECONDS)
+            except AddressError as error:
+                self.count("dns_failed")
+                logger.info("bootstrap peer %s: %s; retrying in %.1f s", address, error, delay)
+                await trio.sleep(delay)
+                delay = min(delay * 2, settings.dial_backoff_max)
+                continue
+            if all(i.peer_id == self.my_id for i in infos):
+                logger.info("bootstrap address %s is this node; skipping", address)
+                return
+            self.bootstrap_ids.update(i.peer_id for i in infos if i.peer_id != self.my_id)
+            missing = [i for i in infos if i.peer_id != self.my_id and self.refusal(i.peer_id) is None
+                       and not is_connected(network, i.peer_id)]
+            errors: list[BaseException] = []
+
+            async def dial_one(info: PeerInfo) -> None:
+                error = await dial(host, info, self.relay)
+                if error is not None:
+                    errors.append(error)
+
+            async with trio.open_nursery() as dials:
+                for info in missing:
+                    dials.start_soon(dial_one, info)
+            if not errors:
+                continue
+            self.count("dial_failed", len(errors))
+            logger.debug("dial %s failed (%s); retrying in %.1f s", address, errors[0], delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, settings.dial_backoff_max)
