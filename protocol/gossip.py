@@ -433,9 +433,6 @@ class GossipService:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._count("inbox_closed")
 
-    async def _dial(self, host: Any, info: PeerInfo) -> BaseException | None:
-        return await dial(host, info, self._relay)
-
     async def _dial_discovered(self, info: PeerInfo) -> bool:
         host = self._host
         if host is None or self.refusal(info.peer_id) is not None:

@@ -45,7 +45,7 @@ async def relay_and_two_private(nursery, psk=None, **private):
 async def dial_through_relay(a, b) -> None:
     (circuit,) = b.service.relayed_addrs
     info = PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
-    assert await a.service._dial(a.service._host, info) is None
+    assert await a.service._dial_discovered(info)  # directly, else through the relay: connected
 
 
 async def test_private_peers_meet_through_the_relay_and_gossip_over_the_circuit():
