@@ -34,6 +34,7 @@ class Member:
     encoder: GroupEncoder
     intake: Intake | None  # None: the member never trains on external groups, so it skips checks
     counters: NodeCounters
+    joins_at: int = 1  # the first round it takes part in: before it, it neither publishes nor receives
     pending: list[bytes] = field(default_factory=list)
 
 
@@ -60,8 +61,10 @@ class MemoryHub:
         compress: bool = True,
         share_logprobs: bool = False,
         verifier: Verifier = score_group,
+        joins_at: int = 1,
     ) -> "MemoryExchange":
-        """Add a member; with `inbox=None` it only publishes."""
+        """Add a member; with `inbox=None` it only publishes. A lockstep round waits only for
+        members that have joined by then (`joins_at`), and only they receive its groups."""
         encoder = GroupEncoder(
             clock=self.clock, peer_id=peer_id, swarm=self.swarm, model_id=model_id, rg_version=self.rg_version,
             compress=compress, share_logprobs=share_logprobs,
@@ -79,7 +82,7 @@ class MemoryHub:
                 max_age_seconds=max_age_seconds,
                 verifier=verifier,
             )
-        member = Member(peer_id, encoder, intake, counters)
+        member = Member(peer_id, encoder, intake, counters, joins_at)
         self.members.append(member)
         return MemoryExchange(self, member)
 
@@ -91,25 +94,26 @@ class MemoryHub:
             return
         done = self._delivered.setdefault(round_index, trio.Event())
         published = self._published.get(round_index, 0) + 1
-        if published < len(self.members):
+        if published < sum(1 for m in self.members if m.joins_at <= round_index):
             self._published[round_index] = published
             await done.wait()
             return
         # the last member of the round to publish delivers everyone's groups
         self._published.pop(round_index, None)
         del self._delivered[round_index]
-        self.deliver()
+        self.deliver(round_index)
         done.set()
 
-    def deliver(self) -> int:
-        """Hand every held frame to every other receiving member, senders in join order;
-        returns the frames delivered."""
+    def deliver(self, round_index: int | None = None) -> int:
+        """Hand every held frame to every other receiving member (of those that have joined by
+        `round_index`, if given), senders in join order; returns the frames delivered."""
         delivered = 0
         now = self.clock()
+        receivers = [m for m in self.members if m.intake is not None and (round_index is None or m.joins_at <= round_index)]
         for sender in self.members:
             for frame in sender.pending:
-                for member in self.members:
-                    if member.intake is not None and member is not sender:
+                for member in receivers:
+                    if member is not sender:
                         member.intake.accept(frame, sender.peer_id, now)
                         delivered += 1
             sender.pending.clear()

@@ -120,6 +120,35 @@ def run_metrics(per_node_rows: list[list[dict]], rounds: int, window: int) -> di
     }
 
 
+def late_joiner_metrics(joiners: list[list[dict]], founders: list[list[dict]], last_round: int) -> dict[str, Any] | None:
+    """What the nodes that joined late learned over their first k rounds (up to `last_round`),
+    against what the nodes that started the run learned over their own first k rounds: both
+    begin at the same warm start, so the difference is what an older swarm gave the newcomers."""
+    rows = [[row for row in node_rows if row["round"] <= last_round] for node_rows in joiners]
+    k = min((len(r) for r in rows), default=0)
+    if k == 0:
+        return None
+    rows = [r[:k] for r in rows]
+    accuracy = [[row["accuracy"] for row in r] for r in rows]
+    mean_curve = [statistics.fmean(col) for col in zip(*accuracy)]
+    founders_first = [sum(row["accuracy"] for row in node_rows[:k]) for node_rows in founders]
+    tenth = max(1, k // 10)
+    cumulative = sum(sum(a) for a in accuracy) / len(accuracy)
+    founders_cumulative = statistics.fmean(founders_first)
+    return {
+        "nodes": len(rows),
+        "join_round": rows[0][0]["joined"],
+        "rounds": k,
+        "cumulative_accuracy": cumulative,
+        "founders_cumulative_accuracy": founders_cumulative,
+        "versus_founders": cumulative / founders_cumulative if founders_cumulative > 0 else None,
+        "accuracy_start": statistics.fmean(mean_curve[:tenth]),
+        "accuracy_end": statistics.fmean(mean_curve[-tenth:]),
+        "mean_curve": mean_curve,
+        "heldout": heldout_curve(rows),
+    }
+
+
 def mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
@@ -170,6 +199,8 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
             pairs = list(zip(seeds, runs[ref]))
             ratios = {metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0]) for metric in RATIO_METRICS}
             entry[f"ratio_to_{label}"] = {"reference": ref} | {metric: r for metric, r in ratios.items() if r is not None}
+        if all(s.get("late_joiners") for s in seeds):
+            entry["late_joiners"] = late_joiner_summary(config, configs, seeds, runs)
         entry["spread"] = {
             kind: {
                 "threshold": seeds[0][f"{kind}_spread"]["threshold"],
@@ -182,3 +213,25 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
                   "treatments": list(config.treatments)}
         out[config.name] = entry
     return out
+
+
+def late_joiner_summary(config: MixConfig, configs: list[MixConfig], seeds: list[dict], runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """The late joiners of a config over seeds: their learning, how it compares with the founders'
+    first rounds, and with the late joiners of the reference arms (paired per seed)."""
+    late = [s["late_joiners"] for s in seeds]
+    entry: dict[str, Any] = {
+        key: mean_std([x[key] for x in late])
+        for key in ("cumulative_accuracy", "founders_cumulative_accuracy", "accuracy_start", "accuracy_end")
+    }
+    entry |= {"nodes": late[0]["nodes"], "join_round": late[0]["join_round"], "rounds": late[0]["rounds"]}
+    entry["versus_founders"] = ratio_interval([x["versus_founders"] for x in late if x["versus_founders"] is not None])
+    heldout = [x["heldout"] for x in late if x["heldout"]]
+    if heldout:
+        entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
+    for label, ref in reference_arms(config, configs).items():
+        pairs = [(s["late_joiners"], r.get("late_joiners")) for s, r in zip(seeds, runs[ref])]
+        ratio = ratio_interval([s["cumulative_accuracy"] / r["cumulative_accuracy"] for s, r in pairs
+                                if r and r["cumulative_accuracy"] > 0])
+        if ratio is not None:
+            entry[f"ratio_to_{label}"] = {"reference": ref, "cumulative_accuracy": ratio}
+    return entry

@@ -85,6 +85,7 @@ class Learner:
     index: int
     node: Node
     exchange: MemoryExchange
+    joins_at: int = 1  # its first round (a late joiner's is later)
 
     @property
     def records(self) -> list:
@@ -147,8 +148,9 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             compress=net.compress,
             share_logprobs=net.share_logprobs,
             verifier=node.verifier,
+            joins_at=study.joins_at(k),
         )
-        learners.append(Learner(k, node, exchange))
+        learners.append(Learner(k, node, exchange, study.joins_at(k)))
     solvers = []
     for k in range(study.scripted_solvers):
         peer_seed = base.run.seed + 1000 * seed + 500 + k

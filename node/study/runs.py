@@ -55,9 +55,10 @@ def run_one(
     setup_seconds, setup_cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
     with (run_dir / "raw.jsonl").open("w") as raw:
 
-        def write_round(round_index: int, results: list[RoundResult]) -> None:
+        def write_round(round_index: int, results: list[RoundResult | None]) -> None:
             rows = [round_row(config, seed, learner.index, learner.node.settings.model.model, result.record)
-                    for learner, result in zip(run.learners, results)]
+                    | ({"joined": learner.joins_at} if learner.joins_at > 1 else {})
+                    for learner, result in zip(run.learners, results) if result is not None]
             raw.writelines(json.dumps(row) + "\n" for row in rows)
             raw.flush()  # a long study can be inspected (or salvaged) while it runs
             if progress is not None:
@@ -77,7 +78,8 @@ def run_one(
 
 async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_round) -> int:
     """The run's rounds, each one `run_round` per learner (the daemon's own round) over the
-    lockstep hub, plus the scripted peers' publishing; returns how many rounds ran.
+    lockstep hub, plus the scripted peers' publishing; returns how many rounds ran. A late
+    joiner's round runs from its join round on (`on_round` gets None for it before).
 
     One torch lock for all nodes: their torch work takes turns on the one core a run gets.
     """
@@ -94,7 +96,8 @@ async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_ro
 
         async with trio.open_nursery() as nursery:
             for position, learner in enumerate(run.learners):
-                nursery.start_soon(learner_round, position, learner)
+                if learner.joins_at <= round_index:
+                    nursery.start_soon(learner_round, position, learner)
             for peer in run.solvers:
                 nursery.start_soon(peer.round, round_index)
         on_round(round_index, results)

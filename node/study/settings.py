@@ -133,6 +133,14 @@ class ExperimentSettings(BaseModel):
         description="warm-start tag rate for all nodes below 1, so the <answer> format must be discovered (default: the "
         "node setting --warm-start-tag-rate)",
     )
+    late_joiners: int = Field(
+        default=0, ge=0, le=63,
+        description="the last K learning nodes of each run join at --join-round: before it they neither generate, "
+        "publish nor receive, and then start from the warm start like the others did",
+    )
+    join_round: int | None = Field(
+        default=None, ge=2, le=100_000, description="the round late joiners start at (default: half the rounds, plus one)"
+    )
     round_seconds: float = Field(default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)")
     ma_window: int | None = Field(
         default=None, ge=1, le=10_000,
@@ -185,4 +193,24 @@ class ExperimentSettings(BaseModel):
                                  "or use the in-memory transport")
         if self.mixed_sizes and self.mixed_tokenizers:
             raise ValueError("choose one of --mixed-sizes and --mixed-tokenizers")
+        if self.late_joiners:
+            if self.late_joiners >= self.nodes:
+                raise ValueError(f"--late-joiners {self.late_joiners} leaves no node to start the run with --nodes "
+                                 f"{self.nodes}; use fewer than --nodes")
+            if self.transport == "libp2p":
+                raise ValueError("--late-joiners needs the in-memory transport's round clock; drop --transport libp2p")
+            if self.first_late_round > self.rounds:
+                raise ValueError(f"--join-round {self.first_late_round} is after the last round ({self.rounds}); "
+                                 "late joiners would never run")
+        elif self.join_round is not None:
+            raise ValueError("--join-round needs --late-joiners K")
         return self
+
+    @property
+    def first_late_round(self) -> int:
+        return self.join_round if self.join_round is not None else self.rounds // 2 + 1
+
+    def joins_at(self, index: int) -> int:
+        """The round node `index` of a run starts at: 1, or the join round for the last
+        `late_joiners` nodes."""
+        return self.first_late_round if index >= self.nodes - self.late_joiners else 1

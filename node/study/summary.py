@@ -11,7 +11,7 @@ from typing import Any
 
 from sapo.node.daemon.node import warm_start_settings
 from sapo.node.daemon.settings import NodeSettings
-from sapo.node.study.metrics import SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, run_metrics, summarize
+from sapo.node.study.metrics import SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, late_joiner_metrics, run_metrics, summarize
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.plots import plot_curves
 from sapo.node.study.settings import MA_WINDOW, METRIC_DEFINITIONS, ExperimentSettings, MixConfig, parse_configs
@@ -30,10 +30,19 @@ def write_outputs(study: ExperimentSettings, configs: list[MixConfig], rows: lis
     if missing:
         raise RuntimeError(f"no rows for {missing}: --max-minutes ended the study before any run completed a round")
     node_rows = {key: [sorted(nodes[k], key=lambda r: r["round"]) for k in sorted(nodes)] for key, nodes in per_run.items()}
-    rounds = min(len(rows_) for runs_ in node_rows.values() for rows_ in runs_)
+    # The run's founders (who start at round 1) give the swarm's metrics; late joiners their own.
+    founders = {key: [r for r in runs_ if r[0].get("joined", 1) == 1] for key, runs_ in node_rows.items()}
+    joiners = {key: [r for r in runs_ if r[0].get("joined", 1) > 1] for key, runs_ in node_rows.items()}
+    rounds = min(len(rows_) for runs_ in founders.values() for rows_ in runs_)
     window = ma_window(study, rounds)
-    runs = {c.name: [run_metrics(node_rows[(c.name, s)], rounds, window) | {"seed": s} for s in range(study.seeds)]
-            for c in configs}
+
+    def one_run(config: MixConfig, seed: int) -> dict[str, Any]:
+        key = (config.name, seed)
+        metrics = run_metrics(founders[key], rounds, window) | {"seed": seed}
+        late = late_joiner_metrics(joiners[key], founders[key], rounds) if joiners[key] else None
+        return metrics | ({"late_joiners": late} if late else {})
+
+    runs = {c.name: [one_run(c, s) for s in range(study.seeds)] for c in configs}
     summary = {
         "definitions": METRIC_DEFINITIONS,
         "round_visibility": meta["round_visibility"],
@@ -115,7 +124,12 @@ def _ratio(entry: dict[str, Any], label: str, metric: str) -> str:
     ratio = entry.get(f"ratio_to_{label}")
     if not ratio or metric not in ratio:
         return "–"
-    r = ratio[metric]
+    return _interval(ratio[metric])
+
+
+def _interval(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "–"
     if r["low"] is None:
         return f"{r['mean']:.3f}"
     return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
@@ -189,10 +203,41 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
             f"{seeds_of(spread['format']['all_nodes_round'])} | {seeds_of(spread['accuracy']['first_node_round'])} | "
             f"{seeds_of(spread['accuracy']['all_nodes_round'])} | {r['external_groups']['mean']:.2f} |"
         )
+    lines += late_joiner_lines(results, configs)
     lines += ["", "## Definitions", ""]
     lines += [f"- **{k}**: {v}" for k, v in summary["definitions"].items()]
-    heterogeneity = ("specialists", "mixed_sizes", "mixed_tokenizers", "scripted_solvers", "solver_accuracy", "format_discovery")
+    heterogeneity = ("specialists", "mixed_sizes", "mixed_tokenizers", "scripted_solvers", "solver_accuracy", "format_discovery",
+                     "late_joiners", "join_round")
     flags = {k: study[k] for k in heterogeneity}
     lines += ["", "## Heterogeneity and warm start", "", f"- flags: `{json.dumps(flags)}`",
               f"- warm start: `{json.dumps(summary['warm_start'])}`", ""]
     return "\n".join(lines)
+
+
+def late_joiner_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:
+    """The late joiners' table, when the study had some."""
+    late = {c.name: results[c.name]["late_joiners"] for c in configs if "late_joiners" in results[c.name]}
+    if not late:
+        return []
+    first = next(iter(late.values()))
+    lines = [
+        "",
+        "## Late joiners",
+        "",
+        f"{first['nodes']} node(s) of each run joined at round {first['join_round']}, from the same warm start as the "
+        f"founders; their cumulative accuracy over their first {first['rounds']} rounds, against the founders' over "
+        "their own first as many rounds (in the same run), and against the late joiners of the reference arms (paired "
+        "per seed, 95 % interval).",
+        "",
+        "| config | joiners' cumulative accuracy | founders' first rounds | ÷ founders | ÷ T/0's joiners | ÷ I/0's joiners | "
+        "joiners' accuracy, first → last tenth |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in late.items():
+        lines.append(
+            f"| {name} | {_fmt(entry['cumulative_accuracy'], 2)} | {_fmt(entry['founders_cumulative_accuracy'], 2)} | "
+            f"{_interval(entry['versus_founders'])} | {_ratio(entry, 'baseline', 'cumulative_accuracy')} | "
+            f"{_ratio(entry, 'local_only', 'cumulative_accuracy')} | "
+            f"{_fmt(entry['accuracy_start'], 2)} → {_fmt(entry['accuracy_end'], 2)} |"
+        )
+    return lines
