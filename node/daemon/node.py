@@ -131,6 +131,7 @@ class Node:
             weights_from=weights_from,
             adapter_from=adapter_from,
             precision=m.precision,
+            generation_precision=m.generation_precision,
         )
 
     # --- one round's steps, in data-flow order -------------------------------------------

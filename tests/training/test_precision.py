@@ -73,3 +73,15 @@ def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_p
     assert tokens > 0 and len(completions[0]) == 2
     assert built[0].layers[0].qkv.dtype == torch.bfloat16 and built[0].lm_head.dtype == torch.bfloat16
     assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+
+
+def test_the_nodes_generation_precision_setting_reaches_its_policy(tmp_path):
+    from sapo.node.daemon.node import Node
+    from sapo.node.daemon.settings import load_settings
+
+    for choice, bf16 in (("fp32", False), ("bf16", True)):
+        settings = load_settings({"model": "tiny-micro", "warm_start_steps": 0, "generation_precision": choice,
+                                  "data_dir": tmp_path / choice, "torch_threads": 1, "checkpoint_every": 0})
+        node = Node(settings)
+        assert node.policy.generation_bf16 is bf16, choice
+        assert node.policy.generation_dtype == (torch.bfloat16 if bf16 else torch.float32)
