@@ -83,10 +83,23 @@ def sample_tokens(logits: torch.Tensor, temperature: float | None, generator: to
 # --- decoding ------------------------------------------------------------------------------------------
 
 
-class _StaticDecoding:
-    """A batch decoding on `LlamaDecoder` and its shared-prompt cache."""
+def segments_of(owners: list[int]) -> list[tuple[int, int, int]]:
+    """(owner, start, end) of each run of equal values in `owners` (rows of a mixed batch)."""
+    runs: list[tuple[int, int, int]] = []
+    for position, owner in enumerate(owners):
+        if runs and runs[-1][0] == owner:
+            runs[-1] = (owner, runs[-1][1], position + 1)
+        else:
+            runs.append((owner, position, position + 1))
+    return runs
 
-    def __init__(self, decoder: LlamaDecoder, input_ids, attention, samples_per_prompt: int, max_new_tokens: int):
+
+class _StaticDecoding:
+    """A batch decoding on `LlamaDecoder` and its shared-prompt cache. With `prompt_owners`
+    (a mixed batch), prompt i and its samples decode with adapter prompt_owners[i]."""
+
+    def __init__(self, decoder: LlamaDecoder, input_ids, attention, samples_per_prompt: int, max_new_tokens: int,
+                 prompt_owners: list[int] | None = None):
         self.decoder = decoder
         device = input_ids.device
         prompts, length = input_ids.shape
@@ -94,16 +107,21 @@ class _StaticDecoding:
         # Left padding shifts positions; explicit ids make every row's prompt start at 0.
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
         self.cache = decoder.new_cache(prompts, samples_per_prompt, length, max_new_tokens, device)
-        first = decoder.prefill(input_ids, attention.bool(), positions, self.cache, self.tables)
+        self.owners = None if prompt_owners is None else [o for o in prompt_owners for _ in range(samples_per_prompt)]
+        prompt_segments = None if prompt_owners is None else segments_of(prompt_owners)
+        first = decoder.prefill(input_ids, attention.bool(), positions, self.cache, self.tables, prompt_segments)
         self.first_logits = first.repeat_interleave(samples_per_prompt, dim=0)
         self.next_position = positions[:, -1].repeat_interleave(samples_per_prompt) + 1
 
     def keep(self, rows: torch.Tensor) -> None:
         self.cache.keep(rows)
         self.next_position = self.next_position[rows]
+        if self.owners is not None:
+            self.owners = [self.owners[r] for r in rows.tolist()]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = self.decoder.step(tokens, self.next_position, self.cache, self.tables)
+        segments = None if self.owners is None else segments_of(self.owners)
+        logits = self.decoder.step(tokens, self.next_position, self.cache, self.tables, segments)
         self.next_position = self.next_position + 1
         return logits
 
@@ -159,15 +177,56 @@ def decode_samples(
     `weights_dtype` is the precision `LlamaDecoder` runs in (None: the model's own); `autocast`
     gives the precision context of a model that decodes through its own forward (Policy.autocast).
     """
+    return _decode(model, tokenizer, prompts, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
+                   temperature=temperature, seeds=[seed], device=device, stop_text=stop_text, stop=stop,
+                   autocast=autocast, weights_dtype=weights_dtype, record_logprobs=record_logprobs)[0]
+
+
+def decode_mixed(
+    model,
+    tokenizer,
+    prompts: list[list[str]],
+    adapters: list[str],
+    *,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float | None,
+    seeds: list[int],
+    device: torch.device,
+    stop_text: str | None = None,
+    stop: threading.Event | None = None,
+    weights_dtype: torch.dtype | None = None,
+    record_logprobs: bool = False,
+) -> list[DecodedBatch] | None:
+    """Several LoRA adapters of one PEFT `model` decoding at once: prompts[i] with adapters[i]
+    and its own random stream (seeds[i]), in one batch through the base weights; one
+    DecodedBatch per adapter, as `decode_samples` would give it alone (up to the kernels'
+    summation order). None if the model does not fit `LlamaDecoder` (decode each alone then)."""
+    if not (len(prompts) == len(adapters) == len(seeds)):
+        raise ValueError("one prompt list and one seed per adapter")
+    return _decode(model, tokenizer, prompts, adapters=adapters, samples_per_prompt=samples_per_prompt,
+                   max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds, device=device,
+                   stop_text=stop_text, stop=stop, autocast=contextlib.nullcontext, weights_dtype=weights_dtype,
+                   record_logprobs=record_logprobs)
+
+
+def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, temperature, seeds, device, stop_text,
+            stop, autocast, weights_dtype, record_logprobs, adapters: list[str] | None = None) -> list[DecodedBatch] | None:
+    """decode_samples for one prompt list (`prompts` a list of str), or decode_mixed's batch
+    (`prompts` one list per adapter): one DecodedBatch per prompt list."""
     eos = tokenizer.eos_token_id
+    lists = prompts if adapters is not None else [prompts]
+    flat = [p for prompt_list in lists for p in prompt_list]
+    prompt_owners = [owner for owner, prompt_list in enumerate(lists) for _ in prompt_list]
     tokenizer.padding_side = "left"
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    encoded = tokenizer(flat, return_tensors="pt", padding=True, add_special_tokens=False)
     input_ids = encoded["input_ids"].to(device)
     attention = encoded["attention_mask"].to(device)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
     token_text = _TokenText(tokenizer)
     tail_keep = len(stop_text) + 8 if stop_text else 0
-    rows = len(prompts) * samples_per_prompt
+    rows = len(flat) * samples_per_prompt
+    row_owner = [owner for owner in prompt_owners for _ in range(samples_per_prompt)]
     generated: list[list[int]] = [[] for _ in range(rows)]
     logprobs: list[list[float]] | None = [[] for _ in range(rows)] if record_logprobs and temperature else None
     tails = [""] * rows
@@ -176,9 +235,12 @@ def decode_samples(
     steps = 0
     try:
         with torch.inference_mode():
-            decoder = LlamaDecoder.of(model, weights_dtype or next(model.parameters()).dtype, rows)
+            decoder = LlamaDecoder.of(model, weights_dtype or next(model.parameters()).dtype, rows, adapters)
             if decoder is not None:
-                decoding = _StaticDecoding(decoder, input_ids, attention, samples_per_prompt, max_new_tokens)
+                decoding = _StaticDecoding(decoder, input_ids, attention, samples_per_prompt, max_new_tokens,
+                                           prompt_owners if adapters is not None else None)
+            elif adapters is not None:
+                return None
             else:
                 decoding = _ModelDecoding(model, input_ids, attention, samples_per_prompt, autocast)
             logits = decoding.first_logits
@@ -186,7 +248,9 @@ def decode_samples(
             for _ in range(max_new_tokens):
                 if stop is not None and stop.is_set():
                     raise GenerationInterrupted("generation stopped for shutdown")
-                chosen = sample_tokens(logits, temperature, generator)
+                # each owner's rows draw from its own stream, as they would decoding alone
+                chosen = torch.cat([sample_tokens(logits[start:end], temperature, generators[owner])
+                                    for owner, start, end in segments_of([row_owner[r] for r in active])])
                 steps += 1
                 if logprobs is not None:  # what a peer's importance weight compares with (update.py)
                     scaled = logits.float() / temperature
@@ -216,4 +280,10 @@ def decode_samples(
     finally:
         if was_training:
             model.train()
-    return DecodedBatch(generated, sum(len(g) for g in generated), steps, logprobs)
+    batches = []
+    for owner in range(len(lists)):
+        mine = [r for r in range(rows) if row_owner[r] == owner]
+        tokens = [generated[r] for r in mine]
+        batches.append(DecodedBatch(tokens, sum(len(t) for t in tokens), steps,
+                                    None if logprobs is None else [logprobs[r] for r in mine]))
+    return batches

@@ -6,13 +6,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sapo.training.decoding import GenerationInterrupted, decode_samples
+from sapo.training.decoding import DecodedBatch, GenerationInterrupted, decode_mixed, decode_samples
 from sapo.training.policy import Policy
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import Problem
 
-__all__ = ["ANSWER_CLOSE", "GenerationInterrupted", "GenerationResult", "generate_groups", "greedy_completions", "sample_completions"]
+__all__ = ["ANSWER_CLOSE", "GenerationInterrupted", "GenerationRequest", "GenerationResult", "generate_groups",
+           "generate_groups_together", "greedy_completions", "sample_completions", "sample_completions_together"]
 
 ANSWER_CLOSE = "</answer>"
 
@@ -58,14 +59,51 @@ def sample_completions(
         weights_dtype=policy.generation_dtype,
         record_logprobs=record_logprobs,
     )
+    return _completions(policy, decoded, num_generations, len(prompts))
+
+
+def _completions(policy: Policy, decoded: DecodedBatch, num_generations: int, prompts: int):
+    """sample_completions' result from a decoded batch: texts cut after the tag, grouped per prompt."""
     texts = [_trim_after_answer(t) for t in policy.tokenizer.batch_decode(decoded.token_ids, skip_special_tokens=True)]
-    grouped = [texts[i * num_generations : (i + 1) * num_generations] for i in range(len(prompts))]
+    grouped = [texts[i * num_generations : (i + 1) * num_generations] for i in range(prompts)]
     if decoded.token_logprobs is None:
         return grouped, decoded.new_tokens, None
     encoded = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
     rows = [lp if list(ids) == tokens else None
             for lp, ids, tokens in zip(decoded.token_logprobs, encoded, decoded.token_ids)]
-    return grouped, decoded.new_tokens, [rows[i * num_generations : (i + 1) * num_generations] for i in range(len(prompts))]
+    return grouped, decoded.new_tokens, [rows[i * num_generations : (i + 1) * num_generations] for i in range(prompts)]
+
+
+def sample_completions_together(
+    policies: list[Policy],
+    prompts: list[list[str]],
+    *,
+    seeds: list[int],
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    stop: threading.Event | None = None,
+    record_logprobs: bool = False,
+) -> list[tuple[list[list[str]], int, list[list[list[float]]] | None]]:
+    """sample_completions for several policies that are adapters of one shared base
+    (training/shared_base.py), as one mixed batch: each policy's result as it would be alone.
+    Policies that do not share one base, or a model LlamaDecoder cannot run, decode one by one."""
+    from sapo.training.shared_base import AdapterView
+
+    models = [p.model for p in policies]
+    if all(isinstance(m, AdapterView) for m in models) and len({id(m.shared) for m in models}) == 1:
+        first = policies[0]
+        decoded = decode_mixed(
+            models[0].shared, first.tokenizer, prompts, [m.name for m in models], seeds=seeds,
+            samples_per_prompt=num_generations, max_new_tokens=max_new_tokens, temperature=temperature,
+            device=first.device, stop_text=ANSWER_CLOSE, stop=stop, weights_dtype=first.generation_dtype,
+            record_logprobs=record_logprobs,
+        )
+        if decoded is not None:
+            return [_completions(p, d, num_generations, len(ps)) for p, d, ps in zip(policies, decoded, prompts)]
+    return [sample_completions(p, ps, num_generations=num_generations, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed, stop=stop, record_logprobs=record_logprobs)
+            for p, ps, seed in zip(policies, prompts, seeds)]
 
 
 def _trim_after_answer(text: str) -> str:
@@ -105,8 +143,57 @@ def generate_groups(
         stop=stop,
         record_logprobs=record_behavior,
     )
+    groups = _groups(policy, problems, completions, logprobs, verifier, sender_round, temperature)
+    return GenerationResult(groups, time.perf_counter() - started, new_tokens, time.process_time() - cpu_started)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One node's generate_groups arguments, for generate_groups_together."""
+
+    policy: Policy
+    problems: list[Problem]
+    seed: int
+    sender_round: int
+    verifier: Verifier = score_group
+    record_behavior: bool = False
+
+
+def generate_groups_together(
+    requests: list[GenerationRequest],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    stop: threading.Event | None = None,
+) -> list[GenerationResult]:
+    """generate_groups for several nodes on one shared base, sampled as one mixed batch
+    (sample_completions_together); each result's seconds are the whole batch's."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    asking = [r for r in requests if r.problems]
+    sampled = sample_completions_together(
+        [r.policy for r in asking], [[r.policy.prompt(p) for p in r.problems] for r in asking],
+        seeds=[r.seed for r in asking], num_generations=num_generations, max_new_tokens=max_new_tokens,
+        temperature=temperature, stop=stop, record_logprobs=any(r.record_behavior for r in asking),
+    )
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    by_request = dict(zip(map(id, asking), sampled))
+    results = []
+    for r in requests:
+        if not r.problems:
+            results.append(GenerationResult([], 0.0, 0))
+            continue
+        completions, new_tokens, logprobs = by_request[id(r)]
+        groups = _groups(r.policy, r.problems, completions, logprobs if r.record_behavior else None, r.verifier,
+                         r.sender_round, temperature)
+        results.append(GenerationResult(groups, seconds, new_tokens, cpu))
+    return results
+
+
+def _groups(policy: Policy, problems: list[Problem], completions, logprobs, verifier: Verifier, sender_round: int,
+            temperature: float) -> list[QuestionGroup]:
     now = time.time()
-    groups = [
+    return [
         QuestionGroup(
             problem=problem,
             completions=texts,
@@ -118,7 +205,6 @@ def generate_groups(
         )
         for i, (problem, texts) in enumerate(zip(problems, completions))
     ]
-    return GenerationResult(groups, time.perf_counter() - started, new_tokens, time.process_time() - cpu_started)
 
 
 def _behavior(policy: Policy, temperature: float, rows: list[list[float] | None]) -> Behavior | None:

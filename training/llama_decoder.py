@@ -74,6 +74,16 @@ class SharedPromptCache:
 
 
 @dataclass(frozen=True)
+class _Adapters:
+    """A stacked layer's LoRA factors for each of several adapters (decoding a mixed batch):
+    adapter i adds up[i] @ (down[i] @ x), where down[i] stacks the parts' A matrices
+    ([parts x r, in]) and up[i] holds their scaled B matrices on its block diagonal."""
+
+    down: list[torch.Tensor]
+    up: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
 class _Layer:
     input_norm: torch.Tensor
     qkv: torch.Tensor  # q, k and v projections stacked: [(heads + 2 kv_heads) x head_dim, hidden]
@@ -85,6 +95,15 @@ class _Layer:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
+    # decoding a mixed batch: each adapter's factors, kept apart from the base weights
+    qkv_lora: _Adapters | None = None
+    out_lora: _Adapters | None = None
+    gate_up_lora: _Adapters | None = None
+    down_lora: _Adapters | None = None
+
+
+# Rows of a mixed batch, in order, by adapter: (adapter index, first row, end row).
+Segments = list[tuple[int, int, int]]
 
 
 _SUPPORTED_TYPES = ("llama", "qwen2")
@@ -104,14 +123,16 @@ def _is_plain_linear(module) -> bool:
     )
 
 
-def _linear_parts(module) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor, float]]]:
+def _linear_parts(module, only_base: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor, float]]]:
     """A linear layer's weight and bias, and its active, unmerged LoRA adapters as (B, A, scale):
-    its effective weight is weight + sum of scale x B @ A."""
+    its effective weight is weight + sum of scale x B @ A. `only_base`: the base layer alone."""
     base = getattr(module, "base_layer", None)
     if base is None:
         return module.weight, module.bias, []
     bias, adapters = base.bias, []
-    if module.disable_adapters:
+    if module.disable_adapters or only_base:
+        if only_base and module.merged_adapters:
+            raise ValueError("a mixed batch needs the adapters unmerged")
         return base.weight, bias, adapters
     for name in module.active_adapters:
         if name not in module.lora_A or name in module.merged_adapters:
@@ -123,12 +144,12 @@ def _linear_parts(module) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple
     return base.weight, bias, adapters
 
 
-def _stack(modules: list, dtype, pack) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _stack(modules: list, dtype, pack, only_base: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The linear layers `modules`, which read the same input, as one layer in `dtype` (LoRA
-    adapters folded in), laid out by `pack` for the matmul that will use it. Each weight is read
-    once: the copy into the stacked tensor is also the cast, and a LoRA merge is one addmm per
-    adapter, in fp32. A single plain fp32 layer is not copied at all."""
-    parts = [_linear_parts(m) for m in modules]
+    adapters folded in, unless `only_base`), laid out by `pack` for the matmul that will use it.
+    Each weight is read once: the copy into the stacked tensor is also the cast, and a LoRA merge
+    is one addmm per adapter, in fp32. A single plain fp32 layer is not copied at all."""
+    parts = [_linear_parts(m, only_base) for m in modules]
     if len(parts) == 1 and not parts[0][2]:
         weight = parts[0][0].to(dtype).contiguous()
     else:
@@ -142,6 +163,20 @@ def _stack(modules: list, dtype, pack) -> tuple[torch.Tensor, torch.Tensor | Non
         return pack(weight), None
     bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b, _ in parts])
     return pack(weight), bias.to(dtype)
+
+
+def _stack_adapters(modules: list, names: list[str], dtype) -> _Adapters:
+    """Each adapter's factors for the linear layers `modules` stacked as one (see _Adapters)."""
+    down, up = [], []
+    for name in names:
+        missing = [m for m in modules if name not in getattr(m, "lora_A", {})]
+        if missing:
+            raise ValueError(f"adapter {name!r} is not on every projection")
+        a = torch.cat([m.lora_A[name].weight for m in modules]).to(dtype)
+        b = torch.block_diag(*[m.lora_B[name].weight * m.scaling[name] for m in modules]).to(dtype)
+        down.append(a)
+        up.append(b)
+    return _Adapters(down, up)
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,7 +210,7 @@ class LlamaDecoder:
     the matmul kernels (tests/training/test_decoding.py checks greedy tokens against generate).
     """
 
-    def __init__(self, causal_lm, dtype: torch.dtype, rows: int = 32):
+    def __init__(self, causal_lm, dtype: torch.dtype, rows: int = 32, adapters: list[str] | None = None):
         config = causal_lm.config
         body = causal_lm.model
         self.dtype = dtype
@@ -192,15 +227,19 @@ class LlamaDecoder:
         pack = packer or (lambda weight: weight)
         self.lm_head = _stack([causal_lm.lm_head], dtype, pack)[0]
         self.intermediate = config.intermediate_size
+        # With `adapters`, a mixed batch: the base weights alone, and each named adapter's
+        # factors applied to its own rows (Segments) at every projection.
+        self.adapters = adapters
+        mixed = adapters is not None
         self.layers = []
         for block in body.layers:
             attention, mlp = block.self_attn, block.mlp
-            qkv = _stack([attention.q_proj, attention.k_proj, attention.v_proj], dtype, pack)
-            out = _stack([attention.o_proj], dtype, pack)
-            gate_up = _stack([mlp.gate_proj, mlp.up_proj], dtype, pack)
-            down = _stack([mlp.down_proj], dtype, pack)
-            self.layers.append(_Layer(block.input_layernorm.weight, *qkv, *out, block.post_attention_layernorm.weight,
-                                      *gate_up, *down))
+            groups = ([attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj],
+                      [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
+            stacked = [part for group in groups for part in _stack(group, dtype, pack, only_base=mixed)]
+            loras = [_stack_adapters(group, adapters, dtype) for group in groups] if mixed else [None] * 4
+            self.layers.append(_Layer(block.input_layernorm.weight, *stacked[:4], block.post_attention_layernorm.weight,
+                                      *stacked[4:], *loras))
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -233,12 +272,22 @@ class LlamaDecoder:
         return None
 
     @classmethod
-    def of(cls, model, dtype: torch.dtype, rows: int = 32) -> LlamaDecoder | None:
+    def of(cls, model, dtype: torch.dtype, rows: int = 32, adapters: list[str] | None = None) -> LlamaDecoder | None:
         """This decoder for `model` (a transformers causal LM or a PEFT wrapper of one), its
-        matmuls laid out for about `rows` rows; None if the model does not fit it."""
+        matmuls laid out for about `rows` rows; None if the model does not fit it. `adapters`:
+        decode a mixed batch, each row with one of these LoRA adapters of `model`."""
         if cls.unsupported(model) is not None:
             return None
-        return cls(model.get_base_model() if hasattr(model, "get_base_model") else model, dtype, rows)
+        return cls(model.get_base_model() if hasattr(model, "get_base_model") else model, dtype, rows, adapters)
+
+    def project(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora: _Adapters | None,
+                segments: Segments | None) -> torch.Tensor:
+        """x's projection by the base weight, plus, on a mixed batch, each row's own adapter."""
+        y = self.linear(x, weight, bias)
+        if lora is not None and segments is not None:
+            for adapter, start, end in segments:
+                y[start:end] += F.linear(F.linear(x[start:end], lora.down[adapter]), lora.up[adapter])
+        return y
 
     def new_cache(self, prompts: int, samples: int, prompt_length: int, new_tokens: int, device) -> SharedPromptCache:
         return SharedPromptCache(len(self.layers), prompts, samples, self.kv_heads, self.head_dim, prompt_length,
@@ -264,9 +313,10 @@ class LlamaDecoder:
         return self.linear(self._norm(x, self.final_norm), self.lm_head).float()
 
     def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: SharedPromptCache,
-                tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                tables: tuple[torch.Tensor, torch.Tensor], segments: Segments | None = None) -> torch.Tensor:
         """Run the left-padded prompts `input_ids` [prompts, L] into the prompt part of `cache`;
-        the logits [prompts, vocab] after each prompt's last token."""
+        the logits [prompts, vocab] after each prompt's last token. `segments`: which prompts
+        each adapter of a mixed batch decodes."""
         prompts, length = input_ids.shape
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         cos, sin = (t[positions].unsqueeze(2) for t in tables)  # [prompts, L, 1, head_dim]
@@ -278,7 +328,7 @@ class LlamaDecoder:
         cache.prompt_bias = bias.masked_fill_(~valid[:, None, :], float("-inf")).repeat_interleave(kv_heads, dim=0)
         x = self.embed(input_ids).float()
         for index, layer in enumerate(self.layers):
-            qkv = self.linear(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)
+            qkv = self.project(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias, layer.qkv_lora, segments)
             qk = self._rotate(qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)),
                               cos, sin).to(self.dtype)
             q = qk[:, :, :heads].transpose(1, 2)
@@ -290,16 +340,17 @@ class LlamaDecoder:
                 k = k.repeat_interleave(heads // kv_heads, dim=1)
                 v = v.repeat_interleave(heads // kv_heads, dim=1)
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            x = x + self.linear(attended.transpose(1, 2).flatten(2), layer.out, layer.out_bias)
-            gate_up = self.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias)
-            x = x + self.linear(F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :],
-                             layer.down, layer.down_bias)
+            x = x + self.project(attended.transpose(1, 2).flatten(2), layer.out, layer.out_bias, layer.out_lora, segments)
+            gate_up = self.project(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, layer.gate_up_lora,
+                                   segments)
+            x = x + self.project(F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :],
+                                 layer.down, layer.down_bias, layer.down_lora, segments)
         return self._logits(x[:, -1])
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SharedPromptCache,
-             tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+             tables: tuple[torch.Tensor, torch.Tensor], segments: Segments | None = None) -> torch.Tensor:
         """One token per live row of `cache` (`tokens` [rows]) written into its next generated
-        column; the next logits [rows, vocab]."""
+        column; the next logits [rows, vocab]. `segments`: each adapter's rows, on a mixed batch."""
         rows = tokens.shape[0]
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         qk_width = (heads + kv_heads) * head_dim
@@ -307,15 +358,16 @@ class LlamaDecoder:
         cos, sin = (t[positions].unsqueeze(1) for t in tables)  # [rows, 1, head_dim]
         x = self.embed(tokens).float()
         for index, layer in enumerate(self.layers):
-            qkv = self.linear(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias)
+            qkv = self.project(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias, layer.qkv_lora, segments)
             qk = self._rotate(qkv[:, :qk_width].view(rows, heads + kv_heads, head_dim), cos, sin)
             cache.keys_t[index, :, :, :, column] = qk[:, heads:]
             cache.values[index, :, :, column] = qkv[:, qk_width:].view(rows, kv_heads, head_dim)
             attended = self._attend((qk[:, :heads] * head_dim**-0.5).to(self.dtype), cache, index)
-            x = x + self.linear(attended, layer.out, layer.out_bias)
-            gate_up = self.linear(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias)
-            x = x + self.linear(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :],
-                             layer.down, layer.down_bias)
+            x = x + self.project(attended, layer.out, layer.out_bias, layer.out_lora, segments)
+            gate_up = self.project(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, layer.gate_up_lora,
+                                   segments)
+            x = x + self.project(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :],
+                                 layer.down, layer.down_bias, layer.down_lora, segments)
         cache.column += 1
         return self._logits(x)
 

@@ -27,7 +27,7 @@ from sapo.sampling.strategies import get_sampler
 from sapo.training.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
 from sapo.training.config import default_learning_rate
 from sapo.training.evaluation import heldout_accuracy, heldout_problems, is_correct
-from sapo.training.generation import GenerationResult, generate_groups
+from sapo.training.generation import GenerationRequest, GenerationResult, generate_groups
 from sapo.training.policy import LoraOptions, Policy, load_policy
 from sapo.training.rewards import Verifier, has_answer_tag, verifier_for
 from sapo.training.tasks import TaskSampler, TaskSpec
@@ -60,7 +60,10 @@ class Node:
         peer_id: str = "local",
         warm_start_tasks: list[TaskSpec] | None = None,
         verifier: Verifier | None = None,
+        policy: Policy | None = None,
     ):
+        """`policy`: one the caller built (a node on a shared base, training/shared_base.py);
+        such a node starts fresh and does not resume from checkpoints."""
         self.settings = settings
         self.peer_id = peer_id
         # How this node scores its own completions (benchmarks substitute one that forces signal).
@@ -78,8 +81,8 @@ class Node:
             torch.set_num_threads(settings.model.torch_threads)
         self.models_dir = settings.model.models_dir or self.data_dir / "models"
         self.warm_start = warm_start_settings(settings)
-        checkpoint = latest_checkpoint(self.checkpoints_dir)
-        self.policy = self._load_policy(checkpoint)
+        checkpoint = latest_checkpoint(self.checkpoints_dir) if policy is None else None
+        self.policy = policy if policy is not None else self._load_policy(checkpoint)
         train = settings.training
         if train.lr is None:
             train = train.model_copy(update={"lr": default_learning_rate(settings.model.model, settings.model.lora)})
@@ -140,20 +143,32 @@ class Node:
         """This round's I and J, from the node's balance (fixed, or adaptive)."""
         return self.balance.plan(round_index)
 
-    def generate(self, plan: RoundPlan) -> GenerationResult:
-        """This round's I local groups, sampled from the node's own policy and scored by its verifier."""
-        t = self.training
-        return generate_groups(
+    def generation_request(self, plan: RoundPlan) -> GenerationRequest:
+        """This round's I questions (drawn from the task stream now: once a round) and how this
+        node samples them."""
+        return GenerationRequest(
             self.policy,
             self.tasks.sample(plan.local),
+            seed=self.settings.run.seed * 1_000_003 + plan.index,
+            sender_round=plan.index,
+            verifier=self.verifier,
+            record_behavior=self.settings.network.share_logprobs,  # published with the groups
+        )
+
+    def generate(self, plan: RoundPlan) -> GenerationResult:
+        """This round's I local groups, sampled from the node's own policy and scored by its verifier."""
+        request, t = self.generation_request(plan), self.training
+        return generate_groups(
+            request.policy,
+            request.problems,
             num_generations=t.generations,
             max_new_tokens=t.max_new_tokens,
             temperature=t.temperature,
-            seed=self.settings.run.seed * 1_000_003 + plan.index,
-            sender_round=plan.index,
+            seed=request.seed,
+            sender_round=request.sender_round,
             stop=self.stop_requested,
-            verifier=self.verifier,
-            record_behavior=self.settings.network.share_logprobs,  # published with the groups
+            verifier=request.verifier,
+            record_behavior=request.record_behavior,
         )
 
     def mix(self, plan: RoundPlan, generation: GenerationResult, now: float) -> TrainingSet:

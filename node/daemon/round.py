@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
@@ -39,8 +39,18 @@ class RoundResult:
     record: RoundRecord
 
 
+async def generate_alone(node: Node, plan: RoundPlan, torch_lock: trio.Lock) -> GenerationResult:
+    """A node's generation on its own: in a worker thread, holding the torch lock."""
+    async with torch_lock:
+        return await trio.to_thread.run_sync(node.generate, plan)
+
+
+Generate = Callable[[Node, RoundPlan, trio.Lock], Awaitable[GenerationResult]]
+
+
 async def run_round(
-    node: Node, exchange: Exchange, plan: RoundPlan, torch_lock: trio.Lock, clock: Callable[[], float] = time.time
+    node: Node, exchange: Exchange, plan: RoundPlan, torch_lock: trio.Lock, clock: Callable[[], float] = time.time,
+    generate: Generate = generate_alone,
 ) -> RoundResult:
     """Sample tasks and generate G completions each (local rollouts), publish them, mix in J
     external groups from the inbox, re-encode and take the GRPO step, measure held-out accuracy
@@ -48,11 +58,12 @@ async def run_round(
 
     Torch work runs in a worker thread so the network keeps breathing; `torch_lock` keeps
     other torch users (the judge, other nodes of a study) off the CPU meanwhile. `clock` is
-    what "now" means for the inbox (the study's round clock, or the wall clock).
+    what "now" means for the inbox (the study's round clock, or the wall clock). `generate` is
+    how the round's local groups are made: the node alone, or batched with other nodes on one
+    shared base (node/study/shared_generation.py).
     """
     started = time.perf_counter()
-    async with torch_lock:
-        generation = await trio.to_thread.run_sync(node.generate, plan)
+    generation = await generate(node, plan, torch_lock)
     await exchange.publish(generation.groups, plan.index)
     async with torch_lock:
         training_set = await trio.to_thread.run_sync(node.mix, plan, generation, clock())

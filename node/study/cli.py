@@ -22,6 +22,9 @@ def experiment_node_flags(node_args: list[str]) -> list[str]:
     if "--tasks" in given and "--task-config" not in given:  # the stand-in's config is for its own task
         at = stand_in.index("--task-config")
         del stand_in[at : at + 2]
+    if "--lora" in given and "--warm-start-steps" not in given:  # the warm start trains the full model: not with LoRA
+        at = stand_in.index("--warm-start-steps")
+        del stand_in[at : at + 2]
     return [*EXPERIMENT_NODE_DEFAULTS, *stand_in, *node_args]
 
 
@@ -41,6 +44,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     node_flags = experiment_node_flags(args.node_args)
     base = node_settings_from_flags(node_flags)
     study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
+    if study.shared_base and not base.model.lora:
+        from sapo.node.daemon.settings import SettingsError
+
+        raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
     from sapo.node.study.runs import run_experiment
 
     configure_logging(base.run.log_level)

@@ -11,6 +11,7 @@ from typing import Any
 from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.memory_exchange import MemoryExchange, MemoryHub
 from sapo.node.daemon.node import Node
+from sapo.node.daemon.round import Generate, generate_alone
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.scripted import ScriptedSolver
@@ -109,12 +110,14 @@ class ScriptedPeer:
 
 @dataclass
 class StudyRun:
-    """The members of one config x seed run, sharing one lockstep hub and one round clock."""
+    """The members of one config x seed run, sharing one lockstep hub and one round clock, and
+    how their rounds generate (each alone, or one batch on a shared base)."""
 
     clock: "RoundClock"
     hub: MemoryHub
     learners: list[Learner]
     solvers: list[ScriptedPeer]
+    generate: Generate = generate_alone
 
 
 class RoundClock:
@@ -130,10 +133,12 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
     clock = RoundClock(study.round_seconds)
     hub = MemoryHub(clock, swarm="experiment", rg_version=reasoning_gym_version(), lockstep=True)
     learners = []
-    for k in range(study.nodes):
-        settings = node_settings(base, study, config, seed, k, run_dir)
+    every = [node_settings(base, study, config, seed, k, run_dir) for k in range(study.nodes)]
+    shared = shared_base(every) if study.shared_base else None
+    for k, settings in enumerate(every):
         tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists == "tasks" else None
-        node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks)
+        policy = shared.policy(k) if shared is not None else None
+        node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks, policy=policy)
         node.metrics = _RecordsInMemory(node.metrics.path)
         receives = config.adaptive or config.external > 0
         net = settings.network
@@ -165,4 +170,26 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
                 base.training.generations, config.local,
             )
         )
-    return StudyRun(clock, hub, learners, solvers)
+    if shared is None:
+        return StudyRun(clock, hub, learners, solvers)
+    from sapo.node.study.shared_generation import BatchedGeneration
+
+    batch = BatchedGeneration(lambda r: sum(1 for learner in learners if learner.joins_at <= r))
+    return StudyRun(clock, hub, learners, solvers, batch.generate)
+
+
+def shared_base(every: list[NodeSettings]):
+    """The run's one base model with one LoRA adapter per learner (--shared-base)."""
+    import torch
+
+    from sapo.training.policy import LoraOptions
+    from sapo.training.shared_base import SharedLoraBase
+
+    m = every[0].model
+    if m.torch_threads:
+        torch.set_num_threads(m.torch_threads)
+    return SharedLoraBase(
+        m.model, len(every), lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank), seeds=[s.run.seed for s in every],
+        models_dir=m.models_dir or every[0].run.data_dir / "models", device=m.device, prompt_style=m.prompt_style,
+        one_shot=m.one_shot, precision=m.precision, generation_precision=m.generation_precision,
+    )

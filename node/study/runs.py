@@ -92,7 +92,8 @@ async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_ro
 
         async def learner_round(position: int, learner: Learner) -> None:
             node = learner.node
-            results[position] = await run_round(node, learner.exchange, node.plan(round_index), torch_lock, run.clock)
+            results[position] = await run_round(node, learner.exchange, node.plan(round_index), torch_lock, run.clock,
+                                                run.generate)
 
         async with trio.open_nursery() as nursery:
             for position, learner in enumerate(run.learners):

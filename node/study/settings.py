@@ -141,6 +141,11 @@ class ExperimentSettings(BaseModel):
     join_round: int | None = Field(
         default=None, ge=2, le=100_000, description="the round late joiners start at (default: half the rounds, plus one)"
     )
+    shared_base: bool = Field(
+        default=False,
+        description="the learners of a run are LoRA adapters (needs --lora) of one base model in memory, and their "
+        "round's generation is one mixed batch through it",
+    )
     round_seconds: float = Field(default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)")
     ma_window: int | None = Field(
         default=None, ge=1, le=10_000,
@@ -193,6 +198,12 @@ class ExperimentSettings(BaseModel):
                                  "or use the in-memory transport")
         if self.mixed_sizes and self.mixed_tokenizers:
             raise ValueError("choose one of --mixed-sizes and --mixed-tokenizers")
+        if self.shared_base:
+            conflicting = [name for name in ("mixed_sizes", "mixed_tokenizers") if getattr(self, name)]
+            conflicting += ["specialists"] if self.specialists != "none" else []
+            conflicting += ["transport libp2p"] if self.transport == "libp2p" else []
+            if conflicting:
+                raise ValueError(f"--shared-base puts every learner on one base model; drop {', '.join(conflicting)}")
         if self.late_joiners:
             if self.late_joiners >= self.nodes:
                 raise ValueError(f"--late-joiners {self.late_joiners} leaves no node to start the run with --nodes "

@@ -64,8 +64,8 @@ def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_p
     assert policy.generation_dtype == torch.bfloat16 and not policy.bf16  # the update stays fp32
     built, real_of = [], decoding.LlamaDecoder.of
 
-    def recording_of(model, dtype, rows=32):
-        built.append(real_of(model, dtype, rows))
+    def recording_of(model, dtype, rows=32, adapters=None):
+        built.append(real_of(model, dtype, rows, adapters))
         return built[-1]
 
     monkeypatch.setattr(decoding.LlamaDecoder, "of", recording_of)
