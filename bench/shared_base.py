@@ -14,7 +14,7 @@ its own ReasoningGYM questions, chat prompts, its own sampling seed), with LoRA 
 Memory is the peak of the summed resident set of the processes of a mode, sampled every 50 ms.
 
     .venv/bin/python bench/shared_base.py                      # 8 x smollm2-135m, about 10 minutes on 2 cores
-    .venv/bin/python bench/shared_base.py --model tiny --nodes 4 --smoke
+    .venv/bin/python bench/shared_base.py --smoke                # 3 x tiny
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--node", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
+        # fp32: a mixed batch then samples token for token what each node samples alone
+        args.model, args.nodes, args.generation_precision = "tiny", min(args.nodes, 3), "fp32"
         args.rounds, args.questions, args.generations, args.max_new_tokens = 1, 2, 4, 12
     return args
 
@@ -79,7 +81,8 @@ def run_separate(args) -> dict:
     from sapo.training.policy import LoraOptions, load_policy
 
     torch.set_num_threads(1)
-    policy = load_policy(args.model, device="cpu", lora=LoraOptions(16, 32), seed=args.node, models_dir=args.models_dir,
+    # seed 0: the base the shared process builds (a tiny model is made from its seed)
+    policy = load_policy(args.model, device="cpu", lora=LoraOptions(16, 32), seed=0, models_dir=args.models_dir,
                          generation_precision=args.generation_precision)
     seconds, tokens = [], 0
     for round_index in range(args.rounds + 1):

@@ -151,3 +151,13 @@ def test_gil_probe_smoke(tmp_path):
         row = next(line for line in out.splitlines() if line.startswith(f"{phase} "))
         assert int(row.split()[1]) > 100, f"too few 1 ms wake-ups timed in the {phase} phase: {row}"
     assert "p99 lateness, generate minus torch (the GIL's share):" in out
+
+
+def test_shared_base_smoke(tmp_path):
+    done = run_script("shared_base.py", "--models-dir", str(tmp_path / "models"), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split(":")[0]: line.split() for line in done.stdout.splitlines()
+            if line.startswith(("separate:", "shared, one by one:", "shared, mixed batch:"))}
+    assert len(rows) == 3, done.stdout
+    # the same work in every mode: the same tokens per swarm-round
+    assert len({row[-1] for row in rows.values()}) == 1, rows
