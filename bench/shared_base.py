@@ -14,7 +14,7 @@ its own ReasoningGYM questions, chat prompts, its own sampling seed), with LoRA 
 Memory is the peak of the summed resident set of the processes of a mode, sampled every 50 ms.
 
     .venv/bin/python bench/shared_base.py                      # 8 x smollm2-135m, about 10 minutes on 2 cores
-    .venv/bin/python bench/shared_base.py --smoke                # 3 x tiny
+    .venv/bin/python bench/shared_base.py --smoke                # 2 x tiny
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         # fp32: a mixed batch then samples token for token what each node samples alone
-        args.model, args.nodes, args.generation_precision = "tiny", min(args.nodes, 3), "fp32"
+        args.model, args.nodes, args.generation_precision = "tiny", min(args.nodes, 2), "fp32"
         args.rounds, args.questions, args.generations, args.max_new_tokens = 1, 2, 4, 12
     return args
 
