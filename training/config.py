@@ -129,6 +129,12 @@ class TrainingSettings(BaseModel):
         description="which completions that this node did not sample itself (a peer's) train: only those with "
         "positive advantage, or all of them, as the paper does (README: 'What sharing does to the update')",
     )
+    own_rows: Literal["all", "positive"] = Field(
+        default="all",
+        description="which of this node's own completions train: all of them (GRPO), or only those with positive "
+        "advantage; a control for --off-policy-rows positive (is a swarm's gain its peers' answers, or fewer "
+        "negative rows?)",
+    )
     importance_weight: Literal["off", "sequence"] = Field(
         default="off",
         description="weigh each completion this node did not sample by min(1, its per-token geometric mean of "

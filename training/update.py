@@ -97,18 +97,20 @@ class UpdateStats:
     cpu_seconds: float = 0.0  # process CPU time over the whole update
 
 
-def trained_rows(group: QuestionGroup, off_policy_rows: str = "all") -> list[tuple[str, float, int]]:
+def trained_rows(group: QuestionGroup, off_policy_rows: str = "all", own_rows: str = "all") -> list[tuple[str, float, int]]:
     """The (completion, advantage) rows a group contributes, advantages over the whole group.
 
     With `off_policy_rows="positive"`, a completion this node did not sample itself trains only
     when its advantage is positive. Its failures are what another policy wrote: pushing them
     down moves tokens they share with good answers (the `</answer>` tag) in contexts this
     policy would not produce, where it is least sure of them, and that push is not balanced by
-    its own successes, on which those tokens are already near certain.
+    its own successes, on which those tokens are already near certain. `own_rows="positive"`
+    does the same to the node's own completions (a control, not a recommendation).
     """
     advantages = group_advantages(torch.tensor(group.rewards)).tolist()
     rows = zip(group.completions, advantages, group.on_policy_rows(), range(len(group.completions)))
-    return [(text, adv, index) for text, adv, own, index in rows if own or off_policy_rows == "all" or adv > 0]
+    return [(text, adv, index) for text, adv, own, index in rows
+            if adv > 0 or (own_rows if own else off_policy_rows) == "all"]
 
 
 def comparable_behavior(policy: Policy, group: QuestionGroup, index: int) -> list[float] | None:
@@ -122,7 +124,8 @@ def comparable_behavior(policy: Policy, group: QuestionGroup, index: int) -> lis
 
 
 def encode_groups(
-    policy: Policy, groups: list[QuestionGroup], max_completion_tokens: int, off_policy_rows: str = "all"
+    policy: Policy, groups: list[QuestionGroup], max_completion_tokens: int, off_policy_rows: str = "all",
+    own_rows: str = "all",
 ) -> EncodedBatch | None:
     """Re-encode prompt and completion text with this node's own tokenizer.
 
@@ -132,7 +135,7 @@ def encode_groups(
     Groups without signal (all-equal rewards) contribute nothing and are left out.
     """
     tokenizer = policy.tokenizer
-    rows_of = [(g, trained_rows(g, off_policy_rows)) for g in groups if has_signal(g.rewards)]
+    rows_of = [(g, trained_rows(g, off_policy_rows, own_rows)) for g in groups if has_signal(g.rewards)]
     if not rows_of:
         return None
     useful = [g for g, _ in rows_of]
@@ -258,7 +261,7 @@ def grpo_update(
 ) -> UpdateStats:
     """`updates_per_batch` passes of `minibatches` clipped steps each, from old log-probs taken once."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    batch = encode_groups(policy, groups, settings.max_new_tokens, settings.off_policy_rows)
+    batch = encode_groups(policy, groups, settings.max_new_tokens, settings.off_policy_rows, settings.own_rows)
     if batch is None:
         return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started)
     device = policy.device

@@ -52,6 +52,8 @@ TREATMENTS: dict[str, dict[str, Any]] = {
     "hascorrect": {"sampler": "has-correct"},  # only mixed groups holding a fully correct answer
     # this node adds 4 completions of its own to each external question, all-correct groups included
     "augment": {"augment_external": 4, "sampler": "any-correct"},
+    # a control: the node's own completions, too, train only with positive advantage
+    "ownpositive": {"own_rows": "positive"},
 }
 
 

@@ -90,3 +90,19 @@ def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_r
         assert after < before - 0.03, (before, after)
     else:
         assert after > before - 0.01, (before, after)
+
+
+@pytest.mark.parametrize(("own_rows", "off_policy_rows"), [("all", "all"), ("all", "positive"), ("positive", "all"),
+                                                          ("positive", "positive")])
+def test_which_rows_train_by_whose_they_are_and_their_sign(own_rows, off_policy_rows):
+    from sapo.training.update import trained_rows
+
+    problem = TaskSampler(TASKS, 1, 0).sample(1)[0]
+    texts = ["<answer>right</answer>", "<answer>wrong</answer>"]
+    own = QuestionGroup(problem=problem, completions=texts, rewards=[1.0, 0.0])
+    peer = own.model_copy(update={"origin": "12D3KooWpeer"})
+    assert not peer.is_local and own.is_local
+    kept = lambda group: [text for text, _, _ in trained_rows(group, off_policy_rows, own_rows)]  # noqa: E731
+    # a right answer (positive advantage) always trains; a wrong one only where that side says "all"
+    assert kept(own) == (texts if own_rows == "all" else texts[:1])
+    assert kept(peer) == (texts if off_policy_rows == "all" else texts[:1])
