@@ -248,9 +248,11 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
             for _ in range(max_new_tokens):
                 if stop is not None and stop.is_set():
                     raise GenerationInterrupted("generation stopped for shutdown")
-                # each owner's rows draw from its own stream, as they would decoding alone
-                chosen = torch.cat([sample_tokens(logits[start:end], temperature, generators[owner])
-                                    for owner, start, end in segments_of([row_owner[r] for r in active])])
+                if len(generators) == 1:  # one policy: no segments to find, every step
+                    chosen = sample_tokens(logits, temperature, generators[0])
+                else:  # each owner's rows draw from its own stream, as they would decoding alone
+                    chosen = torch.cat([sample_tokens(logits[start:end], temperature, generators[owner])
+                                        for owner, start, end in segments_of([row_owner[r] for r in active])])
                 steps += 1
                 if logprobs is not None:  # what a peer's importance weight compares with (update.py)
                     scaled = logits.float() / temperature
