@@ -16,9 +16,10 @@ class SamplingSettings(BaseModel):
     local: int = Field(default=4, ge=0, le=256, description="I: local question groups generated and trained on per round")
     external: int = Field(default=4, ge=0, le=256, description="J: external question groups from peers trained on per round")
     balance: Literal["fixed", "adaptive"] = Field(
-        default="fixed",
-        description="fixed: always I/J; adaptive: the node moves its own J (I + J fixed, starting at J) by "
-        "comparing the reward gain after rounds with more and with fewer external groups",
+        default="adaptive",
+        description="adaptive: the node moves its own J (I + J fixed, starting at J) by comparing the reward "
+        "gain after rounds with more and with fewer external groups (the studies' winner); fixed: always I/J. "
+        "Unless given, a node with --local 0 or --external 0 is fixed: it keeps the split it was asked for",
     )
     balance_period: int = Field(default=10, ge=2, le=10_000, description="rounds between adaptive-balance decisions")
     sampler: SamplerName = Field(
@@ -52,6 +53,11 @@ class SamplingSettings(BaseModel):
     def _can_train(self) -> "SamplingSettings":
         if self.local == 0 and self.external == 0:
             raise ValueError("--local 0 with --external 0 trains on nothing: give --local (I) at least 1")
+        if "balance" not in self.model_fields_set and (self.local == 0 or self.external == 0):
+            # The default balance is adaptive, but an isolated node (J = 0) or a node that trains on
+            # peers' groups only (I = 0) asked for that split: moving its J would override it.
+            # (Assigned without marking the field as given, so a copy re-validates the same way.)
+            object.__setattr__(self, "balance", "fixed")
         if self.balance == "adaptive" and self.local == 0:
             raise ValueError("--balance adaptive keeps at least one local group a round: give --local at least 1")
         return self

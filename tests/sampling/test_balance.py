@@ -39,3 +39,29 @@ def test_adaptive_balance_holds_without_a_difference():
     for r in range(1, 21):
         balance.observe(r, gain=0.1)
     assert balance.external == 4
+
+
+def test_the_default_balance_is_adaptive_unless_the_node_asked_for_a_one_sided_split():
+    from pydantic import ValidationError
+
+    from sapo.node.daemon.settings import NodeSettings
+    from sapo.sampling.config import SamplingSettings
+
+    assert SamplingSettings().balance == "adaptive"  # the winner of bench/results' tables
+    # isolation (J = 0) and peers-only (I = 0) stay as asked, unless the balance is given
+    assert SamplingSettings(external=0).balance == "fixed"
+    assert SamplingSettings(local=0, external=8).balance == "fixed"
+    assert SamplingSettings(external=0, balance="adaptive").balance == "adaptive"
+    assert SamplingSettings(balance="fixed").balance == "fixed"
+    # a copy re-validates to the same balance
+    isolated = SamplingSettings(external=0)
+    assert SamplingSettings.model_validate(isolated.model_dump()).balance == "fixed"
+    # a generator never trains, so it has no gain to balance by
+    generator = NodeSettings.model_validate({"run": {"generate_only": True}})
+    assert generator.sampling.balance == "fixed" and generator.sampling.local == 4
+    try:
+        NodeSettings.model_validate({"run": {"generate_only": True}, "sampling": {"balance": "adaptive"}})
+    except ValidationError as error:
+        assert "--generate-only with --balance adaptive" in str(error)
+    else:
+        raise AssertionError("a generator with --balance adaptive was accepted")

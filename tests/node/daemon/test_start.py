@@ -18,7 +18,10 @@ def test_tiny_node_runs_rounds_checkpoints_and_resumes(tmp_path):
     assert [r["round"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert REQUIRED_KEYS <= row.keys()
-        assert row["local_groups"] == 4 and row["external_groups"] == 0
+        assert row["external_groups"] == 0 and row["local_groups"] + row["external_planned"] == 8
+    # the default balance is adaptive: it probes one external group either side of 4/4, and a
+    # node alone finds no external groups, so its rounds train on 5, 3 and 5 local groups
+    assert [r["local_groups"] for r in rows] == [5, 3, 5]
     assert rows[-1]["cumulative_reward"] == sum(r["reward_mean"] for r in rows)
     assert "listening on /ip4/127.0.0.1/tcp/" in first.stdout
     peer_line = next(line for line in first.stdout.splitlines() if line.startswith("listening on"))
@@ -74,7 +77,7 @@ def test_smollm2_default_runs_one_full_round_offline(tmp_path, shared_models_dir
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = read_metrics(data)
-    assert row["round"] == 1 and row["local_groups"] == 4 and row["generated_tokens"] > 0
+    assert row["round"] == 1 and row["local_groups"] == 5 and row["generated_tokens"] > 0  # adaptive's first probe
     assert (data / "checkpoints" / "round-00000001" / "model" / "model.safetensors").exists()
 
 
@@ -98,7 +101,7 @@ def test_generate_only_node_publishes_but_never_trains(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_metrics(data)
     assert all(r["loss"] is None and r["train_seconds"] == 0 for r in rows)
-    assert all(r["local_groups"] == 4 for r in rows)
+    assert all(r["local_groups"] == 4 for r in rows)  # a generator keeps its I: the adaptive default is off
 
 
 def test_the_daemon_hands_the_gil_over_every_millisecond(monkeypatch, tmp_path):
