@@ -6,9 +6,9 @@ each (`sample_completions`, as `generate_groups` does), score them with the task
 (`score_group`), then `grpo_update` (which re-encodes the text and takes the clipped steps).
 
 The same round then runs in each peer framework, each in its own venv and child process,
-through its own public API (bench/peer_bench/): Gensyn's genrl 0.1.11
-(`GRPOLanguageTrainerModule.generate` and `.train`) and TRL's `GRPOTrainer` (one step of
-Q x G sequences). Same model directory, same prompt text (the project's, checked token for
+through its own public API (bench/peer_bench/): Gensyn's genrl 0.1.11 and 0.3.0 (peers
+`genrl` and `genrl-0.3`: `GRPOLanguageTrainerModule.generate` and `.train`) and TRL's
+`GRPOTrainer` (one step of Q x G sequences). Same model directory, same prompt text (the project's, checked token for
 token), same G, max_new_tokens, LoRA, lr, seed and torch threads. A peer that is not
 installed or fails is reported with its error, never given a row.
 
@@ -48,7 +48,8 @@ RESULT_MARKER = "BENCH_ROUND_RESULT "
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
 DEFAULT_PEERS_DIR = BENCH / "peers"
-PEERS = ("genrl", "trl")
+# peer name -> its adapter in bench/peer_bench/, run with bench/peers/<name>/bin/python
+PEERS = {"genrl": "genrl_round.py", "genrl-0.3": "genrl_round.py", "trl": "trl_round.py"}
 TASK = "basic_arithmetic"  # its easy settings (training.tasks.EASY_CONFIGS): SmolLM2 scores here
 
 
@@ -297,7 +298,7 @@ def run_peer(args: argparse.Namespace, peer: str, job: dict) -> dict | str:
         return f"no local model directory for {job['model']!r} (the peers load one offline)"
     with tempfile.TemporaryDirectory(prefix=f"bench-{peer}-") as tmp:
         job_file = Path(tmp) / "job.json"
-        job_file.write_text(json.dumps(job))
+        job_file.write_text(json.dumps({**job, "peer": peer}))  # the name its result and log lines carry
         threads = str(args.threads)
         env = {
             **os.environ,
@@ -308,7 +309,7 @@ def run_peer(args: argparse.Namespace, peer: str, job: dict) -> dict | str:
             "WANDB_MODE": "disabled",
             "PYTHONUNBUFFERED": "1",
         }
-        command = [str(python), str(BENCH / "peer_bench" / f"{peer}_round.py"), str(job_file)]
+        command = [str(python), str(BENCH / "peer_bench" / PEERS[peer]), str(job_file)]
         try:
             child = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp, timeout=args.peer_timeout)
         except subprocess.TimeoutExpired:

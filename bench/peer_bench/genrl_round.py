@@ -1,8 +1,9 @@
-"""One GRPO round in Gensyn's genrl (PyPI `gensyn-genrl` 0.1.11), through its own public API.
+"""One GRPO round in Gensyn's genrl (PyPI `gensyn-genrl` 0.1.11 or 0.3.0), through its own public API.
 
-Run by bench/round.py with the genrl venv's python (bench/peer_bench/setup.sh makes it):
+Run by bench/round.py with a genrl venv's python (bench/peer_bench/setup.sh makes them):
 
-    bench/peers/genrl/bin/python bench/peer_bench/genrl_round.py JOB.json
+    bench/peers/genrl/bin/python bench/peer_bench/genrl_round.py JOB.json      # 0.1.11
+    bench/peers/genrl-0.3/bin/python bench/peer_bench/genrl_round.py JOB.json  # 0.3.0
 
 The round is genrl's `GameManager.run_game_round` for a one-stage game, spelled out so that
 each step can be timed and an error is raised rather than logged and skipped (the manager
@@ -11,7 +12,18 @@ catches every exception of `train`):
             `model.generate` calls of all questions, stopping at EOS or max_new_tokens)
   score     `DefaultRewardManager.update_rewards`, with the same verifier rule as the project
   update    `GRPOLanguageTrainerModule.train`: re-tokenize, one forward/backward over all
-            Q x G sequences, one Adam step (num_iterations=1).
+            Q x G sequences, one Adam step. 0.1.11: num_iterations=1. 0.3.0 replaced that
+            option with ppo_epochs and minibatch_size (default 2 sequences, i.e. Q x G / 2
+            Adam steps); here ppo_epochs=1 and minibatch_size=Q x G, its documented way to get
+            one minibatch, so one step as in 0.1.11. 0.3.0's `step` also always runs a no-grad
+            forward over all Q x G sequences first (the old log-probs; 0.1.11 took them from the
+            gradient pass) and skips the update when every reward is 0 (never, with
+            --force-signal); both are part of what it costs.
+
+The two versions differ only there in what this adapter calls (game, state, data, reward and
+communication classes are unchanged); the trainer config's fields tell which one is installed.
+The framework name in the result is the peer name round.py gives in the job ("genrl",
+"genrl-0.3").
 
 Same work as the project: the same model directory, prompt text, G, max_new_tokens, lr, LoRA
 (r=16, alpha=32, all linear layers), temperature 1, clip range 0.2/0.28, no KL, fp32, threads.
@@ -21,6 +33,11 @@ Two settings differ from genrl's defaults, and why:
     gradients, so the update would silently do nothing.
   - the tokenizer's chat template is a pass-through of the project's rendered prompt, so genrl
     sees exactly the text the project's model sees (checked below, token for token).
+And top_k=0 rather than genrl's None: both mean "no top-k" to transformers 4.51.3, but
+transformers 5 (0.3.0's venv) treats a None in a GenerationConfig as unset and fills it with its
+global default, top_k=50, so genrl 0.3.0 would sample from the top 50 tokens only (shorter,
+cheaper completions: a different job). 0 disables the top-k warper in both. And under
+transformers 4 the model's RoPE theta is read from the key transformers 5 writes (`load_model`).
 """
 
 from __future__ import annotations
@@ -42,13 +59,16 @@ PASS_THROUGH_TEMPLATE = "{{ messages[-1]['content'] }}"
 
 def main(argv: list[str]) -> int:
     job = read_job(argv)
+    name = job.get("peer", "genrl")
+    import dataclasses
+
     import torch
 
     torch.set_num_threads(job["threads"])
     torch.manual_seed(job["seed"])
     import datasets
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     from genrl.communication.local.null_comm import NullCommunicationBackend
     from genrl.data.text_data_managers import SimpleTextDataManager
@@ -65,7 +85,7 @@ def main(argv: list[str]) -> int:
     tokenizer.chat_template = PASS_THROUGH_TEMPLATE
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(job["model_dir"], torch_dtype=torch.float32)
+    model = load_model(job["model_dir"])
     if job["lora"]:
         lora = job["lora"]
         model = get_peft_model(
@@ -83,8 +103,8 @@ def main(argv: list[str]) -> int:
         max_new_tokens=job["max_new_tokens"],
         num_generations=job["generations"],
         learning_rate=job["lr"],
-        top_k=None,
-        num_iterations=1,
+        top_k=0,  # no top-k in both versions; see the module docstring for why not None
+        **one_update_step(dataclasses.fields(GRPOTrainerConfig), job),
     )
     logs = tempfile.mkdtemp(prefix="genrl-bench-")
     trainer = GRPOLanguageTrainerModule([model], config, processing_class=tokenizer, log_dir=logs)
@@ -122,6 +142,8 @@ def main(argv: list[str]) -> int:
     pruners, brancher = game.aggregate_game_state_methods()
     game.state.world_state_pruners, game.state.tree_branching_functions = pruners, brancher
     load_s = time.perf_counter() - started
+    optimizer_steps = [0]  # counted, not assumed: the versions' configs say "one step" differently
+    trainer.optimizer.register_step_post_hook(lambda *_: optimizer_steps.__setitem__(0, optimizer_steps[0] + 1))
     trainable_before = trainable_snapshot(model)
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
     peak_is_round_only = reset_peak_rss()
@@ -136,6 +158,7 @@ def main(argv: list[str]) -> int:
         game.rewards.reset()
         torch.manual_seed(job["seed"] * 1_000_003 + index)
         real_rewards.clear()
+        optimizer_steps[0] = 0
         clock = Clock()
         # GameManager.run_game_stage, with the completion ids asked for so tokens can be counted
         inputs, index_mapping = data.prepare_input(game.state.get_latest_state(), game.state.stage)
@@ -156,10 +179,11 @@ def main(argv: list[str]) -> int:
             "real_reward_mean": sum(flat) / max(1, len(flat)),
             "real_signal_groups": sum(len(set(g)) > 1 for g in real_rewards),
             "sequences": sum(len(g) for g in outputs),
+            "optimizer_steps": optimizer_steps[0],
         })
-        log("genrl", f"round {index}: {clock.summary()}, {tokens} tokens")
+        log(name, f"round {index}: {clock.summary()}, {tokens} tokens")
     emit({
-        "framework": "genrl",
+        "framework": name,
         "version": f"gensyn-genrl {version('gensyn-genrl')}, transformers {version('transformers')}, "
                    f"torch {torch.__version__}",
         "model": job["model"],
@@ -168,13 +192,47 @@ def main(argv: list[str]) -> int:
         "load_s": load_s,
         "round_peak_rss_mb": peak_rss_mb(),
         "peak_is_round_only": peak_is_round_only,
-        "optimizer_steps": 1,
+        "optimizer_steps": max(r["optimizer_steps"] for r in rounds),
         "decode_batch": len(job["batches"][0]["prompts"]),  # generate runs G times over the Q questions
         "weights_changed": trainable_snapshot(model) != trainable_before,
         "threads": torch.get_num_threads(),
         **summarize(rounds),
     })
     return 0
+
+
+def load_model(model_dir: str):
+    """The model in fp32, as the project's transformers 5 reads it, under either transformers.
+
+    The model directories are written by transformers 5, which keeps RoPE's settings in
+    `rope_parameters`; transformers 4.51.3 (genrl 0.1.11's pin) does not read that key and
+    silently falls back to rope_theta=10000, while SmolLM2's is 100000: a different model,
+    whose completions run longer. So under 4.x the theta is copied where 4.x reads it.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import __version__ as transformers_version
+
+    if int(transformers_version.split(".")[0]) >= 5:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(model_dir)
+    rope = getattr(config, "rope_parameters", None)  # 4.x keeps an unknown key as an attribute
+    if rope:
+        if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type", "rope_theta"}:
+            raise SystemExit(f"rope_parameters {rope} has no plain transformers 4 equivalent here")
+        config.rope_theta = rope["rope_theta"]
+    return AutoModelForCausalLM.from_pretrained(model_dir, config=config, torch_dtype=torch.float32)
+
+
+def one_update_step(fields, job: dict) -> dict:
+    """The config options for one Adam step on all Q x G sequences, in either version's terms."""
+    names = {f.name for f in fields}
+    if "num_iterations" in names:  # 0.1.11
+        return {"num_iterations": 1}
+    if {"ppo_epochs", "minibatch_size"} <= names:  # 0.3.0
+        return {"ppo_epochs": 1, "minibatch_size": len(job["batches"][0]["prompts"]) * job["generations"]}
+    raise SystemExit(f"this genrl's GRPOTrainerConfig has neither num_iterations nor ppo_epochs/minibatch_size: "
+                     f"{sorted(names)}")
 
 
 def check_prompt(tokenizer, job: dict) -> None:

@@ -36,7 +36,7 @@ def test_round_benchmark_smoke(tmp_path):
     rows = [line for line in out.splitlines() if line.startswith("tiny ")]
     assert len(rows) == 2 and all(row.split()[1] == "sapo" for row in rows), rows  # no peer row without a peer
     assert rows[0].split()[-1] == "0", f"the smoke round's update was skipped: {rows[0]}"
-    for peer in ("genrl", "trl"):
+    for peer in ("genrl", "genrl-0.3", "trl"):
         line = next(line for line in out.splitlines() if line.startswith(f"{peer} (tiny) has no row: "))
         assert "not installed" in line and "setup.sh" in line, line
 
