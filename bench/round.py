@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--updates-per-batch", type=int, default=2,
                         help="sapo's passes over the batch (node default 2; 1 with --minibatches 1 is the peers' one step)")
     parser.add_argument("--minibatches", type=int, default=2, help="sapo's optimizer steps per pass (node default 2)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="sapo's update precision (--precision of a node; auto is fp32 on a CPU); the peers run fp32")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
     args = parser.parse_args(argv)
     if args.smoke:
@@ -148,7 +150,7 @@ def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier):
         "tasks": [TASK], "local": args.questions, "external": 0, "generations": args.generations,
         "max_new_tokens": args.max_new_tokens, "updates_per_batch": args.updates_per_batch,
         "minibatches": args.minibatches, "torch_threads": args.threads, "seed": args.seed,
-        "data_dir": data_dir, "checkpoint_every": 0,
+        "data_dir": data_dir, "checkpoint_every": 0, "precision": args.precision,
     })
     # a real peer id: its local groups are framed for publishing, as the daemon's are
     return Node(settings, peer_id=peer_id_for(args.seed, 0), verifier=verifier)
