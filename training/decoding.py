@@ -245,14 +245,14 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
                 decoding = _ModelDecoding(model, input_ids, attention, samples_per_prompt, autocast)
             logits = decoding.first_logits
             active = list(range(rows))  # batch row -> output row
+            # each owner's rows draw from its own stream, as they would decoding alone; the runs of
+            # owners change only when rows leave the batch (one run when a single policy decodes)
+            segments = segments_of(row_owner)
             for _ in range(max_new_tokens):
                 if stop is not None and stop.is_set():
                     raise GenerationInterrupted("generation stopped for shutdown")
-                if len(generators) == 1:  # one policy: no segments to find, every step
-                    chosen = sample_tokens(logits, temperature, generators[0])
-                else:  # each owner's rows draw from its own stream, as they would decoding alone
-                    chosen = torch.cat([sample_tokens(logits[start:end], temperature, generators[owner])
-                                        for owner, start, end in segments_of([row_owner[r] for r in active])])
+                parts = [sample_tokens(logits[start:end], temperature, generators[owner]) for owner, start, end in segments]
+                chosen = parts[0] if len(parts) == 1 else torch.cat(parts)
                 steps += 1
                 if logprobs is not None:  # what a peer's importance weight compares with (update.py)
                     scaled = logits.float() / temperature
@@ -276,6 +276,7 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
                     decoding.keep(index)
                     chosen = chosen[index]
                     active = [active[p] for p in keep]
+                    segments = segments_of([row_owner[r] for r in active])
                 if len(generated[active[0]]) >= max_new_tokens:
                     break
                 logits = decoding.step(chosen)
