@@ -53,11 +53,16 @@ class SamplingSettings(BaseModel):
     def _can_train(self) -> "SamplingSettings":
         if self.local == 0 and self.external == 0:
             raise ValueError("--local 0 with --external 0 trains on nothing: give --local (I) at least 1")
-        if "balance" not in self.model_fields_set and (self.local == 0 or self.external == 0):
-            # The default balance is adaptive, but an isolated node (J = 0) or a node that trains on
-            # peers' groups only (I = 0) asked for that split: moving its J would override it.
-            # (Assigned without marking the field as given, so a copy re-validates the same way.)
-            object.__setattr__(self, "balance", "fixed")
+        if self.local == 0 or self.external == 0:
+            # an isolated node (J = 0) or one that trains on peers' groups only (I = 0) asked for that split
+            self.keep_the_asked_split()
         if self.balance == "adaptive" and self.local == 0:
             raise ValueError("--balance adaptive keeps at least one local group a round: give --local at least 1")
         return self
+
+    def keep_the_asked_split(self) -> None:
+        """Fix the balance at I/J, unless --balance was given: the default balance is adaptive, and
+        moving J would override a split the node was asked to keep. Assigned without marking the
+        field as given, so a copy re-validates the same way."""
+        if "balance" not in self.model_fields_set:
+            object.__setattr__(self, "balance", "fixed")

@@ -89,12 +89,11 @@ class NodeSettings(BaseModel):
     def _settings_agree(self) -> "NodeSettings":
         if self.run.generate_only and self.sampling.local == 0:
             raise ValueError("--generate-only with --local 0 neither trains nor publishes: give --local at least 1")
-        if self.run.generate_only and self.sampling.balance == "adaptive":
-            if "balance" in self.sampling.model_fields_set:
+        if self.run.generate_only:
+            self.sampling.keep_the_asked_split()  # a generator publishes its I groups a round
+            if self.sampling.balance == "adaptive":
                 raise ValueError("--generate-only with --balance adaptive: a node that never trains has no reward gain "
                                  "to balance by; drop --balance or give --balance fixed")
-            # the default balance is adaptive; a generator publishes its I groups a round, as asked
-            object.__setattr__(self.sampling, "balance", "fixed")
         for spec in self.tasks.specs():
             try:
                 check_problem_spec(ProblemSpec(dataset=spec.name, config=spec.config, seed=0, index=0))
