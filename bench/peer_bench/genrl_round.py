@@ -42,6 +42,7 @@ transformers 4 the model's RoPE theta is read from the key transformers 5 writes
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import tempfile
@@ -60,8 +61,6 @@ PASS_THROUGH_TEMPLATE = "{{ messages[-1]['content'] }}"
 def main(argv: list[str]) -> int:
     job = read_job(argv)
     name = job.get("peer", "genrl")
-    import dataclasses
-
     import torch
 
     torch.set_num_threads(job["threads"])
@@ -143,7 +142,11 @@ def main(argv: list[str]) -> int:
     game.state.world_state_pruners, game.state.tree_branching_functions = pruners, brancher
     load_s = time.perf_counter() - started
     optimizer_steps = [0]  # counted, not assumed: the versions' configs say "one step" differently
-    trainer.optimizer.register_step_post_hook(lambda *_: optimizer_steps.__setitem__(0, optimizer_steps[0] + 1))
+
+    def count_step(*_) -> None:
+        optimizer_steps[0] += 1
+
+    trainer.optimizer.register_step_post_hook(count_step)
     trainable_before = trainable_snapshot(model)
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
     peak_is_round_only = reset_peak_rss()
