@@ -51,9 +51,6 @@ def node_settings(
     values: dict[str, Any] = {
         "model": node_model(base, study, index),
         "models_dir": base.model.models_dir or study.out / "models",
-        "local": config.local,
-        "external": config.external,
-        "balance": "adaptive" if config.adaptive else "fixed",
         "data_dir": run_dir / f"node-{index}",
         "seed": base.run.seed + 1000 * seed + index,
         "checkpoint_every": 0,

@@ -78,7 +78,10 @@ class MixConfig:
         return "adaptive" if self.adaptive else f"{self.local}/{self.external}"
 
     def node_overrides(self) -> dict[str, Any]:
-        overrides: dict[str, Any] = {}
+        """The node settings this arm sets: its I/J, its balance and its treatments (one mapping for
+        the in-process nodes and the flags of libp2p node processes alike)."""
+        overrides: dict[str, Any] = {"local": self.local, "external": self.external,
+                                     "balance": "adaptive" if self.adaptive else "fixed"}
         for name in self.treatments:
             overrides |= TREATMENTS[name]
         return overrides
