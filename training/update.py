@@ -21,8 +21,11 @@ class EncodedBatch:
     """A round's groups in this node's tokens: one prompt per group, one completion per row.
 
     `padded(rows)` lays rows out for one forward pass: prompts left-padded, completions
-    right-padded to the batch's longest completion C, so every completion starts at the same
-    column and only the last C+1 positions need logits (the prompt's never do).
+    right-padded to the longest completion C among those rows (`width_of(rows)`), so every
+    completion starts at the same column and only the last C+1 positions need logits (the
+    prompt's never do). Padding to the piece's own longest row, not the round's, matters: with
+    early stops most groups end well before the longest row of the round, and every padded
+    position costs a full forward and backward pass and a vocabulary-wide log-softmax.
     """
 
     prompts: list[list[int]]  # per group
@@ -51,9 +54,12 @@ class EncodedBatch:
     def attention_mask(self) -> torch.Tensor:
         return self.padded(range(len(self.completions)))[1]
 
+    def width_of(self, rows) -> int:
+        return max(len(self.completions[r]) for r in rows)
+
     def padded(self, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = list(rows)
-        width = self.completion_length
+        width = self.width_of(rows)
         prompt_len = max(len(self.prompts[self.group_of[r]]) for r in rows)
         input_ids = torch.full((len(rows), prompt_len + width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
@@ -67,9 +73,9 @@ class EncodedBatch:
         return input_ids, attention, completion_mask
 
     def completion_rows(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """Completions alone, right-padded to C: the part that follows a shared prompt."""
+        """Completions alone, right-padded to these rows' C: the part that follows a shared prompt."""
         rows = list(rows)
-        ids = torch.full((len(rows), self.completion_length), self.pad_id, dtype=torch.long)
+        ids = torch.full((len(rows), self.width_of(rows)), self.pad_id, dtype=torch.long)
         mask = torch.zeros(ids.shape, dtype=torch.float32)
         for i, row in enumerate(rows):
             completion = self.completions[row]
@@ -272,7 +278,11 @@ def grpo_update(
     shared = batch.shared_prompt_saves()
 
     def pieces(rows: list[int]) -> list[list[int]]:
-        # With a shared prompt a forward pass holds rows of one group; otherwise any rows.
+        # With a shared prompt a forward pass holds rows of one group; otherwise any rows, in
+        # group order. Not sorted by length, though a piece is padded to its longest row: a
+        # group's advantages cancel on the tokens its rows share only up to float rounding, and
+        # Adam turns that rounding into full-size steps; reordering rows within a pass changed
+        # it enough to move the closing tag (tests/training/test_off_policy_rows.py, own-all).
         if not shared:
             return [rows[i : i + micro] for i in range(0, len(rows), micro)]
         by_group: dict[int, list[int]] = {}
@@ -290,7 +300,7 @@ def grpo_update(
             prompt = batch.prompts[batch.group_of[rows[0]]]
             return shared_prompt_logprobs(model, prompt, ids.to(device)), mask.to(device)
         ids, attention, mask = batch.padded(rows)
-        return completion_logprobs(model, ids.to(device), attention.to(device), batch.completion_length), mask.to(device)
+        return completion_logprobs(model, ids.to(device), attention.to(device), mask.shape[1]), mask.to(device)
 
     # Minibatches hold whole question groups: a group's advantages sum to zero, so the tokens
     # its completions share (the answer tag, say) get no net push. Split across steps, they
@@ -307,13 +317,15 @@ def grpo_update(
 
     # Old log-probs: the first step runs on unchanged weights, so its own forward pass gives
     # them exactly; every other row needs one gradient-free pass before anything moves.
+    # [B, C] for the round's longest row C; a piece of width w reads and writes its first w columns.
     old_logprobs = torch.zeros((len(batch.completions), batch.completion_length), device=device)
     first_step = set(plan[0])
     later = [r for r in range(len(batch.completions)) if r not in first_step]
     if later:
         with torch.no_grad():
             for rows in pieces(later):
-                old_logprobs[rows] = logprobs_of(rows)[0]
+                logprobs = logprobs_of(rows)[0]
+                old_logprobs[rows, : logprobs.shape[1]] = logprobs
     weigh = settings.importance_weight == "sequence" and any(b is not None for b in batch.behavior)
     if weigh:  # first-step rows are weighed when their own forward pass gives their old log-probs
         advantages = advantages * importance_weights(batch, old_logprobs, later)
@@ -328,12 +340,13 @@ def grpo_update(
         # and only peak memory depends on the micro-batch size.
         for rows in pieces(step_rows):
             logprobs, mask = logprobs_of(rows)
+            width = logprobs.shape[1]
             if step == 0:
-                old_logprobs[rows] = logprobs.detach()
+                old_logprobs[rows, :width] = logprobs.detach()
                 if weigh:
                     advantages[rows] *= importance_weights(batch, old_logprobs, rows)[rows]
             loss, stats = clipped_policy_loss(
-                logprobs, old_logprobs[rows], advantages[rows], mask, settings.eps_low, settings.eps_high
+                logprobs, old_logprobs[rows, :width], advantages[rows], mask, settings.eps_low, settings.eps_high
             )
             share = float(mask.sum()) / step_tokens
             (loss * share).backward()

@@ -49,7 +49,7 @@ def closing_logprob(policy, problems) -> float:
     rows = [r for r in range(len(batch.completions)) if batch.advantages[r] > 0]
     ids, attention, _ = batch.padded(rows)
     with torch.no_grad():
-        logprobs = completion_logprobs(policy.model, ids, attention, batch.completion_length)
+        logprobs = completion_logprobs(policy.model, ids, attention, batch.width_of(rows))
     slash = [len(f"<answer>{p.answer}<") for p in problems]  # one character, one token
     return float(sum(logprobs[i, k] for i, k in enumerate(slash)) / len(slash))
 

@@ -9,6 +9,7 @@ from sapo.training.policy import load_policy
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import (
+    EncodedBatch,
     auto_micro_batch_size,
     completion_logprobs,
     encode_groups,
@@ -44,6 +45,23 @@ def test_padded_batch_logprobs_equal_unpadded_ones(problem, tmp_path):
             logits = pol.model(input_ids=ids).logits[0, :-1].float()
             naive = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)[-n:]
             assert torch.allclose(padded[row, :n], naive, atol=1e-5)
+
+
+def test_a_pass_is_padded_to_its_own_longest_row(problem, tmp_path):
+    # The update runs a group (or a micro-batch) at a time; padding each to the round's longest
+    # row would spend a forward and backward pass on every padded position.
+    pol = policy("tiny", tmp_path)
+    short = group(problem, ["<answer>5</answer>", "7"], [1.0, 0.0])
+    long = group(problem, ["<answer>5</answer>" + " because five" * 4, "<answer>6</answer>"], [1.0, 0.0])
+    batch = encode_groups(pol, [short, long], max_completion_tokens=128)
+    short_rows = [r for r, g in enumerate(batch.group_of) if g == 0]
+    narrow = max(len(batch.completions[r]) for r in short_rows)
+    assert batch.width_of(short_rows) == narrow < batch.completion_length
+    ids, mask = batch.completion_rows(short_rows)
+    assert ids.shape[1] == narrow and mask[:, -1].any()
+    ids, attention, mask = batch.padded(short_rows)
+    assert mask.shape[1] == narrow and mask[:, -1].any() and attention[:, -1].any()
+    assert batch.completion_mask.shape[1] == batch.completion_length  # the whole batch, as before
 
 
 def test_peer_text_is_re_encoded_with_our_own_tokenizer(problem, tmp_path):
@@ -125,6 +143,24 @@ def test_shared_prompt_pass_gives_the_padded_pass_logprobs_and_gradient(problem,
     assert torch.allclose(shared_value, padded_value, atol=1e-4)
     assert torch.allclose(shared_grad, padded_grad, atol=1e-4, rtol=1e-3)
     assert padded_grad.abs().max() > 1e-3
+
+
+def test_shared_prompt_update_of_groups_of_unlike_lengths_is_the_padded_update(problem, tmp_path, monkeypatch):
+    # The shared-prompt path runs each group at its own width; the plain path pads every row to
+    # the round's longest completion in one pass. One SGD step must come out the same.
+    other = TaskSampler(default_task_specs(["basic_arithmetic"]), 4, 4).sample(1)[0]
+    groups = [group(problem, ["<answer>5</answer>", "7", "<answer>12"], [1.0, 0.0, 0.5]),
+              group(other, ["<answer>3</answer> since three" * 3, "no", "<answer>4</answer>"], [1.0, 0.0, 0.0])]
+    settings = TrainingSettings(lr=1e-3, max_new_tokens=128, minibatches=1, updates_per_batch=1)
+    moved = {}
+    for shared in (True, False):
+        monkeypatch.setattr(EncodedBatch, "shared_prompt_saves", lambda self, shared=shared: shared)
+        pol = policy("tiny", tmp_path)
+        before = torch.cat([p.detach().flatten().clone() for p in pol.model.parameters()])
+        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), groups, settings, random.Random(0))
+        moved[shared] = torch.cat([p.detach().flatten() for p in pol.model.parameters()]) - before
+    assert moved[True].abs().max() > 1e-3
+    assert torch.allclose(moved[True], moved[False], atol=1e-5, rtol=1e-3)
 
 
 def test_auto_micro_batch_fits_a_tiny_round_and_splits_a_large_model(problem, tmp_path):
