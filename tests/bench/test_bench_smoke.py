@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +191,34 @@ def test_balance_control_walks_blind(monkeypatch):
     for round_index in range(1, 101):
         real.observe(round_index, 1.0 if real.plan(round_index).external > real.external else 0.0)
     assert real.external == real.max_external
+
+
+def test_compile_smoke(capsys, monkeypatch, tmp_path):
+    # In this process, like the roofline smoke; dynamo with its eager backend (no inductor code
+    # generation): 17 s at load average 4.6 on 2 cores, most of it importing torch and transformers
+    # when it runs first, and dynamo tracing the HF model. The script's dynamo settings and
+    # compiled code are undone afterwards.
+    import torch
+    import torch._dynamo
+    import torch._inductor.config
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", torch._inductor.config.compile_threads)
+    import compile as compile_bench
+
+    threads = torch.get_num_threads()
+    try:
+        assert compile_bench.main(["--smoke", "--models-dir", str(tmp_path / "models")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    out = capsys.readouterr().out
+    # print_rows separates cells by two spaces or more; a cell such as "12.0 / 13.0" has single ones
+    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith(("layer/", "hf static"))]
+    assert [r[0] for r in rows] == ["layer/oneDNN op", "hf static"], out
+    for row in rows:  # each compiled at least one graph, and its rates, compiled and not, are positive
+        assert int(row[5].split()[0]) > 0, row
+        rates = [float(x) for cell in row[7:10] if cell != "-" for x in cell.split(" / ")]
+        assert len(rates) >= 4 and min(rates) > 0, row
+    assert "failed:" not in out, out
