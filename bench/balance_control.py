@@ -54,10 +54,8 @@ def blind_rule(coin_seed: int) -> Callable[[AdaptiveBalance, int], None]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
     parser.add_argument("--coin-seed", type=int, default=0, help="seed of the blind decisions")
+    parser.add_argument("--jobs", help=argparse.SUPPRESS)  # taken out of the study's flags: it runs in this process
     args, study_args = parser.parse_known_args(argv)
-    if "--jobs" in study_args:
-        index = study_args.index("--jobs")
-        del study_args[index : index + 2]
     AdaptiveBalance._decide = blind_rule(args.coin_seed)
     return sapo_node(["experiment", *study_args, "--jobs", "1"])
 
