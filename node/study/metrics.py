@@ -215,6 +215,25 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
     return out
 
 
+def per_model_results(configs: list[MixConfig], founders: dict[tuple[str, int], list[list[dict]]], seeds: int,
+                      rounds: int, window: int) -> dict[str, Any]:
+    """In a study whose nodes run different models (--mixed-sizes, --mixed-tokenizers), each
+    model's own numbers: every config summarised over that model's nodes only, with its ratios
+    paired per seed against the same model's nodes in the reference arms. A swarm-wide ratio can
+    hide a model that sharing hurts behind one it helps. Empty when every node runs one model."""
+    model_of = lambda node_rows: node_rows[0].get("model")  # noqa: E731
+    models = sorted({model_of(r) for runs_ in founders.values() for r in runs_} - {None})
+    if len(models) < 2:
+        return {}
+    out: dict[str, Any] = {}
+    for model in models:
+        runs = {c.name: [run_metrics([r for r in founders[(c.name, s)] if model_of(r) == model], rounds, window) | {"seed": s}
+                         for s in range(seeds)] for c in configs}
+        nodes = sum(model_of(r) == model for r in founders[(configs[0].name, 0)])
+        out[model] = {"nodes": nodes, "results": summarize(configs, runs)}
+    return out
+
+
 def late_joiner_summary(config: MixConfig, configs: list[MixConfig], seeds: list[dict], runs: dict[str, list[dict]]) -> dict[str, Any]:
     """The late joiners of a config over seeds: their learning, how it compares with the founders'
     first rounds, and with the late joiners of the reference arms (paired per seed)."""

@@ -11,7 +11,9 @@ from typing import Any
 
 from sapo.node.daemon.node import warm_start_settings
 from sapo.node.daemon.settings import NodeSettings
-from sapo.node.study.metrics import SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, late_joiner_metrics, run_metrics, summarize
+from sapo.node.study.metrics import (
+    SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, late_joiner_metrics, per_model_results, run_metrics, summarize,
+)
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.plots import plot_curves
 from sapo.node.study.settings import MA_WINDOW, METRIC_DEFINITIONS, ExperimentSettings, MixConfig, parse_configs
@@ -52,6 +54,7 @@ def write_outputs(study: ExperimentSettings, configs: list[MixConfig], rows: lis
         "warm_start": meta["warm_start"],
         "reasoning_gym": meta["reasoning_gym"],
         "results": summarize(configs, runs),
+        "per_model": per_model_results(configs, founders, study.seeds, rounds, window),
         "runs": runs,
         "rounds_compared": rounds,
         "ma_window": window,
@@ -203,6 +206,7 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
             f"{seeds_of(spread['format']['all_nodes_round'])} | {seeds_of(spread['accuracy']['first_node_round'])} | "
             f"{seeds_of(spread['accuracy']['all_nodes_round'])} | {r['external_groups']['mean']:.2f} |"
         )
+    lines += per_model_lines(summary.get("per_model", {}), configs)
     lines += late_joiner_lines(results, configs)
     lines += ["", "## Definitions", ""]
     lines += [f"- **{k}**: {v}" for k, v in summary["definitions"].items()]
@@ -212,6 +216,32 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
     lines += ["", "## Heterogeneity and warm start", "", f"- flags: `{json.dumps(flags)}`",
               f"- warm start: `{json.dumps(summary['warm_start'])}`", ""]
     return "\n".join(lines)
+
+
+def per_model_lines(per_model: dict[str, Any], configs: list[MixConfig]) -> list[str]:
+    """Each model's own accuracy table, when the nodes ran more than one model."""
+    if not per_model:
+        return []
+    lines = [
+        "",
+        "## Per model",
+        "",
+        "The accuracy table over each model's nodes only; its ratios pair the same model's nodes in the reference "
+        "arm, seed by seed (95 % interval).",
+        "",
+        "| model | nodes | config | cumulative accuracy | ÷ T/0 | ÷ I/0 | accuracy, first → last tenth | held-out, first → last |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model, entry in per_model.items():
+        for config in configs:
+            r = entry["results"][config.name]
+            heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
+            lines.append(
+                f"| {model} | {entry['nodes']} | {config.name} | {_fmt(r['cumulative_accuracy'], 2)} | "
+                f"{_ratio(r, 'baseline', 'cumulative_accuracy')} | {_ratio(r, 'local_only', 'cumulative_accuracy')} | "
+                f"{_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | {heldout} |"
+            )
+    return lines
 
 
 def late_joiner_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:

@@ -9,9 +9,10 @@ import pytest
 
 from sapo.node.cli import main
 from sapo.node.daemon.settings import load_settings
-from sapo.node.study.metrics import curve_metrics, moving_average, ratio_interval, spread_metrics
+from sapo.node.study.metrics import curve_metrics, moving_average, per_model_results, ratio_interval, spread_metrics
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.settings import ExperimentSettings, parse_configs
+from sapo.node.study.summary import per_model_lines
 from sapo.training.tasks import default_task_specs
 
 STUDY = [
@@ -99,6 +100,30 @@ def test_metrics_by_hand():
     assert interval["seeds"] == 4 and interval["mean"] == pytest.approx(1.2)
     assert (interval["low"], interval["high"]) == pytest.approx((1.2 - 0.2598, 1.2 + 0.2598), abs=1e-3)
     assert ratio_interval([]) is None
+
+
+def test_a_mixed_study_pairs_each_model_with_its_own_nodes_in_the_reference_arm():
+    def node(model: str, accuracy: float) -> list[dict]:
+        keys = {"reward": accuracy, "format_rate": 1.0, "heldout": None}
+        return [{"model": model, "round": r, "accuracy": accuracy, **keys} for r in (1, 2)]
+
+    configs = parse_configs(["8/0", "4/0", "4/4"])
+    # per seed and config: one "a" node and two "b" nodes; sharing helps a (x2), hurts b (x0.5)
+    accuracy = {"8/0": (0.2, 0.4), "4/0": (0.1, 0.4), "4/4": (0.4, 0.2)}
+    founders = {(c, s): [node("a", a * (1 + s)), node("b", b), node("b", b)]
+                for c, (a, b) in accuracy.items() for s in (0, 1)}
+    per_model = per_model_results(configs, founders, seeds=2, rounds=2, window=2)
+    assert set(per_model) == {"a", "b"} and (per_model["a"]["nodes"], per_model["b"]["nodes"]) == (1, 2)
+    a, b = per_model["a"]["results"]["4/4"], per_model["b"]["results"]["4/4"]
+    assert a["ratio_to_baseline"]["cumulative_accuracy"]["ratios"] == pytest.approx([2.0, 2.0])
+    assert a["ratio_to_local_only"]["cumulative_accuracy"]["ratios"] == pytest.approx([4.0, 4.0])
+    assert b["ratio_to_baseline"]["cumulative_accuracy"]["ratios"] == pytest.approx([0.5, 0.5])
+    assert a["cumulative_accuracy"]["mean"] == pytest.approx((0.8 + 1.6) / 2)  # seed 1's a doubles
+    table = "\n".join(per_model_lines(per_model, configs))
+    assert "## Per model" in table and "| b | 2 | 4/4 | 0.40 ± 0.00 | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in table
+    # one model everywhere: nothing per model
+    same = {key: [node("a", 0.5)] for key in founders}
+    assert per_model_results(configs, same, seeds=2, rounds=2, window=2) == {}
 
 
 def test_spread_counts_the_first_round_each_node_holds_the_threshold():
