@@ -145,9 +145,7 @@ def run_over_libp2p(
     run_dir = out_dir_of(study, config, seed)
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    flags = [*node_flags, "--rounds", str(study.rounds)]
-    for name, value in config.node_overrides().items():
-        flags += [f"--{name.replace('_', '-')}", str(value)]
+    flags = [*node_flags, "--rounds", str(study.rounds), *config.node_flags()]
     if study.format_discovery is not None and not any(f.startswith("--warm-start-tag-rate") for f in flags):
         flags += ["--warm-start-tag-rate", str(study.format_discovery)]
     if not any(f.startswith("--models-dir") for f in flags):

@@ -52,6 +52,9 @@ TREATMENTS: dict[str, dict[str, Any]] = {
     "hascorrect": {"sampler": "has-correct"},  # only mixed groups holding a fully correct answer
     # this node adds 4 completions of its own to each external question, all-correct groups included
     "augment": {"augment_external": 4, "sampler": "any-correct"},
+    # senders publish their token log-probs, and a peer's completion is weighed by the truncated
+    # ratio of this node's probability of it to the sender's (same tokenizer only)
+    "importance": {"share_logprobs": True, "importance_weight": "sequence"},
     # a control: the node's own completions, too, train only with positive advantage
     "ownpositive": {"own_rows": "positive"},
 }
@@ -85,6 +88,17 @@ class MixConfig:
         for name in self.treatments:
             overrides |= TREATMENTS[name]
         return overrides
+
+    def node_flags(self) -> list[str]:
+        """The same overrides as `sapo-node start` flags, for the libp2p study's node processes."""
+        flags: list[str] = []
+        for name, value in self.node_overrides().items():
+            option = name.replace("_", "-")
+            if isinstance(value, bool):  # the node's boolean options are --x / --no-x, not --x True
+                flags.append(f"--{option}" if value else f"--no-{option}")
+            else:
+                flags += [f"--{option}", str(value)]
+        return flags
 
 
 def parse_configs(specs: list[str]) -> list[MixConfig]:

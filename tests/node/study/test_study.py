@@ -11,7 +11,7 @@ from sapo.node.cli import main
 from sapo.node.daemon.settings import load_settings
 from sapo.node.study.metrics import curve_metrics, moving_average, per_model_results, ratio_interval, spread_metrics
 from sapo.node.study.nodes import node_model, specialist_tasks
-from sapo.node.study.settings import ExperimentSettings, parse_configs
+from sapo.node.study.settings import TREATMENTS, ExperimentSettings, parse_configs
 from sapo.node.study.summary import per_model_lines
 from sapo.training.tasks import default_task_specs
 
@@ -77,6 +77,18 @@ def test_configs_parse_and_reject():
         with pytest.raises(ValueError, match="I/J"):
             parse_configs([bad])
     assert ExperimentSettings(configs="8/0, 4/4").configs == ["8/0", "4/4"]
+
+
+def test_every_treatment_reaches_a_libp2p_node_process_as_flags_start_accepts():
+    from sapo.node.daemon.cli import node_settings_from_flags
+
+    for name, overrides in TREATMENTS.items():
+        config = parse_configs([f"4/4+{name}"])[0]
+        settings = node_settings_from_flags(config.node_flags())
+        flat = {field: value for concern in settings.model_dump().values() for field, value in concern.items()}
+        assert {key: flat[key] for key in overrides} == overrides, name
+    # the importance treatment needs a boolean flag, which `start` takes as --x / --no-x
+    assert "--share-logprobs" in parse_configs(["4/4+importance"])[0].node_flags()
 
 
 def test_heterogeneity_assignments():
