@@ -138,6 +138,15 @@ def _interval(r: dict[str, Any] | None) -> str:
     return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
 
 
+def _accuracy_cells(r: dict[str, Any]) -> str:
+    """An arm's accuracy cells, the same in the swarm's table and in each model's: cumulative
+    accuracy, its ratios to T/0 and I/0, sampled accuracy first -> last tenth, held-out."""
+    heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
+    return (f"{_fmt(r['cumulative_accuracy'], 2)} | {_ratio(r, 'baseline', 'cumulative_accuracy')} | "
+            f"{_ratio(r, 'local_only', 'cumulative_accuracy')} | {_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | "
+            f"{heldout}")
+
+
 def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
     study, results = summary["study"], summary["results"]
     settings = summary["node_settings"]
@@ -165,11 +174,8 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
     ]
     for config in configs:
         r = results[config.name]
-        heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
         lines.append(
-            f"| {config.name} | {_fmt(r['cumulative_accuracy'], 2)} | {_ratio(r, 'baseline', 'cumulative_accuracy')} | "
-            f"{_ratio(r, 'local_only', 'cumulative_accuracy')} | {_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | "
-            f"{heldout} | {r['generated_tokens']['mean']:.0f} | {r['update_tokens']['mean']:.0f} |"
+            f"| {config.name} | {_accuracy_cells(r)} | {r['generated_tokens']['mean']:.0f} | {r['update_tokens']['mean']:.0f} |"
         )
     lines += [
         "",
@@ -234,13 +240,7 @@ def per_model_lines(per_model: dict[str, Any], configs: list[MixConfig]) -> list
     ]
     for model, entry in per_model.items():
         for config in configs:
-            r = entry["results"][config.name]
-            heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
-            lines.append(
-                f"| {model} | {entry['nodes']} | {config.name} | {_fmt(r['cumulative_accuracy'], 2)} | "
-                f"{_ratio(r, 'baseline', 'cumulative_accuracy')} | {_ratio(r, 'local_only', 'cumulative_accuracy')} | "
-                f"{_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | {heldout} |"
-            )
+            lines.append(f"| {model} | {entry['nodes']} | {config.name} | {_accuracy_cells(entry['results'][config.name])} |")
     return lines
 
 
