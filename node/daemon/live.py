@@ -14,6 +14,7 @@ import trio
 
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.settings import NodeSettings
+from sapo.node.daemon.state import NodeState
 from sapo.node.daemon.status import (
     MAX_POINTS,
     CurvePoint,
@@ -56,6 +57,7 @@ class LiveStatus:
         self.page: list[str] = []
         self.service: GossipService | None = None
         self.node: Node | None = None
+        self.state: NodeState | None = None  # after the last round done
         self.judge: JudgeClient | None = None
         # Received frames queued between the network and the (not yet started) intake.
         self.waiting: Callable[[], int] = lambda: 0
@@ -77,15 +79,17 @@ class LiveStatus:
             seconds_left=progress.seconds_left,
         )
 
-    def node_ready(self, node: Node) -> None:
+    def node_ready(self, node: Node, state: NodeState) -> None:
         """The node exists: its past rounds (a resumed node's) join the curves."""
         self.node = node
+        self.state = state
         self.progress = None
-        self._records = [r for r in read_records(node.data_dir) if r.round <= node.round]
+        self._records = [r for r in read_records(node.data_dir) if r.round <= state.round]
         self._points = [curve_point(r) for r in self._records]
 
-    def after_round(self, record: RoundRecord) -> None:
+    def after_round(self, state: NodeState, record: RoundRecord) -> None:
         """The round loop's after-round call: the curves grow, and the judge hears of it."""
+        self.state = state
         self._records.append(record)
         self._points.append(curve_point(record))
         if self.judge is not None:
@@ -116,8 +120,8 @@ class LiveStatus:
         if node is not None:
             counters = node.counters
             update |= {
-                "round": node.round,
-                "cumulative_reward": node.cumulative_reward,
+                "round": self.state.round,
+                "cumulative_reward": self.state.cumulative_reward,
                 "inbox_size": len(node.inbox),
                 "received": counters.received,
                 "accepted": counters.accepted,
@@ -142,12 +146,12 @@ class LiveStatus:
         return status.model_copy(update=update)
 
     def _judge(self) -> JudgeStatus | None:
-        address = self.settings.network.judge
+        address = self.settings.run.judge
         if not address:
             return None
         judge = self.judge
         if judge is None:
-            return JudgeStatus(address=address, every=self.settings.network.judge_every)
+            return JudgeStatus(address=address, every=self.settings.run.judge_every)
         scores = list(judge.scores)
         return JudgeStatus(
             address=address,

@@ -49,8 +49,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
         raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
     from sapo.node.study.runs import run_experiment
+    from sapo.training.devices import configure_torch_threads
 
     configure_logging(base.run.log_level)
+    configure_torch_threads(base.model.torch_threads)  # the runs this process does itself (--jobs 1)
     summary = run_experiment(study, base, node_flags)
     print(f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
           f"in {summary['timing']['wall_seconds']:.0f}s", flush=True)

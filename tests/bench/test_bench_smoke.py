@@ -171,26 +171,27 @@ def test_balance_control_walks_blind(monkeypatch):
     import balance_control
     from sapo.sampling.balance import AdaptiveBalance
 
-    def walk(coin_seed: int, gain_of_more_external: float) -> list[int]:
-        monkeypatch.setattr(AdaptiveBalance, "_decide", balance_control.blind_rule(coin_seed))
+    def walk(coin_seed: int | None, gain_of_more_external: float) -> list[int]:
+        if coin_seed is not None:
+            monkeypatch.setattr(AdaptiveBalance, "_decide", balance_control.blind_rule(coin_seed))
         balance = AdaptiveBalance(total=8, external=4, period=2)
+        state, reward = balance.initial(), 0.0
         for round_index in range(1, 101):
-            more = balance.plan(round_index).external > balance.external
-            balance.observe(round_index, gain_of_more_external if more else 0.0)
-        return [j for _, j in balance.history]
+            plan = balance.plan(state, round_index)
+            more = plan.external > state.external
+            state = balance.observe(state, plan, plan.external, reward)
+            reward += gain_of_more_external if more else 0.0  # shows in the next round's reward
+        monkeypatch.undo()
+        return [j for _, j in state.history]
 
     up, down = walk(0, +1.0), walk(0, -1.0)
     assert up == down, "the blind rule read the gains"
     assert walk(0, +1.0) == up and walk(1, +1.0) != up
-    assert len(up) == 50 and all(0 <= j <= 7 for j in up)
+    assert len(up) == 49 and all(0 <= j <= 7 for j in up)
     steps = [b - a for a, b in zip([4, *up], up)]
     assert set(steps) <= {-1, 0, +1} and {-1, +1} <= set(steps)  # 0 only where a clip held it
     # the real rule, given the same gains, climbs to the most external groups it allows
-    monkeypatch.undo()
-    real = AdaptiveBalance(total=8, external=4, period=2)
-    for round_index in range(1, 101):
-        real.observe(round_index, 1.0 if real.plan(round_index).external > real.external else 0.0)
-    assert real.external == real.max_external
+    assert walk(None, +1.0)[-1] == AdaptiveBalance(total=8).max_external
 
 
 def test_compile_smoke(capsys, monkeypatch, tmp_path):
