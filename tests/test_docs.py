@@ -4,6 +4,7 @@ stays a page for the person who runs a node, and every committed study is writte
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -25,17 +26,13 @@ SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//")
 def markdown_files(root: Path) -> list[Path]:
     """Every Markdown file of the tree, leaving out hidden folders, virtual environments
     (bench/peers/ holds three) and build leftovers, which are not the project's documents."""
-    skipped: set[Path] = set()
     found = []
-    for path in sorted(root.rglob("*")):
-        if any(parent in skipped for parent in path.parents):
-            continue
-        if path.is_dir():
-            if path.name.startswith(".") or path.name in ("__pycache__", "node_modules") \
-                    or path.name.endswith(".egg-info") or (path / "pyvenv.cfg").exists():
-                skipped.add(path)
-        elif path.suffix == ".md":
-            found.append(path)
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(
+            name for name in subfolders
+            if not name.startswith(".") and name not in ("__pycache__", "node_modules")
+            and not name.endswith(".egg-info") and not (Path(folder, name) / "pyvenv.cfg").exists())
+        found += [Path(folder, name) for name in sorted(files) if name.endswith(".md")]
     return found
 
 
