@@ -1,4 +1,4 @@
-"""The settings reference in README.md, generated from the settings models so it cannot drift."""
+"""The settings reference in docs/settings.md, generated from the settings models so it cannot drift."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def settings_markdown() -> str:
 
 
 def splice(readme: str) -> str:
-    """README text with the generated block replaced (or appended if missing)."""
+    """The reference page's text with the generated block replaced (or appended if missing)."""
     block = settings_markdown()
     if BEGIN in readme and END in readme:
         head, rest = readme.split(BEGIN, 1)
@@ -45,5 +45,5 @@ if __name__ == "__main__":
     import pathlib
     import sys
 
-    path = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    path.write_text(splice(path.read_text()))
+    path = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "docs/settings.md")
+    path.write_text(splice(path.read_text() if path.exists() else "# Settings\n"))
