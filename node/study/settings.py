@@ -13,7 +13,7 @@ from sapo.sampling.external_use import ExternalUse
 # Node settings the experiment defaults differently from `start` (a flag given overrides them):
 # one torch thread per node (they share the CPU), and quiet logs.
 EXPERIMENT_NODE_DEFAULTS = ["--model", "tiny-micro", "--torch-threads", "1", "--log-level", "WARNING"]
-# The CPU-scale stand-in (README, "The local/external study"), only for tiny models: easy addition
+# The CPU-scale stand-in (docs/science.md, "The testbed"), only for tiny models: easy addition
 # (one-digit +, 100 questions), a warm start that always tags but gives a near miss for 60 % of
 # its answers (a model that is often unsure of what it mostly knows: held-out greedy accuracy
 # about 0.45 and sampled accuracy about 0.27 at the start), the rate that learned in the CPU

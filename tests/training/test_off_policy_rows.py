@@ -1,4 +1,4 @@
-"""Why a peer's failures are kept out of the update by default (README: "What sharing does to
+"""Why a peer's failures are kept out of the update by default (docs/science.md: "What sharing does to
 the update"): pushing down another policy's wrong answers moves the closing `</answer>` tag,
 which they share with the right ones, in contexts this policy would never write and where it is
 least sure of the tag; its own right answers cannot push back, because there the tag is already

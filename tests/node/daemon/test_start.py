@@ -106,7 +106,7 @@ def test_generate_only_node_publishes_but_never_trains(tmp_path):
 
 def test_the_daemon_hands_the_gil_over_every_millisecond(monkeypatch, tmp_path):
     """Generation holds the GIL between torch ops; the daemon shortens Python's forced switch
-    (5 ms) so that its trio loop, which serves gossip, waits less (bench/README.md)."""
+    (5 ms) so that its trio loop, which serves gossip, waits less (docs/bench/gossip-during-update.md)."""
     import sys
 
     from sapo.node.cli import main
