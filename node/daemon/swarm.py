@@ -50,8 +50,10 @@ class NodeLog:
         self._file.terminator = ""  # the lines keep their own newlines
 
     def write(self, text: str) -> None:
-        # a bare record: the text is written as it is (no format, no %-interpolation)
-        self._file.emit(logging.makeLogRecord({"msg": text}))
+        # Line by line, so a file ends between lines and passes the cap only by a line longer
+        # than the cap itself; a bare record: the text is written as it is (no %-interpolation).
+        for line in text.splitlines(keepends=True):
+            self._file.emit(logging.makeLogRecord({"msg": line}))
 
     def close(self) -> None:
         self._file.close()
