@@ -10,8 +10,9 @@ itself is sampled too (RSS, fds, threads: it relays every node's output).
 Everything lands in OUT/samples.jsonl (one JSON object per node per sample, written as it is
 taken) with the run's settings in OUT/run.json; at the end it prints a table (per node, per
 --table-minutes), draws OUT/longrun.png (one panel per quantity, one line per node) and checks
-the bounds, printing PASS/FAIL for each (after --warmup-minutes, or a node's first checkpoint
-if that comes later: writing one raises the allocator's high-water mark once):
+the bounds, printing PASS/FAIL for each (after a warm-up: --warmup-minutes if given, else
+15 minutes or a node's first checkpoint if that comes later, as writing one raises the
+allocator's high-water mark once):
 
 - rss: the median of the last tenth of the samples within 10 % of the first tenth's;
 - fds, threads: the same medians within a few descriptors / threads (flat, not drifting);
@@ -345,8 +346,11 @@ def _ends(values: list[float]) -> tuple[float, float]:
 
 
 def warmup_end(meta: dict, samples: list[dict]) -> float:
-    """The minute a node's one-time costs are behind it: --warmup-minutes, or its first
-    checkpoint if that came later (writing one raises the allocator's high-water mark once)."""
+    """The minute a node's one-time costs are behind it: --warmup-minutes if given, else 15
+    minutes or its first checkpoint if that came later (writing one raises the allocator's
+    high-water mark once)."""
+    if meta.get("warmup_given"):
+        return meta["warmup_minutes"]
     first_checkpoint = next((s["minute"] for s in samples if s.get("checkpoints")), 0.0)
     return max(meta["warmup_minutes"], first_checkpoint)
 
@@ -474,7 +478,7 @@ def plot(meta: dict, rows: list[dict], path: Path) -> None:
 def report(out: Path, every: float, warmup_minutes: float | None = None) -> int:
     meta, rows = load(out)
     if warmup_minutes is not None:
-        meta["warmup_minutes"] = warmup_minutes
+        meta["warmup_minutes"], meta["warmup_given"] = warmup_minutes, True
     print(f"long run: {meta['nodes']} nodes, {' '.join(meta['node_args'])}; {meta['minutes']:g} min planned, "
           f"samples every {meta['interval']:g} s, warm-up {meta['warmup_minutes']:g} min; started {meta['started']}")
     if meta.get("note"):
@@ -517,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=120.0, help="how long the swarm runs (default: 120)")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between samples (default: 60)")
     parser.add_argument("--warmup-minutes", type=float, default=None,
-                        help="samples before this are not judged (default: 15, or a quarter of a shorter run; "
-                        "with --from, judge again from another minute)")
+                        help="samples before this are not judged (default: 15, or a quarter of a shorter run, or "
+                        "a node's first checkpoint if later; with --from, judge again from another minute)")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="results dir (default: bench/results/longrun-<time>)")
     parser.add_argument("--from", dest="from_dir", type=Path, default=None, help="re-render an earlier run's table, plot and verdicts")
@@ -538,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.warmup_minutes if args.warmup_minutes is not None else min(15.0, args.minutes / 4)
     meta = {
         "nodes": args.nodes, "node_args": node_args, "minutes": args.minutes, "interval": args.interval,
-        "warmup_minutes": warmup, "keep_checkpoints": keep_checkpoints(node_args), "log_cap_bytes": log_cap_bytes(),
+        "warmup_minutes": warmup, "warmup_given": args.warmup_minutes is not None, "keep_checkpoints": keep_checkpoints(node_args), "log_cap_bytes": log_cap_bytes(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(), "cpus": os.cpu_count(),
         "load_at_start": os.getloadavg()[0], "note": args.note,
     }
