@@ -205,7 +205,7 @@ def wait_for_members(process: subprocess.Popen, log_path: Path, nodes: int, time
     raise RuntimeError(f"not every node listened within {timeout:.0f}s; see {log_path}")
 
 
-def stop_swarm(process: subprocess.Popen, pids: list[int]) -> None:
+def stop_swarm(process: subprocess.Popen, pids: list[int], data_dir: Path) -> None:
     """Ctrl-C, as a person would: each node finishes its step and checkpoints."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
@@ -216,8 +216,9 @@ def stop_swarm(process: subprocess.Popen, pids: list[int]) -> None:
             process.wait()
     for pid in pids:  # the nodes run in sessions of their own: none may outlive the bench
         try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            if str(data_dir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):  # ours, not a reused pid
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
             pass
 
 
@@ -251,7 +252,7 @@ def run(out: Path, meta: dict) -> None:
         if process.poll() is not None:
             print(f"the swarm exited early (code {process.returncode}); see {log_path}", flush=True)
     finally:
-        stop_swarm(process, sorted(pids))
+        stop_swarm(process, sorted(pids), out / "swarm")
 
 
 def progress_line(rows: list[dict]) -> str:
