@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import re
 import signal
 import subprocess
@@ -40,6 +41,7 @@ FORBIDDEN_NODE_FLAGS = ("--data-dir", "--listen", "--peers", "--seed")
 NODE_LOG_MAX_BYTES = 10 << 20
 NODE_LOG_BACKUPS = 2
 MAX_LINE_BYTES = 64 << 10
+METRICS_TAIL_BYTES = 256 << 10  # room for a round record of a swarm of thousands of peers (about 1 KB with 2)
 
 
 class NodeLog:
@@ -127,9 +129,13 @@ def node_command(
 
 
 def latest_metrics(data_dir: Path) -> dict | None:
+    """The last whole round record. Only the file's tail is read: metrics.jsonl grows a line a
+    round, and the progress line reads it every few seconds for as long as the swarm runs."""
     path = data_dir / "metrics.jsonl"
     try:
-        lines = path.read_text().splitlines()
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - METRICS_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return None
     for line in reversed(lines):

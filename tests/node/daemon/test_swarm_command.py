@@ -91,3 +91,25 @@ async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monke
     text = "".join((node / name).read_text() for name in ("node.log.2", "node.log.1", "node.log"))
     assert "round 3:" in text  # the newest lines are kept
     assert "listening on" not in text  # the oldest part is gone: the log is bounded
+
+
+def test_the_progress_line_reads_only_the_end_of_a_long_metrics_file(tmp_path):
+    """Read every few seconds for as long as the swarm runs: the cost must not grow with the run."""
+    import json
+    import tracemalloc
+
+    from sapo.node.daemon.swarm import latest_metrics
+
+    row = {"round": 1, "reward_mean": 0.5, "external_groups": 2, "peers": ["a", "b"], "padding": "x" * 900}
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        for n in range(1, 30_001):  # ~30 MB: a month of SmolLM2 rounds
+            f.write(json.dumps(row | {"round": n}) + "\n")
+        f.write('{"round": 30001, "rew')  # a line being written
+    tracemalloc.start()
+    try:
+        last = latest_metrics(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert last["round"] == 30_000
+    assert peak < 2 << 20, f"{peak / 2**20:.0f} MB held to find the last line"
