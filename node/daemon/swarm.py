@@ -37,10 +37,11 @@ PAGE_LINE = re.compile(r"^page on (http://\S+)$")
 READY_LINE = re.compile(r"^model loaded in ")
 FORBIDDEN_NODE_FLAGS = ("--data-dir", "--listen", "--peers", "--seed")
 # node.log is rotated at this size, and this many old ones are kept (node.log.1 is the newest):
-# 30 MiB per node at most. A SmolLM2 node writes about 2 lines a round.
+# 30 MiB per node at most. A `make run` node wrote about 14 KB an hour (a line a round), so
+# the cap is for what a long run can add: DEBUG logging, a peer whose groups are all refused.
 NODE_LOG_MAX_BYTES = 10 << 20
 NODE_LOG_BACKUPS = 2
-MAX_LINE_BYTES = 64 << 10
+MAX_LINE_BYTES = 64 << 10  # output without a newline for this long is written as it is
 METRICS_TAIL_BYTES = 256 << 10  # room for a round record of a swarm of thousands of peers (about 1 KB with 2)
 
 
