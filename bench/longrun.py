@@ -22,8 +22,9 @@ allocator's high-water mark once):
   reported, not bounded;
 - round time: the median round_seconds of the last quarter of the run within 25 % of the
   second quarter's (a leak that slows rounds down shows as a steady climb, and the plot shows
-  it); and the CPU seconds a round costs, the same way: on a shared machine the wall-clock
-  round time follows the other load, the CPU per round much less;
+  it); and the CPU time per token generated or trained on, the same way: on a shared machine
+  the wall-clock round time follows the other load and the length of the answers, the CPU
+  time per token neither;
 - progress: every node finished rounds in the last quarter.
 
     .venv/bin/python bench/longrun.py                          # 2 hours, into bench/results/longrun-<time>
@@ -136,7 +137,8 @@ def fetch_status(page: str) -> dict | None:
 
 
 def rounds_after(data_dir: Path, after: int) -> list[list[float]]:
-    """[round, round_seconds, finished at] of the rounds in metrics.jsonl past `after`."""
+    """[round, round_seconds, finished at, tokens generated and trained on] of the rounds in
+    metrics.jsonl past `after`."""
     try:
         lines = (data_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
@@ -148,7 +150,8 @@ def rounds_after(data_dir: Path, after: int) -> list[list[float]]:
         except json.JSONDecodeError:
             continue  # a line being written
         if row["round"] > after:
-            found.append([row["round"], row["round_seconds"], row["time"]])
+            tokens = row.get("generated_tokens", 0) + row.get("augment_tokens", 0) + row.get("update_tokens", 0)
+            found.append([row["round"], row["round_seconds"], row["time"], tokens])
     return found
 
 
@@ -291,12 +294,12 @@ def round_times(rows: list[dict]) -> list[tuple[float, float]]:
     if not rows:
         return []
     started = rows[0]["time"] - rows[0]["minute"] * 60
-    return [((finished - started) / 60, seconds) for r in rows for _, seconds, finished in r.get("rounds", [])]
+    return [((finished - started) / 60, seconds) for r in rows for _, seconds, finished, *_ in r.get("rounds", [])]
 
 
 def table(meta: dict, rows: list[dict], every: float) -> str:
     head = f"{'node':8} {'minute':>6} {'round':>5} {'RSS MB':>7} {'fds':>4} {'thr':>4} {'data MB':>8} {'ckpts':>5} " \
-           f"{'log KB':>7} {'metrics KB':>10} {'inbox':>5} {'round s':>7} {'CPU s/rd':>8} {'load':>5}"
+           f"{'log KB':>7} {'metrics KB':>10} {'inbox':>5} {'round s':>7} {'CPU ms/tok':>10} {'load':>5}"
     lines = [head]
     for node, samples in by_node(rows).items():
         buckets: dict[int, list[dict]] = {}
@@ -307,14 +310,14 @@ def table(meta: dict, rows: list[dict], every: float) -> str:
         for bucket, group in sorted(buckets.items()):
             last = group[-1]
             seconds = [sec for minute, sec in finished if bucket * every <= minute < (bucket + 1) * every]
-            cpu = cpu_per_round(([previous] if previous else []) + group)
+            cpu = cpu_per_token(([previous] if previous else []) + group)
             previous = last
             lines.append(
                 f"{node:8} {last['minute']:6.0f} {_fmt(last.get('round'), '5d')} {_fmt(last.get('rss_bytes'), '7.0f', 2**20)} "
                 f"{_fmt(last.get('fds'), '4d')} {_fmt(last.get('threads'), '4d')} {_fmt(last.get('data_dir_bytes'), '8.1f', 2**20)} "
                 f"{_fmt(last.get('checkpoints'), '5d')} {_fmt(last.get('logs_bytes'), '7.0f', 1024)} "
                 f"{_fmt(last.get('metrics_bytes'), '10.1f', 1024)} {_fmt(last.get('inbox_size'), '5d')} "
-                f"{_fmt(statistics.median(seconds) if seconds else None, '7.1f')} {_fmt(cpu, '8.1f')} {last['load']:5.1f}"
+                f"{_fmt(statistics.median(seconds) if seconds else None, '7.1f')} {_fmt(cpu, '10.2f', 1e-3)} {last['load']:5.1f}"
             )
     return "\n".join(lines)
 
@@ -413,16 +416,17 @@ def round_verdicts(meta: dict, node: str, samples: list[dict]) -> list[Verdict]:
     second = [s for m, s in finished if warmup + quarter <= m < warmup + 2 * quarter]
     fourth = [s for m, s in finished if m >= warmup + 3 * quarter]
     found = [Verdict("progress", node, bool(fourth), f"{len(fourth)} rounds in the last quarter, {len(finished)} after warm-up")]
-    # CPU seconds per round: what a leak that slows the round costs, with little of what the
-    # machine's other load adds to the wall-clock round time.
-    cpu = [cpu_per_round([s for s in samples if lo <= s["minute"] <= hi])
+    # CPU time per token generated or trained on: what a leak that slows the round costs, without
+    # what the machine's other load adds to the wall clock or how long this round's answers were.
+    cpu = [cpu_per_token([s for s in samples if lo <= s["minute"] <= hi])
            for lo, hi in ((warmup + quarter, warmup + 2 * quarter), (warmup + 3 * quarter, end))]
     if None in cpu:
-        found.append(Verdict("round cpu", node, False, "too few rounds or no CPU samples to compare the 2nd and 4th quarters"))
+        found.append(Verdict("cpu/token", node, False, "too few rounds or no CPU samples to compare the 2nd and 4th quarters"))
     else:
         q2, q4 = cpu
-        found.append(Verdict("round cpu", node, abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
-                             f"{q2:.1f} CPU s a round (2nd quarter) -> {q4:.1f} (4th): {q4 / q2 - 1:+.0%}, limit +-{ROUND_DRIFT_LIMIT:.0%}"))
+        found.append(Verdict("cpu/token", node, abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
+                             f"{q2 * 1e3:.2f} CPU ms a token (2nd quarter) -> {q4 * 1e3:.2f} (4th): {q4 / q2 - 1:+.0%}, "
+                             f"limit +-{ROUND_DRIFT_LIMIT:.0%}"))
     if len(second) >= 3 and len(fourth) >= 3:
         q2, q4 = statistics.median(second), statistics.median(fourth)
         found.append(Verdict("round time", node, abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
@@ -434,12 +438,17 @@ def round_verdicts(meta: dict, node: str, samples: list[dict]) -> list[Verdict]:
     return found
 
 
-def cpu_per_round(samples: list[dict]) -> float | None:
-    """CPU seconds the node used per round it finished, between the first and the last sample."""
-    timed = [s for s in samples if s.get("cpu_seconds") is not None and s.get("round") is not None]
-    if len(timed) < 2 or timed[-1]["round"] - timed[0]["round"] < 2:
+def cpu_per_token(samples: list[dict]) -> float | None:
+    """CPU seconds the node used per token of the rounds it finished, from the first sample to
+    the last (each sample lists the rounds finished since the one before)."""
+    timed = [s for s in samples if s.get("cpu_seconds") is not None]
+    if len(timed) < 2:
         return None
-    return (timed[-1]["cpu_seconds"] - timed[0]["cpu_seconds"]) / (timed[-1]["round"] - timed[0]["round"])
+    tokens = sum(r[3] for s in timed[1:] for r in s.get("rounds", []) if len(r) > 3)
+    rounds = sum(len(s.get("rounds", [])) for s in timed[1:])
+    if rounds < 2 or not tokens:
+        return None
+    return (timed[-1]["cpu_seconds"] - timed[0]["cpu_seconds"]) / tokens
 
 
 # --- the plot ----------------------------------------------------------------------------------

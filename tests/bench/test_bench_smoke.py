@@ -240,7 +240,7 @@ def test_longrun_smoke_samples_every_node_and_renders_the_same_from_its_samples(
     assert sorted(set(rows)) == ["node-0", "node-1", "node-2", "swarm"], lines[header:header + 8]
     verdicts = {longrun_check(line): line for line in lines if line.startswith(("PASS ", "FAIL "))}
     for node in ("node-0", "node-1", "node-2"):
-        for check in ("rss", "fds", "threads", "data dir", "log", "metrics", "progress", "round time"):
+        for check in ("rss", "fds", "threads", "data dir", "log", "metrics", "progress", "cpu/token", "round time"):
             assert (check, node) in verdicts, (check, node, list(verdicts))
         # the swarm rotates node.log: its bound is a cap, and a few KB are well inside it
         log = verdicts[("log", node)]
@@ -260,15 +260,17 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
 
     meta = {"nodes": 2, "node_args": ["--model", "tiny"], "minutes": 60, "interval": 60, "warmup_minutes": 10,
             "keep_checkpoints": 3, "log_cap_bytes": 30 << 20, "started": "then", "note": ""}
-    rows = []
+    rows, cpu = [], {"node-0": 0.0, "node-1": 0.0}
     for minute in range(61):
         for node, leak in (("node-0", 1), ("node-1", 0)):
+            cpu[node] += 10.0 + 0.2 * minute * leak  # a round a minute, of 1,000 tokens
             rows.append({
                 "node": node, "time": 1000.0 + 60 * minute, "minute": float(minute), "pid": 1, "round": minute,
                 "rss_bytes": (1000 + 5 * minute * leak) << 20, "fds": 12 + minute // 6 * leak, "threads": 8,
                 "data_dir_bytes": (3 << 20) + 1000 * minute, "checkpoints_bytes": 3 << 20, "checkpoints": 3,
                 "metrics_bytes": 1000 * minute, "logs_bytes": 0, "log_files": 1, "inbox_size": 40,
-                "rounds": [[minute, 30.0 + 0.5 * minute * leak, 1000.0 + 60 * minute]], "load": 1.0,
+                "rounds": [[minute, 30.0 + 0.5 * minute * leak, 1000.0 + 60 * minute, 1000]], "cpu_seconds": cpu[node],
+                "load": 1.0,
             })
     (tmp_path / "run.json").write_text(json.dumps(meta))
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -279,4 +281,5 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
     assert verdicts[("threads", "node-0")] == verdicts[("threads", "node-1")] == "PASS"
     results = {(v.check, v.node): v.passed for v in longrun.verdicts(meta, rows)}
     assert results[("round time", "node-0")] is False and results[("round time", "node-1")] is True
+    assert results[("cpu/token", "node-0")] is False and results[("cpu/token", "node-1")] is True
     assert results[("data dir", "node-1")] is True
