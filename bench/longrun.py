@@ -545,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.minutes, args.interval = min(args.minutes, 0.5), min(args.interval, 3.0)
         node_args = node_args or SMOKE_ARGS
+        if args.warmup_minutes is None:  # half a minute has room for no checkpoint rule under load
+            args.warmup_minutes = 0.1
     node_args = node_args or MAKE_RUN_ARGS
     if args.minutes <= 0 or args.interval <= 0:
         parser.error("--minutes and --interval must be positive")

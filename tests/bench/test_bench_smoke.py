@@ -230,7 +230,7 @@ def longrun_check(verdict: str) -> tuple[str, str]:
 
 
 def test_longrun_smoke_samples_every_node_and_renders_the_same_from_its_samples(tmp_path):
-    # About 70 s: 3 tiny nodes start (~35 s), 30 s of 3-s samples, a clean stop.
+    # About 95 s at load average 12 on 2 cores: 3 tiny nodes start, 30 s of 3-s samples, a clean stop.
     out = tmp_path / "run"
     done = run_script("longrun.py", "--out", str(out), timeout=300)
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a bound failed; the tiny model's 0.3-s rounds are noisy
