@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from sapo.node.daemon.counters import NodeCounters
+from sapo.node.daemon.refusal_log import RefusalLog
 from sapo.protocol.codec import DecodeLimits, canonical_json, decode
 from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
 from sapo.protocol.verify import VerifyPolicy, verify
@@ -58,6 +59,7 @@ class Intake:
         self._seen_capacity = seen_capacity
         self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
+        self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
 
     def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
         """Admit one frame from `signer` (the libp2p peer that signed it) or count why not."""
@@ -66,8 +68,10 @@ class Intake:
             group = self._admit(frame, signer, now)
         except Rejected as exc:
             self.counters.rejected[exc.reason.value] += 1
-            level = logging.DEBUG if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality) else logging.INFO
-            log.log(level, "rejected group from %s: %s", signer[:16], exc)
+            if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality):
+                log.debug("rejected group from %s: %s", signer[:16], exc)  # routine: replays, other modalities
+            else:
+                self.refusals.refused(signer, exc.reason.value, exc.detail, now)
             if self.on_reject is not None:
                 self.on_reject(signer, exc.reason.value)
             return None

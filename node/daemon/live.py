@@ -12,18 +12,16 @@ from typing import TYPE_CHECKING, Callable
 
 import trio
 
+from sapo.node.daemon.curves import RoundHistory
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.daemon.state import NodeState
 from sapo.node.daemon.status import (
     MAX_POINTS,
-    CurvePoint,
     JudgeStatus,
     NodeStatus,
     Phase,
     Progress,
-    binned,
-    curve_point,
     peer_rows,
     read_records,
     write_status_file,
@@ -61,8 +59,7 @@ class LiveStatus:
         self.judge: JudgeClient | None = None
         # Received frames queued between the network and the (not yet started) intake.
         self.waiting: Callable[[], int] = lambda: 0
-        self._records: list[RoundRecord] = []
-        self._points: list[CurvePoint] = []
+        self._history = RoundHistory()  # bounded: bins of rounds, not every round
 
     # --- what the daemon tells it ----------------------------------------------------------
 
@@ -84,14 +81,12 @@ class LiveStatus:
         self.node = node
         self.state = state
         self.progress = None
-        self._records = [r for r in read_records(node.data_dir) if r.round <= state.round]
-        self._points = [curve_point(r) for r in self._records]
+        self._history = RoundHistory(r for r in read_records(node.data_dir) if r.round <= state.round)
 
     def after_round(self, state: NodeState, record: RoundRecord) -> None:
         """The round loop's after-round call: the curves grow, and the judge hears of it."""
         self.state = state
-        self._records.append(record)
-        self._points.append(curve_point(record))
+        self._history.add(record)
         if self.judge is not None:
             self.judge.round_done(record)
 
@@ -137,12 +132,7 @@ class LiveStatus:
                 "bans": bans,
                 "peers": peer_rows(service.connected_peers(), service.peer_addresses(), accepted_from, bans),
             }
-        if self._records:
-            last = self._records[-1]
-            update |= {"rounds": binned(self._points), "per_task": last.per_task}
-            judged = [r for r in self._records if r.heldout]
-            if judged:
-                update |= {"heldout": judged[-1].heldout, "heldout_round": judged[-1].round}
+        update |= self._history.fields()
         return status.model_copy(update=update)
 
     def _judge(self) -> JudgeStatus | None:
