@@ -148,8 +148,8 @@ class LiveStatus:
             every=judge.every,
             last_round=scores[-1][0] if scores else None,
             last_score=scores[-1][1] if scores else None,
-            judged=len(scores),
-            mean_score=sum(s for _, s in scores) / len(scores) if scores else None,
+            judged=judge.judged,
+            mean_score=judge.score_sum / judge.judged if judge.judged else None,
             scores=scores[-MAX_POINTS:],
             failures={k: v for k, v in judge.counters.items() if k != "judged"},
         )
