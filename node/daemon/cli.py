@@ -98,7 +98,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     # GIL's share of a 1 ms sleeper's p99 during tiny-model generation fell from 5-8 ms to
     # 1-2 ms (docs/bench/gossip-during-update.md, gil_probe.py), for a hand-off every 1 ms while both want it.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
-    trio.run(run_node, settings)
+    trio.run(run_node, settings, args.stop_with_parent)
     return 0
 
 
@@ -152,6 +152,8 @@ def add_commands(sub) -> None:
     )
     add_settings_arguments(start)
     start.add_argument("--dry-run", action="store_true", help="validate the settings, print them as JSON and exit")
+    # process plumbing, not a setting: `sapo-node swarm` gives its nodes its own pid
+    start.add_argument("--stop-with-parent", type=int, metavar="PID", help=argparse.SUPPRESS)
     start.set_defaults(func=cmd_start)
     swarm = sub.add_parser(
         "swarm",

@@ -11,6 +11,7 @@ counted (`inbox_channel_full`), never allowed to block the network.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -43,6 +44,9 @@ log = logging.getLogger("sapo.node")
 # model loads, until the intake exists); beyond it, the gossip layer drops and counts them
 # rather than blocking the network on a slow node.
 INCOMING_BUFFER = 256
+
+# How often a node that a swarm started checks that the swarm is still there.
+ORPHAN_CHECK_SECONDS = 1.0
 
 # What each signal means to the person who sent it.
 SIGNAL_MEANING = {
@@ -79,6 +83,15 @@ async def round_loop(
     return state
 
 
+def _finish(scope: trio.CancelScope, stop: threading.Event, live: LiveStatus) -> None:
+    # A worker thread cannot be cancelled from trio: ask the warm start and the generation
+    # loop to stop at their next step. An update in progress finishes, so the weights always
+    # match a whole round.
+    stop.set()
+    live.phase = "stopping"
+    scope.cancel()
+
+
 async def _cancel_on_signal(
     scope: trio.CancelScope, stop: threading.Event, live: LiveStatus, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -86,13 +99,17 @@ async def _cancel_on_signal(
         task_status.started()
         async for signum in signals:
             log.info("received %s (%s); finishing cleanly", signal.Signals(signum).name, SIGNAL_MEANING[signum])
-            # A worker thread cannot be cancelled from trio: ask the warm start and the
-            # generation loop to stop at their next step. An update in progress finishes, so
-            # the weights always match a whole round.
-            stop.set()
-            live.phase = "stopping"
-            scope.cancel()
+            _finish(scope, stop, live)
             return
+
+
+async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: threading.Event, live: LiveStatus) -> None:
+    """A node its swarm started stops as on SIGTERM once the swarm is gone, however it went: a
+    SIGKILLed swarm can forward nothing, and its nodes would train on, orphaned, for good."""
+    while os.getppid() == parent:
+        await trio.sleep(ORPHAN_CHECK_SECONDS)
+    log.info("its swarm (pid %d) is gone; finishing cleanly", parent)
+    _finish(scope, stop, live)
 
 
 async def open_network(
@@ -197,10 +214,11 @@ async def start_judge_client(
     return client
 
 
-async def run_node(settings: NodeSettings) -> Node | None:
+async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | None:
     """Join the swarm, then build the node (resuming from its last checkpoint) and run rounds
-    until done or signalled. A checkpoint is written on the way out, so a clean stop loses
-    nothing. None if it was stopped before the model had loaded."""
+    until done or signalled, or (for a node a swarm started) until process `parent` is gone.
+    A checkpoint is written on the way out, so a clean stop loses nothing. None if it was
+    stopped before the model had loaded."""
     # The last check that needs torch, made before anything is written: is the device here?
     resolve_device(settings.model.device)
     seed = settings.network.identity_seed
@@ -216,6 +234,8 @@ async def run_node(settings: NodeSettings) -> Node | None:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
                 await nursery.start(_cancel_on_signal, scope, stop, live)
+                if parent is not None:
+                    nursery.start_soon(_cancel_when_orphaned, parent, scope, stop, live)
                 service, receive = await open_network(nursery, settings, key_pair, transport, live)
                 metrics = await open_page(nursery, settings, live)
                 nursery.start_soon(live.keep_file)

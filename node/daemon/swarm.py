@@ -112,7 +112,8 @@ def metrics_ports(node_args: list[str], nodes: int) -> tuple[list[str], list[int
 def node_command(
     member: SwarmMember, node_args: list[str], seed: int, peers: list[str], nodes: int, models_dir: Path, metrics_port: int = 0
 ) -> list[str]:
-    args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args]
+    # --stop-with-parent: the node stops cleanly once this swarm is gone, however it went
+    args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args, "--stop-with-parent", str(os.getpid())]
     args += ["--data-dir", str(member.data_dir), "--listen", "/ip4/127.0.0.1/tcp/0", "--seed", str(seed + member.index)]
     args += ["--metrics-port", str(metrics_port)]
     if not any(a.startswith("--models-dir") for a in node_args):
@@ -167,6 +168,7 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
     member.data_dir.mkdir(parents=True, exist_ok=True)
     member.log = log_file = NodeLog(member.log_path, NODE_LOG_MAX_BYTES, NODE_LOG_BACKUPS)
     # stderr into the same pipe: the node's prints and its log lines land in the order they happened.
+    # Its own session: the terminal's Ctrl-C reaches the swarm, which forwards it.
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     member.process = process
     address = None

@@ -93,6 +93,36 @@ async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monke
     assert "listening on" not in text  # the oldest part is gone: the log is bounded
 
 
+def test_nodes_end_when_their_swarm_is_killed_outright(tmp_path):
+    # SIGKILL gives the swarm no chance to forward anything: the kernel tells each node instead,
+    # and it stops as on Ctrl-C (a clean stop, with a checkpoint), not orphaned and training on.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import FAST_TINY, wait_for
+
+    node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sapo.node.cli", "swarm", "--nodes", "1", "--data-dir", str(tmp_path), *node_flags,
+         "--rounds", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: read_metrics(tmp_path / "node-0"), timeout=180, what="the node to run")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    survivors = lambda: subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()  # noqa: E731
+    try:
+        wait_for(lambda: not survivors(), timeout=60, what="the orphaned node to stop")
+    finally:
+        for pid in survivors():
+            subprocess.run(["kill", "-9", pid], check=False)
+    time.sleep(0.2)
+    assert list((tmp_path / "node-0" / "checkpoints").glob("round-*")), "the node did not stop cleanly"
+
+
 def test_the_progress_line_reads_only_the_end_of_a_long_metrics_file(tmp_path):
     """Read every few seconds for as long as the swarm runs: the cost must not grow with the run."""
     import json
