@@ -29,6 +29,7 @@ from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
+from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.pubsub_guards import GuardedPubsub, cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService
 from sapo.protocol.relay import RelayService, relay_limits
@@ -88,6 +89,7 @@ class GossipService:
         self._discovery: PeerDiscovery | None = None
         self._reachability: ReachabilityService | None = None
         self._relay: RelayService | None = None
+        self.protocols: PeerProtocols | None = None  # which optional protocols each peer lacks
         self._bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
         self._nursery: trio.Nursery | None = None
 
@@ -274,6 +276,7 @@ class GossipService:
         settings = self.settings
         listen = multiaddr.Multiaddr(settings.listen)
         host = new_noise_host(self.key_pair, [listen], psk=settings.psk, addrs_factory=self._host_addrs)
+        protocols = self.protocols = PeerProtocols(host, self._count)
 
         router = GossipSub(
             # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
@@ -306,7 +309,8 @@ class GossipService:
         )
 
         try:
-            async with host.run([listen]):
+            # quiet_refusals: a peer without an optional protocol is not an ERROR
+            async with quiet_refusals(), host.run([listen]):
                 try:
                     async with background_trio_service(pubsub), background_trio_service(router):
                         with trio.fail_after(START_TIMEOUT_SECONDS):
@@ -322,6 +326,7 @@ class GossipService:
                             may_use=self._may_use,
                             count=self._count,
                             on_change=self._on_reachability,
+                            protocols=protocols,
                         )
                         reachability.attach()  # answer dial-back requests whatever our own status
                         relay = self._relay = RelayService(
@@ -339,6 +344,7 @@ class GossipService:
                             may_use=self._may_use,
                             count=self._count,
                             on_addrs_changed=self._readvertise,
+                            protocols=protocols,
                         )
                         discovery = self._discovery = PeerDiscovery(
                             self.key_pair,
@@ -348,6 +354,7 @@ class GossipService:
                             may_dial=lambda peer: self.refusal(peer) is None,
                             dial=self._dial_discovered,
                             count=self._count,
+                            protocols=protocols,
                         )
                         discovery.attach(host, self.advertised_addrs())  # answer requests even with discovery off
                         logger.info(

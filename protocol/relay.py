@@ -33,7 +33,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import multiaddr
 import trio
@@ -52,6 +52,9 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.hosts import direct_peers, is_relayed
 from sapo.protocol.reachability import Reachability
+
+if TYPE_CHECKING:
+    from sapo.protocol.peer_protocols import PeerProtocols
 
 logger = logging.getLogger("sapo.relay")
 
@@ -192,9 +195,11 @@ class RelayService:
         may_use: Callable[[ID], bool],
         count: Callable[[str], None],
         on_addrs_changed: Callable[[], None],
+        protocols: PeerProtocols | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
+        self.protocols = protocols
         self.relay = relay
         self.relays_to_reserve = relays_to_reserve
         self.hole_punching = hole_punching
@@ -299,6 +304,8 @@ class RelayService:
                 break
             if relay in self.reservations or self._refused_until.get(relay, 0) > now or not self.may_use(relay):
                 continue
+            if self.protocols is not None and self.protocols.lacks(relay, HOP_PROTOCOL_ID):
+                continue  # a bootstrap peer that does not relay
             address = self._relay_address(relay)
             if address is None:
                 continue
@@ -334,7 +341,8 @@ class RelayService:
                     ttl = self.transport._reservations.get(relay, 0) - time.time()
                     return self.clock() + max(1.0, min(ttl, RESERVATION_TTL_SECONDS))
             except Exception as error:  # noqa: BLE001 - no relay protocol there, reset, closed
-                logger.debug("reservation on %s failed: %s", relay, error)
+                if self.protocols is None or not self.protocols.refused(relay, HOP_PROTOCOL_ID, error):
+                    logger.debug("reservation on %s failed: %s", relay, error)
             finally:
                 if stream is not None:
                     with trio.move_on_after(1.0):
