@@ -170,7 +170,8 @@ class PeerProcess:
     def __init__(self, name: str, data_dir: Path, *, prefix: list[str] = (), listen: str = "/ip4/0.0.0.0/tcp/4001",
                  peers: list[str] = (), settings: dict | None = None, rate: float = 0.5,
                  publish_at: float | None = None, index: int = 0, log_dir: Path | None = None,
-                 groups_file: Path | None = None, publish_seconds: float | None = None, wait_go: bool = False):
+                 groups_file: Path | None = None, publish_seconds: float | None = None, wait_go: bool = False,
+                 state_seconds: float | None = None):
         self.name = name
         self.events: list[dict] = []
         self._buffer = b""
@@ -193,6 +194,8 @@ class PeerProcess:
             cmd += ["--publish-seconds", str(publish_seconds)]
         if wait_go:
             cmd.append("--wait-go")
+        if state_seconds is not None:
+            cmd += ["--state-seconds", str(state_seconds)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, bufsize=0)
         self.started_at = time.time()
         self.stopped_at: float | None = None

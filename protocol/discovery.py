@@ -108,6 +108,10 @@ class PeerTable:
     def remove(self, peer_id: ID) -> None:
         self._peers.pop(peer_id, None)
 
+    def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
+        entry = self._peers.get(peer_id)
+        return list(entry.addrs) if entry is not None else []
+
     def records_of(self, peers: list[ID]) -> list[tuple[bytes, str | None]]:
         """Records (with their observed IPs) of those `peers` we hold, at most one response's worth."""
         held = [self._peers[p] for p in peers if p in self._peers]
@@ -286,6 +290,10 @@ class PeerDiscovery:
 
     def forget(self, peer_id: ID) -> None:
         self.table.remove(peer_id)
+
+    def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
+        """The addresses in the record we hold for `peer_id`, or []."""
+        return list(self.table.addrs_of(peer_id))
 
     def _learn(self, envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> None:
         try:

@@ -24,7 +24,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.addresses import parse_peer_address
-from sapo.protocol.dialing import BootstrapKeeper, dial
+from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
 from sapo.protocol.settings import NetworkSettings
@@ -33,6 +33,7 @@ from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.pubsub_guards import GuardedPubsub, cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService
 from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.relayed_links import RelayedLinks
 from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger("sapo.gossip")
@@ -92,6 +93,7 @@ class GossipService:
         self.protocols: PeerProtocols | None = None  # which optional protocols each peer lacks
         self._bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
         self._nursery: trio.Nursery | None = None
+        self._dialer: OneDialPerPeer | None = None
 
     def is_allowed(self, peer_id: ID) -> bool:
         return self._allowed is None or peer_id == self._my_id or peer_id.to_bytes() in self._allowed
@@ -357,6 +359,9 @@ class GossipService:
                             protocols=protocols,
                         )
                         discovery.attach(host, self.advertised_addrs())  # answer requests even with discovery off
+                        self._dialer = OneDialPerPeer(host, relay)
+                        links = RelayedLinks(host, relay, dial=self._dial_discovered, known_addrs=discovery.addrs_of,
+                                             refused=lambda peer: self.refusal(peer) is not None, count=self._count)
                         logger.info(
                             "gossip up: peer %s listening on %s, topic %s",
                             self.peer_id,
@@ -366,6 +371,7 @@ class GossipService:
                         async with trio.open_nursery() as nursery:
                             self._nursery = nursery
                             await nursery.start(relay.run)
+                            await nursery.start(links.run)  # relayed links that end are dialled again
                             relay.set_reachability(reachability.status)
                             await nursery.start(reachability.run)
                             keeper = BootstrapKeeper(host, settings, self._my_id, self.refusal, relay,
@@ -382,6 +388,7 @@ class GossipService:
                     self._discovery = None
                     self._reachability = None
                     self._relay = None
+                    self._dialer = None
                     # Exiting host.run() alone leaves peers' TCP connections open (they do not
                     # notice for a long time); close() can hang on a crashed peer, so bound it.
                     with trio.move_on_after(settings.close_timeout_seconds) as scope:
@@ -441,10 +448,9 @@ class GossipService:
             self._count("inbox_closed")
 
     async def _dial_discovered(self, info: PeerInfo) -> bool:
-        host = self._host
-        if host is None or self.refusal(info.peer_id) is not None:
+        if self._dialer is None or self.refusal(info.peer_id) is not None:
             return False
-        error = await dial(host, info, self._relay)
+        error = await self._dialer.dial(info)
         if error is not None:
             logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
         return error is None
