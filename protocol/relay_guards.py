@@ -3,6 +3,12 @@ override calls the original (relay.py decides when to relay, reserve and dial; t
 its checks and fixes where the library would relay for anyone, mix up circuits or fail).
 
 - `GuardedRelayProtocol` answers only peers the gossip service accepts (allow list, bans).
+- Its `_handle_hop_stream` handles one request per HOP stream, as the spec has it. 0.8.1 keeps
+  reading a HOP stream after a CONNECT, when that stream has become the circuit itself: once a
+  circuit was cut at a limit, what its peer sent last was parsed as HOP messages, and a stray
+  "RESERVE" among them renewed the peer's reservation with a reply that never arrived. The
+  peer's voucher was then stale, and the relay refused its every later CONNECT as "Invalid
+  reservation" (tests/hardening/test_relay_limits.py found it).
 - Its `_relay_data` closes only its own circuit: 0.8.1 keys open circuits by peer id, so when
   one of a peer's circuits ended it closed the streams of another circuit of the same peer (a
   node behind NAT has several; test_relay.py shows it).
@@ -19,14 +25,21 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import logging
+
 import multiaddr
+import trio
 from libp2p.connection_types import ConnectionType
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+from libp2p.relay.circuit_v2.protocol import STREAM_READ_TIMEOUT, CircuitV2Protocol, _is_relayed_stream
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.relay.circuit_v2.utils import maybe_consume_signed_record, read_delimited_msg
 from libp2p.security.pnet.protector import new_protected_conn
+
+logger = logging.getLogger("sapo.relay")
 
 # What 0.8.1's `_relay_data` says to the side that went over a limit, just before it resets the circuit.
 LIMIT_MESSAGES = ("Data transfer limit exceeded", "Circuit duration limit exceeded")
@@ -47,7 +60,27 @@ class GuardedRelayProtocol(CircuitV2Protocol):
             await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying for this peer")
             await self._close_stream(stream)
             return
-        await super()._handle_hop_stream(stream)
+        if _is_relayed_stream(stream):
+            await super()._handle_hop_stream(stream)  # which refuses it
+            return
+        try:
+            with trio.fail_after(STREAM_READ_TIMEOUT):
+                request = await read_delimited_msg(stream, HopMessage)
+        except Exception as error:  # noqa: BLE001 - a peer that went away, or garbage
+            logger.debug("bad HOP request from %s: %s", peer, error)
+            await stream.reset()
+            return
+        if request.HasField("senderRecord") and not maybe_consume_signed_record(request, self.host, peer):
+            await stream.reset()
+            return
+        if request.type == HopMessage.RESERVE:
+            await self._handle_reserve(stream, request)
+            await self._close_stream(stream)
+        elif request.type == HopMessage.CONNECT:
+            await self._handle_connect(stream, request)  # the stream carries the circuit until it ends
+        else:
+            await self._send_status(stream, StatusCode.MALFORMED_MESSAGE, f"unexpected HOP message type {request.type}")
+            await self._close_stream(stream)
 
     async def _handle_reserve(self, stream: Any, msg: Any) -> None:
         self._count("relay_reservations_served")

@@ -13,7 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol import relay as relay_module
+from sapo.protocol import relay_guards
 from sapo.protocol.hosts import is_relayed, new_noise_host
 from sapo.protocol.relay import RelayService, relay_limits
 from tests.protocol.test_gossip import receive_all, start_node
@@ -83,9 +83,12 @@ async def test_hole_punching_adds_a_direct_connection_to_the_relayed_one():
 
 async def circuits_from_one_peer_survive_each_other(stock: bool, monkeypatch) -> bool:
     """a holds circuits to b and c through the relay; a closes the one to b. Does a-c live on?"""
-    if stock:  # 0.8.1's _relay_data, which closes "the circuit of peer X" by peer id
-        monkeypatch.setattr(relay_module._GuardedRelayProtocol, "_relay_data",
-                            relay_module.CircuitV2Protocol._relay_data)
+    if stock:  # 0.8.1's relay: _relay_data closes "the circuit of peer X" by peer id, and the HOP
+        # loop reads on in a stream that has become a circuit
+        monkeypatch.setattr(relay_guards.GuardedRelayProtocol, "_relay_data",
+                            relay_guards.CircuitV2Protocol._relay_data)
+        monkeypatch.setattr(relay_guards.GuardedRelayProtocol, "_handle_hop_stream",
+                            relay_guards.CircuitV2Protocol._handle_hop_stream)
     async with trio.open_nursery() as nursery:
         relay, b, c = await relay_and_two_private(nursery)
         a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
@@ -107,7 +110,8 @@ async def test_closing_one_circuit_leaves_the_same_peers_other_circuits_open(mon
 
 
 async def test_stock_relay_closes_another_circuit_of_the_same_peer(monkeypatch):
-    # Why _GuardedRelayProtocol overrides _relay_data. If this starts failing, 0.8.x fixed it.
+    # Why GuardedRelayProtocol overrides _relay_data and _handle_hop_stream. If this starts failing,
+    # 0.8.x fixed it.
     with trio.fail_after(60):
         assert not await circuits_from_one_peer_survive_each_other(stock=True, monkeypatch=monkeypatch)
 
@@ -135,7 +139,7 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
 
 async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
     # With a swarm key (pnet), both ends of a circuit must protect it: 0.8.1 does so only for
-    # the inbound end of a relayed connection (RelayService dials through _ProtectedCircuits).
+    # the inbound end of a relayed connection (RelayService dials through ProtectedCircuits).
     psk = "ab" * 32
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
