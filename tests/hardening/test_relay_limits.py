@@ -50,7 +50,7 @@ GROUP_SIZE = {"completions": 2, "chars": 300}
 PUBLISH_SECONDS = 120.0
 DRAIN_SECONDS = 10.0
 RESUME_SECONDS = 10.0
-GAP_SECONDS = 3.0  # arrivals further apart than this (four a second) are a cut being recovered
+GAP_SECONDS = 1.0  # arrivals further apart than this (four a second) are a cut being recovered
 RELAY_SWARM = "relay-only"
 
 
