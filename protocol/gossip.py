@@ -346,7 +346,6 @@ class GossipService:
                             may_use=self._may_use,
                             count=self._count,
                             on_addrs_changed=self._readvertise,
-                            protocols=protocols,
                         )
                         discovery = self._discovery = PeerDiscovery(
                             self.key_pair,

@@ -3,14 +3,17 @@
 Any libp2p peer may connect to a node: a standard peer that speaks gossipsub and nothing of
 ours, a relay that does not gossip. Such a peer is not at fault, and neither are we. Our node
 still used to ask it, every 1-10 s, for what it never had (`/sapo/peers/1` discovery,
-`/libp2p/autonat/1.0.0` dial-backs, a `/meshsub/1.1.0` stream, a relay slot), and py-libp2p
-logged every refusal as an ERROR.
+`/libp2p/autonat/1.0.0` dial-backs, a `/meshsub/1.1.0` stream), and py-libp2p logged every
+refusal as an ERROR.
 
 So, for each optional protocol, a peer lacks it when identify (which libp2p runs on every new
 connection) does not list it, or when the peer refused it in multistream-select. Either way it
 is remembered for that peer, logged once at INFO and counted once (`peers_without_<name>`),
-and the callers do not ask it again. Identify listing the protocol later (a peer that
-upgraded) makes the peer askable again.
+and the callers do not ask it. Identify listing the protocol (a peer that upgraded) makes the
+peer askable again, and so does time: after `REMEMBER_SECONDS` the peer is asked once more
+(quietly), since identify is a snapshot taken when the connection opened. Relaying is not one of
+these protocols: a node of ours starts relaying only once it finds itself public, after its
+peers have identified it (relay.py backs off from a refusal instead).
 
 py-libp2p 0.8.1 logs each refused stream at ERROR in `BasicHost.new_stream` before the caller
 sees the exception, and that first refusal can come before identify has answered. While a
@@ -22,6 +25,7 @@ DEBUG: the caller gets the exception and decides what it means. Reads the host's
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
@@ -29,7 +33,6 @@ from typing import Any, AsyncIterator, Callable
 from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
-from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 
 from sapo.protocol.discovery import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
 
@@ -40,10 +43,11 @@ OPTIONAL: dict[str, tuple[str, str]] = {
     DISCOVERY_PROTOCOL_ID: ("peer discovery", "peers_without_discovery"),
     str(AUTONAT_PROTOCOL_ID): ("AutoNAT dial-backs", "peers_without_autonat"),
     str(PROTOCOL_ID_V11): ("gossip", "peers_without_gossip"),
-    str(HOP_PROTOCOL_ID): ("relaying", "peers_without_relay"),
 }
 # (peer, protocol) pairs remembered; the oldest make way (a peer seen again is identified again).
 MAX_REMEMBERED = 4096
+# How long a peer is not asked for a protocol it lacks; then it is asked once more, quietly.
+REMEMBER_SECONDS = 600.0
 # What py-libp2p's multistream-select client says when the peer refused every protocol offered.
 REFUSED = "protocols not supported"
 
@@ -67,19 +71,26 @@ class PeerProtocols:
     `lacks(peer, protocol)` before asking; `refused(peer, protocol, error)` after a failed ask
     (True when the failure was the peer lacking it, which is then remembered)."""
 
-    def __init__(self, host: Any, count: Callable[[str], None], max_remembered: int = MAX_REMEMBERED) -> None:
+    def __init__(self, host: Any, count: Callable[[str], None], max_remembered: int = MAX_REMEMBERED,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.host = host
         self.count = count
         self.max_remembered = max_remembered
-        self._missing: OrderedDict[tuple[ID, str], None] = OrderedDict()
+        self.clock = clock
+        self._missing: OrderedDict[tuple[ID, str], float] = OrderedDict()  # -> ask again after
+        self._told: OrderedDict[tuple[ID, str], None] = OrderedDict()  # logged and counted already
 
     def lacks(self, peer: ID, protocol: str) -> bool:
         listed = self._identified_protocols(peer)
         if listed is not None and protocol in listed:
             self._missing.pop((peer, protocol), None)
             return False
-        if (peer, protocol) in self._missing:
-            return True
+        until = self._missing.get((peer, protocol))
+        if until is not None:
+            if self.clock() < until:
+                return True
+            del self._missing[(peer, protocol)]
+            return False  # long enough: ask once more (a refusal is remembered again, quietly)
         if listed is not None:  # identified, and the protocol is not among its list
             self._remember(peer, protocol, "identify does not list it")
             return True
@@ -88,15 +99,21 @@ class PeerProtocols:
     def refused(self, peer: ID, protocol: str, error: BaseException) -> bool:
         if not refused_protocol(error):
             return False
-        if (peer, protocol) not in self._missing:
-            self._remember(peer, protocol, "it refused the protocol")
+        self._remember(peer, protocol, "it refused the protocol")
         return True
 
     def _remember(self, peer: ID, protocol: str, how: str) -> None:
-        what, counter = OPTIONAL.get(protocol, (protocol, "peers_without_other"))
-        self._missing[(peer, protocol)] = None
+        key = (peer, protocol)
+        self._missing[key] = self.clock() + REMEMBER_SECONDS
+        self._missing.move_to_end(key)
         while len(self._missing) > self.max_remembered:
             self._missing.popitem(last=False)
+        if key in self._told:
+            return
+        self._told[key] = None
+        while len(self._told) > self.max_remembered:
+            self._told.popitem(last=False)
+        what, counter = OPTIONAL.get(protocol, (protocol, "peers_without_other"))
         self.count(counter)
         logger.info("peer %s does not speak %s (%s; %s): not asking it again", peer, protocol, what, how)
 

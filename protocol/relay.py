@@ -20,11 +20,9 @@ from them are refused on arrival.
 What is 0.8.1's and what is ours: the wire protocols, the relay's resource accounting, the
 circuit transport and DCUtR are the library's. Ours: when to reserve and on whom (0.8.1's
 RelayDiscovery reserves on every relay it meets and its transport reserves again on every
-dial), the advertised addresses, the refusals above, and two fixes. 0.8.1's relay keys its
-open circuits by peer id, so when one of a peer's circuits ends it closes the streams of another
-circuit of the same peer (a node behind NAT has several); `_relay_data` here closes only its own.
-And in a private swarm (pnet) 0.8.1 protects only the accepting end of a circuit with the swarm
-key, so no circuit could complete its handshake; `_ProtectedCircuits` protects the dialling end.
+dial), the advertised addresses, the refusals above, the fixes in relay_guards.py, and what
+happens when a relayed link or a relay slot ends (relayed_links.py: dial again, reserve again,
+and use relays that cut circuits early last).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import multiaddr
 import trio
@@ -50,9 +48,6 @@ from sapo.protocol.hosts import direct_peers, is_relayed
 from sapo.protocol.reachability import Reachability
 from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits
 from sapo.protocol.relayed_links import RelayCuts
-
-if TYPE_CHECKING:
-    from sapo.protocol.peer_protocols import PeerProtocols
 
 logger = logging.getLogger("sapo.relay")
 
@@ -113,11 +108,9 @@ class RelayService:
         may_use: Callable[[ID], bool],
         count: Callable[[str], None],
         on_addrs_changed: Callable[[], None],
-        protocols: PeerProtocols | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
-        self.protocols = protocols
         self.relay = relay
         self.relays_to_reserve = relays_to_reserve
         self.hole_punching = hole_punching
@@ -229,8 +222,6 @@ class RelayService:
                 break
             if relay in self.reservations or self._refused_until.get(relay, 0) > now or not self.may_use(relay):
                 continue
-            if self.protocols is not None and self.protocols.lacks(relay, HOP_PROTOCOL_ID):
-                continue  # a bootstrap peer that does not relay
             address = self.relay_address(relay)
             if address is None:
                 continue
@@ -266,8 +257,7 @@ class RelayService:
                     ttl = self.transport._reservations.get(relay, 0) - time.time()
                     return self.clock() + max(1.0, min(ttl, RESERVATION_TTL_SECONDS))
             except Exception as error:  # noqa: BLE001 - no relay protocol there, reset, closed
-                if self.protocols is None or not self.protocols.refused(relay, HOP_PROTOCOL_ID, error):
-                    logger.debug("reservation on %s failed: %s", relay, error)
+                logger.debug("reservation on %s failed: %s", relay, error)
             finally:
                 if stream is not None:
                     with trio.move_on_after(1.0):

@@ -11,8 +11,9 @@ So `RelayedLinks` watches the host's connections (a libp2p network notifee) and:
 - when a relayed connection closes and its peer has no other connection, dials that peer again
   through a relay (the one that carried it, or any other it is known at; discovery's record
   first), least-cutting relay first, with back-off (0.5 s doubling to 30 s, at most 8 tries).
-  Both ends notice the cut; the end with the larger peer id waits a moment first, so that
-  usually one new circuit is opened, not two;
+  Both ends notice the cut; the end that dialled the lost circuit dials again at once, the end
+  that accepted it only if the link is still down a few seconds later (a standard libp2p peer
+  never dials again), so that two nodes of ours open one new circuit, not two;
 - when the direct connection to a relay we hold a slot on closes, wakes the reservation keeper
   (relay.py), which reserves on another relay if there is one, and on this one again once the
   bootstrap keeper or discovery has dialled it back;
@@ -39,6 +40,7 @@ import trio
 from libp2p.abc import INotifee
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.rcmgr import Direction
 
 from sapo.protocol.hosts import direct_peers, is_relayed
 
@@ -50,8 +52,9 @@ logger = logging.getLogger("sapo.relay")
 REDIAL_BACKOFF_INITIAL_SECONDS = 0.5
 REDIAL_BACKOFF_MAX_SECONDS = 30.0
 REDIAL_ATTEMPTS = 8
-# The end with the larger peer id lets the other redial first (one new circuit, not two).
-TIE_BREAK_SECONDS = 1.5
+# The end that accepted the lost circuit lets the one that dialled it redial first (one new
+# circuit, not two; a circuit dial takes 0.1-2 s here).
+ACCEPTOR_WAIT_SECONDS = 3.0
 # A circuit that lived less than this was cut early (ours last an hour; a 128 KiB one, seconds).
 EARLY_CIRCUIT_SECONDS = 600.0
 CUT_MEMORY_SECONDS = 1800.0
@@ -89,6 +92,7 @@ class ClosedLink:
     relayed: bool
     relay: ID | None  # the relay that carried it, if the address names it
     lived: float  # seconds
+    dialled: bool  # we opened it (else the peer did)
 
 
 def circuit_relay(connection: Any) -> ID | None:
@@ -129,7 +133,8 @@ class _ForwardCloses(INotifee):
         relay = circuit_relay(conn) if relayed else None
         if relay == self.my_id:
             relay = None  # an accepted circuit whose relay 0.8.1 did not name (relay_guards.py)
-        link = ClosedLink(peer, relayed, relay, self.clock() - self.opened.get(conn, self.clock()))
+        dialled = getattr(conn, "direction", None) == Direction.OUTBOUND
+        link = ClosedLink(peer, relayed, relay, self.clock() - self.opened.get(conn, self.clock()), dialled)
         try:
             self.send.send_nowait(link)
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
@@ -204,8 +209,8 @@ class RelayedLinks:
         peer = link.peer
         relay_stayed = link.relay in direct_peers(self.host)
         try:
-            if self.my_id.to_bytes() > peer.to_bytes():
-                await trio.sleep(TIE_BREAK_SECONDS)
+            if not link.dialled:
+                await trio.sleep(ACCEPTOR_WAIT_SECONDS)
             delay = REDIAL_BACKOFF_INITIAL_SECONDS
             for attempt in range(REDIAL_ATTEMPTS):
                 if self._connected(peer):

@@ -11,7 +11,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.discovery import PROTOCOL_ID as DISCOVERY
 from sapo.protocol.hosts import new_noise_host
-from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals, refused_protocol
+from sapo.protocol.peer_protocols import REMEMBER_SECONDS, PeerProtocols, quiet_refusals, refused_protocol
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
 
@@ -70,6 +70,26 @@ async def test_identify_tells_us_once_and_the_peer_is_not_asked(caplog):
     lines = [r for r in caplog.records if "does not speak" in r.getMessage()]
     assert len(lines) == 1 and lines[0].levelno == logging.INFO, lines
     assert DISCOVERY in lines[0].getMessage() and "identify does not list it" in lines[0].getMessage()
+
+
+async def test_after_a_while_the_peer_is_asked_once_more_and_quietly(caplog):
+    # identify is a snapshot: a peer may have started serving the protocol since
+    counts: dict[str, int] = {}
+    now = [0.0]
+    with trio.fail_after(20), caplog.at_level(logging.INFO, logger="sapo.gossip"):
+        async with trio.open_nursery() as nursery:
+            us, them = await connected_pair(nursery)
+            protocols = PeerProtocols(us, lambda name: counts.__setitem__(name, counts.get(name, 0) + 1),
+                                      clock=lambda: now[0])
+            while them.get_id() not in us._identified_peers:
+                await trio.sleep(0.05)
+            assert protocols.lacks(them.get_id(), DISCOVERY)
+            now[0] += REMEMBER_SECONDS + 1
+            assert not protocols.lacks(them.get_id(), DISCOVERY)  # ask once more
+            assert protocols.lacks(them.get_id(), DISCOVERY)  # identify still says no: remembered again
+            nursery.cancel_scope.cancel()
+    assert counts == {"peers_without_discovery": 1}
+    assert len([r for r in caplog.records if "does not speak" in r.getMessage()]) == 1
 
 
 async def refused_stream(quiet: bool) -> tuple[BaseException, PeerProtocols, dict]:
