@@ -47,6 +47,8 @@ RPC_MESSAGES_PER_FRAME = 2
 SEEN_IDS = 65_536
 # Bound on one publish (signing + handing the message to the per-peer queues).
 PUBLISH_TIMEOUT_SECONDS = 5.0
+# How long GossipSub keeps a message for a peer that has connected but not yet subscribed.
+PENDING_SECONDS = 2.0
 # Bound on waiting for the pubsub service's internal tasks to start.
 START_TIMEOUT_SECONDS = 10.0
 
@@ -297,6 +299,11 @@ class GossipService:
             # "Adaptive gossip" stretches the heartbeat to 30-60 s when the mesh is smaller
             # than D, i.e. always in a swarm of 3-6 nodes. Keep the heartbeat we asked for.
             adaptive_gossip_enabled=False,
+            # Messages wait here for a connected peer whose subscription has not arrived yet, for
+            # the moment between its connecting and subscribing. A peer that never subscribes (a
+            # relay or bootstrap that gossips another topic) kept 100 of them for 30 s, and each
+            # message past that logged a WARNING (370 in two minutes in test_relay_limits.py).
+            pending_messages_ttl=PENDING_SECONDS,
         )
         pubsub = GuardedPubsub(
             host,
