@@ -36,24 +36,6 @@ async def connected_pair(nursery):
     return us, them
 
 
-@pytest.fixture
-def libp2p_records():
-    """Every record py-libp2p logs (its logger does not propagate, so caplog alone misses them)."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-
-    library = logging.getLogger("libp2p")
-    handler, level = Keep(level=logging.DEBUG), library.level
-    library.addHandler(handler)
-    library.setLevel(logging.WARNING)  # as the node runs it
-    yield records
-    library.removeHandler(handler)
-    library.setLevel(level)
-
-
 async def test_identify_tells_us_once_and_the_peer_is_not_asked(caplog):
     counts: dict[str, int] = {}
     with trio.fail_after(20), caplog.at_level(logging.INFO, logger="sapo.gossip"):

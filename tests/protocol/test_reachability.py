@@ -14,7 +14,6 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from sapo.protocol import reachability
 from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
-from tests.protocol.test_peer_protocols import libp2p_records  # noqa: F401  (a fixture)
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
 
