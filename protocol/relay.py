@@ -44,7 +44,7 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.tools.anyio_service import background_trio_service
 
-from sapo.protocol.hosts import direct_peers, is_relayed
+from sapo.protocol.hosts import direct_peers, is_relayed, relay_of
 from sapo.protocol.reachability import Reachability
 from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits
 from sapo.protocol.relayed_links import RelayCuts
@@ -77,16 +77,12 @@ class Reservation:
 
 def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID] | None:
     """(relay's /ip*/tcp address, relay id) of `<relay>/p2p/<relay id>/p2p-circuit[/p2p/<peer>]`."""
-    text = str(address)
-    if "/p2p-circuit" not in text:
+    relay = relay_of(address)
+    if relay is None:
         return None
-    head = text.split("/p2p-circuit")[0]
-    if "/p2p/" not in head:
-        return None
-    transport, relay = head.rsplit("/p2p/", 1)
     try:
-        return multiaddr.Multiaddr(transport), ID.from_base58(relay)
-    except Exception:  # noqa: BLE001
+        return multiaddr.Multiaddr(str(address).split("/p2p-circuit")[0].rsplit("/p2p/", 1)[0]), relay
+    except Exception:  # noqa: BLE001 - no transport address before the relay's id
         return None
 
 
@@ -288,8 +284,8 @@ class RelayService:
         # In random order (every dialler taking the first one would pile all circuits on one
         # relay), relays that cut circuits early last.
         def cuts_of(address: multiaddr.Multiaddr) -> int:
-            parts = circuit_parts(address)
-            return self.cuts.count(parts[1]) if parts is not None else 0
+            relay = relay_of(address)
+            return self.cuts.count(relay) if relay is not None else 0
 
         for address in sorted(random.sample(list(info.addrs), len(info.addrs)), key=cuts_of):
             parts = circuit_parts(address)

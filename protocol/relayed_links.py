@@ -42,7 +42,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.rcmgr import Direction
 
-from sapo.protocol.hosts import direct_peers, is_relayed
+from sapo.protocol.hosts import circuit_relay, direct_peers, is_relayed
 
 if TYPE_CHECKING:
     from sapo.protocol.relay import RelayService
@@ -93,22 +93,6 @@ class ClosedLink:
     relay: ID | None  # the relay that carried it, if the address names it
     lived: float  # seconds
     dialled: bool  # we opened it (else the peer did)
-
-
-def circuit_relay(connection: Any) -> ID | None:
-    """The relay a relayed connection runs through (`.../p2p/<relay>/p2p-circuit/...`), else None."""
-    try:
-        addresses = [str(a) for a in connection.get_transport_addresses()]
-    except Exception:  # noqa: BLE001 - a connection being torn down
-        return None
-    for text in addresses:
-        head = text.split("/p2p-circuit")[0]
-        if "/p2p-circuit" in text and "/p2p/" in head:
-            try:
-                return ID.from_base58(head.rsplit("/p2p/", 1)[1])
-            except Exception:  # noqa: BLE001
-                return None
-    return None
 
 
 class _ForwardCloses(INotifee):

@@ -154,3 +154,38 @@ async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
             await trio.sleep(3)
             assert not outsider.service.relayed_addrs and not outsider.service.connected_peers()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_circuit_cut_at_the_relays_byte_limit_is_dialled_again():
+    # Discovery is off here (PRIVATE): only relayed_links.py can bring the link back.
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            relay = await start_node(nursery, relay="on", reachability="public", relay_max_circuit_bytes=48 * 1024)
+            a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
+            b = await start_node(nursery, peers=[relay.addr], **PRIVATE)
+            await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+            await dial_through_relay(a, b)
+            await wait_until(lambda: kinds(a, b) == {True}, 20)
+            await trio.sleep(2)
+            received = 0
+            for i in range(40):  # 4 KB a message: a circuit carries about ten
+                assert await a.service.publish(bytes([i]) * 4000)
+                received += len(await receive_all(b, 1, timeout=15))
+                await trio.sleep(0.1)
+            assert relay.counters.get("relay_circuits_limited", 0) >= 2, relay.counters
+            assert a.counters.get("relayed_links_recovered", 0) >= 2, a.counters
+            assert received == 40
+            nursery.cancel_scope.cancel()
+
+
+def test_relays_that_cut_circuits_early_are_tried_last():
+    now = [0.0]
+    cuts = relayed_links.RelayCuts(clock=lambda: now[0], memory=100.0)
+    r1, r2, r3 = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3))
+    cuts.record(r1)
+    cuts.record(r1)
+    cuts.record(r2)
+    assert cuts.order([r1, r2, r3]) == [r3, r2, r1]
+    assert cuts.order([r2, r3]) == [r3, r2]
+    now[0] = 150.0  # forgotten after `memory` seconds
+    assert cuts.order([r1, r2, r3]) == [r1, r2, r3]
