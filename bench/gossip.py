@@ -132,7 +132,7 @@ def reasoning_text(rng: random.Random, answer: str, chars: int = COMPLETION_CHAR
     return " ".join(parts) + f" Therefore the answer is <answer>{final}</answer>"
 
 
-def build_groups(node_index: int, seed: int):
+def build_groups(node_index: int, seed: int, completions: int = COMPLETIONS_PER_GROUP, chars: int = COMPLETION_CHARS):
     """A pool of real QuestionGroups for one node: real problems, scored by the real verifier."""
     from sapo.training.rewards import score_group
     from sapo.training.rollouts import QuestionGroup
@@ -142,7 +142,7 @@ def build_groups(node_index: int, seed: int):
     sampler = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=seed * 1_000 + node_index, rng_seed=0)
     groups = []
     for problem in sampler.sample(GROUPS_PER_NODE_POOL):
-        texts = [reasoning_text(rng, problem.answer) for _ in range(COMPLETIONS_PER_GROUP)]
+        texts = [reasoning_text(rng, problem.answer, chars) for _ in range(completions)]
         groups.append(QuestionGroup(problem=problem, completions=texts, rewards=score_group(problem, texts)))
     return groups
 

@@ -154,23 +154,26 @@ async def peer_main(args: argparse.Namespace) -> None:
                 break
 
 
-def write_groups(path: Path, index: int = 0) -> Path:
+def write_groups(path: Path, index: int = 0, **size) -> Path:
     """One pool of real groups for every peer to publish (each peer's frames still differ:
     its peer id, round and time are in them); saves every child the reasoning-gym import."""
     sys.path.insert(0, str(BENCH))
     from gossip import build_groups
 
-    path.write_text(json.dumps([g.model_dump(mode="json") for g in build_groups(index, 0)]))
+    path.write_text(json.dumps([g.model_dump(mode="json") for g in build_groups(index, 0, **size)]))
     return path
 
 
 class PeerProcess:
-    """A gossip_peer.py child (optionally inside a namespace); its event lines are collected."""
+    """A gossip_peer.py child (optionally inside a namespace); its event lines are collected.
+    `script` runs another program with the same command line and event lines instead
+    (tests/hardening/standard_peer.py: a standard libp2p peer)."""
 
     def __init__(self, name: str, data_dir: Path, *, prefix: list[str] = (), listen: str = "/ip4/0.0.0.0/tcp/4001",
                  peers: list[str] = (), settings: dict | None = None, rate: float = 0.5,
                  publish_at: float | None = None, index: int = 0, log_dir: Path | None = None,
-                 groups_file: Path | None = None, publish_seconds: float | None = None, wait_go: bool = False):
+                 groups_file: Path | None = None, publish_seconds: float | None = None, wait_go: bool = False,
+                 state_seconds: float | None = None, script: Path = BENCH / "gossip_peer.py"):
         self.name = name
         self.events: list[dict] = []
         self._buffer = b""
@@ -179,7 +182,7 @@ class PeerProcess:
         self.events_path = log_dir / f"{name}.events.jsonl"
         self.events_path.write_bytes(b"")
         self._events_file = open(self.events_path, "rb")
-        cmd = [*prefix, sys.executable, str(BENCH / "gossip_peer.py"), "--data-dir", str(data_dir),
+        cmd = [*prefix, sys.executable, str(script), "--data-dir", str(data_dir),
                "--events", str(self.events_path),
                "--listen", listen, "--rate", str(rate), "--index", str(index),
                "--settings", json.dumps(settings or {})]
@@ -193,6 +196,8 @@ class PeerProcess:
             cmd += ["--publish-seconds", str(publish_seconds)]
         if wait_go:
             cmd.append("--wait-go")
+        if state_seconds is not None:
+            cmd += ["--state-seconds", str(state_seconds)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, bufsize=0)
         self.started_at = time.time()
         self.stopped_at: float | None = None

@@ -69,6 +69,30 @@ async def dial_direct(host: Any, info: PeerInfo) -> BaseException | None:
     return error
 
 
+class OneDialPerPeer:
+    """`dial`, with one dial per peer at a time: discovery and the relayed-link keeper may want
+    the same peer at once, and two circuits to one peer are one too many. A second caller waits
+    for the first dial and shares its outcome."""
+
+    def __init__(self, host: Any, relay: RelayService | None) -> None:
+        self.host = host
+        self.relay = relay
+        self._pending: dict[ID, trio.Event] = {}
+
+    async def dial(self, info: PeerInfo) -> BaseException | None:
+        pending = self._pending.get(info.peer_id)
+        if pending is not None:
+            await pending.wait()
+            connected = is_connected(self.host.get_network(), info.peer_id)
+            return None if connected else ConnectionError("a dial of this peer already in progress failed")
+        done = self._pending[info.peer_id] = trio.Event()
+        try:
+            return await dial(self.host, info, self.relay)
+        finally:
+            del self._pending[info.peer_id]
+            done.set()
+
+
 class BootstrapKeeper:
     """Keeps `--peers` entries connected; the gossip service owns the host and decides whom
     it refuses (`refusal`: allow list, bans)."""

@@ -35,7 +35,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import multiaddr
 import trio
@@ -56,6 +56,9 @@ from sapo.protocol.peer_records import (
     read_frame,
     seal_own_record,
 )
+
+if TYPE_CHECKING:
+    from sapo.protocol.peer_protocols import PeerProtocols
 
 logger = logging.getLogger("sapo.discovery")
 
@@ -105,6 +108,10 @@ class PeerTable:
     def remove(self, peer_id: ID) -> None:
         self._peers.pop(peer_id, None)
 
+    def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
+        entry = self._peers.get(peer_id)
+        return list(entry.addrs) if entry is not None else []
+
     def records_of(self, peers: list[ID]) -> list[tuple[bytes, str | None]]:
         """Records (with their observed IPs) of those `peers` we hold, at most one response's worth."""
         held = [self._peers[p] for p in peers if p in self._peers]
@@ -138,7 +145,8 @@ class PeerDiscovery:
 
     The gossip service owns the host and passes in what discovery must not decide alone:
     `may_dial(peer_id)` (allow list, ban list, not ourselves), `dial(PeerInfo) -> bool`
-    (its bounded dial) and `count(name)` (its counters)."""
+    (its bounded dial) and `count(name)` (its counters). With `protocols`, peers known to lack
+    `/sapo/peers/1` (peer_protocols.py: any libp2p peer may connect) are never asked."""
 
     def __init__(
         self,
@@ -150,9 +158,11 @@ class PeerDiscovery:
         may_dial: Callable[[ID], bool],
         dial: Callable[[PeerInfo], Awaitable[bool]],
         count: Callable[[str], None],
+        protocols: PeerProtocols | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key_pair = key_pair
+        self.protocols = protocols
         self.target = target
         self.interval = interval
         self.max_tracked = max_tracked
@@ -216,9 +226,11 @@ class PeerDiscovery:
         fruitless = 0  # asks in a row that taught us nobody new
         while True:
             connected = list(open_peers(self._host))
+            askable = [p for p in connected if self.protocols is None or not self.protocols.lacks(p, PROTOCOL_ID)]
             known = len(self.table)
+            if askable:
+                await self.ask(random.choice(askable))
             if connected:
-                await self.ask(random.choice(connected))
                 await self.dial_some()
             fruitless = 0 if len(self.table) > known or not connected else fruitless + 1
             if len(open_peers(self._host)) >= self.target:
@@ -242,6 +254,8 @@ class PeerDiscovery:
             for envelope, observed_ip in peers:
                 self._learn(envelope, observed_ip)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not asked again soon
+            if self.protocols is not None and self.protocols.refused(peer, PROTOCOL_ID, error):
+                return  # a peer without discovery is not a failure; it is remembered and not asked again
             self.count("discovery_failed")
             logger.debug("asking %s for peers failed: %s: %s", peer, type(error).__name__, error)
         finally:
@@ -276,6 +290,10 @@ class PeerDiscovery:
 
     def forget(self, peer_id: ID) -> None:
         self.table.remove(peer_id)
+
+    def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
+        """The addresses in the record we hold for `peer_id`, or []."""
+        return list(self.table.addrs_of(peer_id))
 
     def _learn(self, envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> None:
         try:

@@ -24,14 +24,16 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.addresses import parse_peer_address
-from sapo.protocol.dialing import BootstrapKeeper, dial
+from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
+from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.pubsub_guards import GuardedPubsub, cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService
 from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.relayed_links import RelayedLinks
 from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger("sapo.gossip")
@@ -45,6 +47,8 @@ RPC_MESSAGES_PER_FRAME = 2
 SEEN_IDS = 65_536
 # Bound on one publish (signing + handing the message to the per-peer queues).
 PUBLISH_TIMEOUT_SECONDS = 5.0
+# How long GossipSub keeps a message for a peer that has connected but not yet subscribed.
+PENDING_SECONDS = 2.0
 # Bound on waiting for the pubsub service's internal tasks to start.
 START_TIMEOUT_SECONDS = 10.0
 
@@ -88,8 +92,10 @@ class GossipService:
         self._discovery: PeerDiscovery | None = None
         self._reachability: ReachabilityService | None = None
         self._relay: RelayService | None = None
+        self.protocols: PeerProtocols | None = None  # which optional protocols each peer lacks
         self._bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
         self._nursery: trio.Nursery | None = None
+        self._dialer: OneDialPerPeer | None = None
 
     def is_allowed_bytes(self, peer_id: bytes) -> bool:
         return self._allowed is None or peer_id == self._my_id.to_bytes() or peer_id in self._allowed
@@ -271,6 +277,7 @@ class GossipService:
         settings = self.settings
         listen = multiaddr.Multiaddr(settings.listen)
         host = new_noise_host(self.key_pair, [listen], psk=settings.psk, addrs_factory=self._host_addrs)
+        protocols = self.protocols = PeerProtocols(host, self._count)
 
         router = GossipSub(
             # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
@@ -289,6 +296,11 @@ class GossipService:
             # "Adaptive gossip" stretches the heartbeat to 30-60 s when the mesh is smaller
             # than D, i.e. always in a swarm of 3-6 nodes. Keep the heartbeat we asked for.
             adaptive_gossip_enabled=False,
+            # Messages wait here for a connected peer whose subscription has not arrived yet, for
+            # the moment between its connecting and subscribing. A peer that never subscribes (a
+            # relay or bootstrap that gossips another topic) kept 100 of them for 30 s, and each
+            # message past that logged a WARNING (370 in two minutes in test_relay_limits.py).
+            pending_messages_ttl=PENDING_SECONDS,
         )
         pubsub = GuardedPubsub(
             host,
@@ -303,7 +315,8 @@ class GossipService:
         )
 
         try:
-            async with host.run([listen]):
+            # quiet_refusals: a peer without an optional protocol is not an ERROR
+            async with quiet_refusals(), host.run([listen]):
                 try:
                     async with background_trio_service(pubsub), background_trio_service(router):
                         with trio.fail_after(START_TIMEOUT_SECONDS):
@@ -319,6 +332,7 @@ class GossipService:
                             may_use=self._may_use,
                             count=self._count,
                             on_change=self._on_reachability,
+                            protocols=protocols,
                         )
                         reachability.attach()  # answer dial-back requests whatever our own status
                         relay = self._relay = RelayService(
@@ -345,8 +359,12 @@ class GossipService:
                             may_dial=lambda peer: self.refusal(peer) is None,
                             dial=self._dial_discovered,
                             count=self._count,
+                            protocols=protocols,
                         )
                         discovery.attach(host, self.advertised_addrs())  # answer requests even with discovery off
+                        self._dialer = OneDialPerPeer(host, relay)
+                        links = RelayedLinks(host, relay, dial=self._dial_discovered, known_addrs=discovery.addrs_of,
+                                             refused=lambda peer: self.refusal(peer) is not None, count=self._count)
                         logger.info(
                             "gossip up: peer %s listening on %s, topic %s",
                             self.peer_id,
@@ -356,6 +374,7 @@ class GossipService:
                         async with trio.open_nursery() as nursery:
                             self._nursery = nursery
                             await nursery.start(relay.run)
+                            await nursery.start(links.run)  # relayed links that end are dialled again
                             relay.set_reachability(reachability.status)
                             await nursery.start(reachability.run)
                             keeper = BootstrapKeeper(host, settings, self._my_id, self.refusal, relay,
@@ -372,6 +391,7 @@ class GossipService:
                     self._discovery = None
                     self._reachability = None
                     self._relay = None
+                    self._dialer = None
                     # Exiting host.run() alone leaves peers' TCP connections open (they do not
                     # notice for a long time); close() can hang on a crashed peer, so bound it.
                     with trio.move_on_after(settings.close_timeout_seconds) as scope:
@@ -431,10 +451,9 @@ class GossipService:
             self._count("inbox_closed")
 
     async def _dial_discovered(self, info: PeerInfo) -> bool:
-        host = self._host
-        if host is None or self.refusal(info.peer_id) is not None:
+        if self._dialer is None or self.refusal(info.peer_id) is not None:
             return False
-        error = await dial(host, info, self._relay)
+        error = await self._dialer.dial(info)
         if error is not None:
             logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
         return error is None

@@ -84,6 +84,27 @@ def is_relayed(connection: Any) -> bool:
         return False
 
 
+def relay_of(address: Any) -> ID | None:
+    """The relay a `/p2p-circuit` address goes through (`[<ip/tcp>]/p2p/<relay>/p2p-circuit[/p2p/<peer>]`)."""
+    text = str(address)
+    head = text.split("/p2p-circuit")[0]
+    if "/p2p-circuit" not in text or "/p2p/" not in head:
+        return None
+    try:
+        return ID.from_base58(head.rsplit("/p2p/", 1)[1])
+    except Exception:  # noqa: BLE001 - not a peer id
+        return None
+
+
+def circuit_relay(connection: Any) -> ID | None:
+    """The relay a relayed connection runs through, as its address names it, else None."""
+    try:
+        addresses = connection.get_transport_addresses()
+    except Exception:  # noqa: BLE001 - a connection being torn down
+        return None
+    return next((relay for relay in map(relay_of, addresses) if relay is not None), None)
+
+
 def direct_peers(host: Any) -> list[ID]:
     """Peers with an open connection that is not relayed (the only ones whose view of our
     address means anything, and the only ones that can relay for us)."""

@@ -11,6 +11,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import trio
+from libp2p.host.exceptions import StreamFailure
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
@@ -40,7 +41,8 @@ class GuardedPubsub(Pubsub):
     - `notify_subscriptions`: deliver straight to the service instead of through libp2p's
       32-slot subscription channel, which drops silently when full.
     - `_handle_new_peer`: enlarge the 32-slot per-peer outbound queue (not a constructor
-      argument in 0.8.1).
+      argument in 0.8.1), and do not open a gossip stream to a peer that lacks gossipsub (a
+      relay that does not gossip): it is remembered once (peer_protocols.py), not retried.
     - With an allowlist, a peer not on it is disconnected when pubsub first sees it (either
       direction), and a message it signed or forwarded is dropped before validation, so it
       neither receives our messages nor gets its own delivered or relayed. A banned peer
@@ -146,7 +148,15 @@ class GuardedPubsub(Pubsub):
         if refusal is not None:
             await self._refuse(peer_id, refusal)
             return
-        await super()._handle_new_peer(peer_id)
+        protocols = self._service.protocols
+        if protocols is not None and protocols.lacks(peer_id, self.protocols[0]):
+            return
+        try:
+            await super()._handle_new_peer(peer_id)
+        except StreamFailure as error:
+            if protocols is None or not protocols.refused(peer_id, self.protocols[0], error):
+                raise
+            return
         queue = self.peer_queues.get(peer_id)
         if queue is not None:
             queue._queue.max_size = max(queue._queue.max_size, OUTBOUND_QUEUE_SLOTS)

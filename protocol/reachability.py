@@ -31,7 +31,7 @@ import ipaddress
 import logging
 import random
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import multiaddr
 import trio
@@ -41,6 +41,9 @@ from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
 from sapo.protocol.hosts import direct_peers
+
+if TYPE_CHECKING:
+    from sapo.protocol.peer_protocols import PeerProtocols
 
 logger = logging.getLogger("sapo.reachability")
 
@@ -66,22 +69,61 @@ class Reachability(str, enum.Enum):
 
 
 async def dial_back(network: Any, address: multiaddr.Multiaddr, peer_id: ID) -> bool:
-    """True if a fresh connection to `address` reaches `peer_id` (Noise proves who answered).
-    The connection never enters the swarm; callers bound the time."""
+    """True if a fresh connection to `address` reaches `peer_id`. The connection never enters
+    the swarm; callers bound the time.
+
+    It goes as far as the proof and no further. In Noise XX the responder's message (#2) carries
+    its static key and its libp2p key's signature of it, encrypted under a key only the holder of
+    that static key can derive: once it checks out (and names `peer_id`), we know who answered.
+    Our own message (#3) is never sent, so the requester's swarm sees a dialler that gave up
+    during the handshake, which it drops quietly (py-libp2p logs it at DEBUG). A completed
+    handshake closed before the muxer is negotiated made py-libp2p log
+    `ERROR libp2p.network.swarm: fail to upgrade mux for peer ...` on the requester, once per
+    check: the first line of every `make run`'s logs."""
     transport = network.transport_manager.transport_for_dialing(address)
     if transport is None:
         return False
     raw = await transport.dial(address)
     try:
         conn = new_protected_conn(raw, network.psk) if network.psk is not None else raw
-        secured = await network.upgrader.upgrade_security(conn, True, peer_id)
-        await secured.close()
+        _, security = await network.upgrader.security_multistream.select_transport_and_protocol(conn, True)
+        try:
+            secured = await security.secure_outbound(_UntilProven(conn), peer_id)
+        except _Proven:
+            return True
+        await secured.close()  # a security transport that does not answer first: it is done anyway
         return True
     finally:
         try:
             await raw.close()
-        except Exception:  # noqa: BLE001 - already closed by the secured conn
+        except Exception:  # noqa: BLE001 - already closed
             pass
+
+
+class _Proven(Exception):
+    """The responder's handshake message checked out, and we were about to answer it."""
+
+
+class _UntilProven:
+    """A connection for the dialling side of a handshake that stops at our first write after
+    the other side has spoken: by then the responder is authenticated (see `dial_back`)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._heard = False
+
+    async def read(self, n: int | None = None) -> bytes:
+        data = await self._conn.read(n)
+        self._heard = True
+        return data
+
+    async def write(self, data: bytes) -> None:
+        if self._heard:
+            raise _Proven()
+        await self._conn.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
 
 
 class _DialBackAutoNAT(AutoNATService):
@@ -131,7 +173,8 @@ class ReachabilityService:
 
     `mode` "public"/"private" fixes the status (no checks; requests are still served).
     `may_use(peer)` is the gossip service's allow/ban rule; `on_change(status)` is called
-    (synchronously) whenever the status changes."""
+    (synchronously) whenever the status changes. With `protocols`, peers known to lack AutoNAT
+    (peer_protocols.py) are never asked."""
 
     def __init__(
         self,
@@ -142,9 +185,11 @@ class ReachabilityService:
         may_use: Callable[[ID], bool],
         count: Callable[[str], None],
         on_change: Callable[[Reachability], None],
+        protocols: PeerProtocols | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
+        self.protocols = protocols
         self.mode = mode
         self.interval = interval
         self.may_use = may_use
@@ -200,7 +245,8 @@ class ReachabilityService:
         gave one is asked again after `interval`, one that could not after a few seconds."""
         now = self.clock()
         servers = [peer for peer in direct_peers(self.host)
-                   if self.may_use(peer) and self._next_ask.get(peer, 0.0) <= now]
+                   if self.may_use(peer) and self._next_ask.get(peer, 0.0) <= now
+                   and (self.protocols is None or not self.protocols.lacks(peer, AUTONAT_PROTOCOL_ID))]
         answered = 0
         for server in random.sample(servers, min(SERVERS_PER_CHECK, len(servers))):
             verdict = await self._ask(server)
@@ -225,7 +271,8 @@ class ReachabilityService:
         try:
             status, _ = await self._autonat.query_server(server, addrs=addrs, timeout=QUERY_TIMEOUT_SECONDS)
         except Exception as error:  # noqa: BLE001 - no AutoNAT there, reset, timeout
-            logger.debug("AutoNAT request to %s failed: %s", server, error)
+            if self.protocols is None or not self.protocols.refused(server, AUTONAT_PROTOCOL_ID, error):
+                logger.debug("AutoNAT request to %s failed: %s", server, error)
             return None
         self.count("reachability_checks")
         if status == Message.OK:

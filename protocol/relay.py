@@ -20,11 +20,9 @@ from them are refused on arrival.
 What is 0.8.1's and what is ours: the wire protocols, the relay's resource accounting, the
 circuit transport and DCUtR are the library's. Ours: when to reserve and on whom (0.8.1's
 RelayDiscovery reserves on every relay it meets and its transport reserves again on every
-dial), the advertised addresses, the refusals above, and two fixes. 0.8.1's relay keys its
-open circuits by peer id, so when one of a peer's circuits ends it closes the streams of another
-circuit of the same peer (a node behind NAT has several); `_relay_data` here closes only its own.
-And in a private swarm (pnet) 0.8.1 protects only the accepting end of a circuit with the swarm
-key, so no circuit could complete its handshake; `_ProtectedCircuits` protects the dialling end.
+dial), the advertised addresses, the refusals above, the fixes in relay_guards.py, and what
+happens when a relayed link or a relay slot ends (relayed_links.py: dial again, reserve again,
+and use relays that cut circuits early last).
 """
 
 from __future__ import annotations
@@ -43,15 +41,13 @@ from libp2p.rcmgr import Direction
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
-from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
-from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.resources import RelayLimits
-from libp2p.relay.circuit_v2.transport import CircuitV2Transport
-from libp2p.security.pnet.protector import new_protected_conn
 from libp2p.tools.anyio_service import background_trio_service
 
-from sapo.protocol.hosts import direct_peers, is_relayed
+from sapo.protocol.hosts import direct_peers, is_relayed, relay_of
 from sapo.protocol.reachability import Reachability
+from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits
+from sapo.protocol.relayed_links import RelayCuts
 
 logger = logging.getLogger("sapo.relay")
 
@@ -81,97 +77,13 @@ class Reservation:
 
 def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID] | None:
     """(relay's /ip*/tcp address, relay id) of `<relay>/p2p/<relay id>/p2p-circuit[/p2p/<peer>]`."""
-    text = str(address)
-    if "/p2p-circuit" not in text:
+    relay = relay_of(address)
+    if relay is None:
         return None
-    head = text.split("/p2p-circuit")[0]
-    if "/p2p/" not in head:
-        return None
-    transport, relay = head.rsplit("/p2p/", 1)
     try:
-        return multiaddr.Multiaddr(transport), ID.from_base58(relay)
-    except Exception:  # noqa: BLE001
+        return multiaddr.Multiaddr(str(address).split("/p2p-circuit")[0].rsplit("/p2p/", 1)[0]), relay
+    except Exception:  # noqa: BLE001 - no transport address before the relay's id
         return None
-
-
-class _GuardedRelayProtocol(CircuitV2Protocol):
-    """0.8.1's relay protocol, answering only peers the gossip service accepts."""
-
-    def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None], **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._may_use = may_use
-        self._count = count
-
-    async def _handle_hop_stream(self, stream: Any) -> None:
-        peer = stream.muxed_conn.peer_id
-        if not self.allow_hop or not self._may_use(peer):
-            self._count("relay_refused")
-            await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying for this peer")
-            await self._close_stream(stream)
-            return
-        await super()._handle_hop_stream(stream)
-
-    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
-        self._count("relay_reservations_served")
-        await super()._handle_reserve(stream, msg)
-
-    async def _handle_connect(self, stream: Any, msg: Any) -> None:
-        try:
-            target = ID(msg.peer.id)
-        except Exception:  # noqa: BLE001 - a garbage id is the base class's problem
-            target = None
-        if target is not None and not self._may_use(target):
-            self._count("relay_refused")
-            await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying to this peer")
-            await stream.reset()
-            return
-        self._count("relay_circuits_served")
-        await super()._handle_connect(stream, msg)
-
-    async def handle_incoming_connection(self, stream: Any, remote_peer_id: bytes) -> None:
-        relay = stream.muxed_conn.peer_id
-        try:
-            source = ID(remote_peer_id)
-        except Exception:  # noqa: BLE001
-            source = None
-        if source is None or not self._may_use(source) or not self._may_use(relay):
-            self._count("relay_refused")
-            await stream.reset()
-            return
-        await super().handle_incoming_connection(stream, remote_peer_id)
-
-    async def _relay_data(self, src_stream: Any, dst_stream: Any, peer_id: ID,
-                          deadline: float | None = None, circuit_data_limit: list[int] | None = None) -> None:
-        # The base class closes "the circuit of `peer_id`" when a direction ends, found by peer
-        # id: with two circuits of one peer that is the other one's streams. Hand it a key it
-        # holds nothing under, and close exactly this circuit's two streams instead.
-        try:
-            await super()._relay_data(src_stream, dst_stream, _NO_CIRCUIT, deadline, circuit_data_limit)
-        finally:
-            await self._close_stream(src_stream)
-            await self._close_stream(dst_stream)
-
-
-class _ProtectedCircuits(CircuitV2Transport):
-    """0.8.1's circuit transport, protecting the dialled end of a circuit with the swarm key.
-
-    In a private swarm (pnet) 0.8.1 wraps the *accepted* end of a relayed connection in the
-    key's stream cipher (`upgrade_inbound_raw_conn`) but not the dialled end
-    (`upgrade_outbound_raw_conn` leaves that to the TCP dial, which a circuit does not make), so
-    no circuit ever completed its handshake there (test_relay.py)."""
-
-    async def dial(self, maddr: multiaddr.Multiaddr) -> Any:  # type: ignore[override]
-        relay_address, target = self.parse_circuit_ma(maddr)
-        relay = ID.from_base58(relay_address.get_peer_id())
-        raw = await self.dial_peer_info(dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address]))
-        psk = self.host.get_network().psk
-        if psk is not None:
-            raw = new_protected_conn(raw, psk)
-        return await self.host.upgrade_outbound_connection(raw, target)
-
-
-# A peer id no circuit is ever stored under (see _relay_data).
-_NO_CIRCUIT = ID(b"\x00\x24sapo-relay-no-circuit-key-000000000000")
 
 
 class RelayService:
@@ -203,11 +115,12 @@ class RelayService:
         self.count = count
         self.on_addrs_changed = on_addrs_changed
         self.clock = clock
-        self.protocol = _GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count)
+        self.protocol = GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count)
         # STOP only: we accept circuits; reservations are made here, not on every dial.
-        self.transport = _ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
+        self.transport = ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self.reachability = Reachability.unknown
         self.reservations: dict[ID, Reservation] = {}
+        self.cuts = RelayCuts(clock)  # relays that cut circuits early are tried last
         self._refused_until: dict[ID, float] = {}
         self._wake = trio.Event()
         self._started = False
@@ -232,6 +145,12 @@ class RelayService:
         else:
             self.host.remove_stream_handler(HOP_PROTOCOL_ID)
         logger.info("relay service %s", "on: serving circuits for other peers" if serving else "off")
+
+    def lost(self, relay: ID) -> None:
+        """Our connection to `relay` closed: look for another slot now, not at the next check."""
+        if relay in self.reservations:
+            logger.info("lost the connection to relay %s; reserving again", relay)
+            self._wake.set()
 
     def relayed_addrs(self) -> list[multiaddr.Multiaddr]:
         """Our addresses through the relays we hold a slot on (without /p2p/<us>)."""
@@ -292,14 +211,14 @@ class RelayService:
             except Exception:  # noqa: BLE001 - not identified yet
                 return False
 
-        candidates = preferred + [p for p in connected if p not in preferred and advertises_hop(p)]
+        candidates = self.cuts.order(preferred + [p for p in connected if p not in preferred and advertises_hop(p)])
         changed = False
         for relay in candidates:
             if len(self.reservations) >= wanted:
                 break
             if relay in self.reservations or self._refused_until.get(relay, 0) > now or not self.may_use(relay):
                 continue
-            address = self._relay_address(relay)
+            address = self.relay_address(relay)
             if address is None:
                 continue
             expires = await self._reserve(relay)
@@ -344,7 +263,7 @@ class RelayService:
                             pass
         return None
 
-    def _relay_address(self, relay: ID) -> multiaddr.Multiaddr | None:
+    def relay_address(self, relay: ID) -> multiaddr.Multiaddr | None:
         """Where others reach the relay: the address of our outbound connection to it, else a
         specific /ip*/tcp address it is known by."""
         for connection in self.host.get_network().get_connections(relay):
@@ -362,8 +281,13 @@ class RelayService:
         """Connect to `info.peer_id` through one of its /p2p-circuit addresses; None once
         connected, else what went wrong. The relay must pass `may_use` too."""
         error: BaseException | None = ConnectionError(f"no usable relayed address for {info.peer_id}")
-        # In random order: every dialler taking the first one would pile all circuits on one relay.
-        for address in random.sample(list(info.addrs), len(info.addrs)):
+        # In random order (every dialler taking the first one would pile all circuits on one
+        # relay), relays that cut circuits early last.
+        def cuts_of(address: multiaddr.Multiaddr) -> int:
+            relay = relay_of(address)
+            return self.cuts.count(relay) if relay is not None else 0
+
+        for address in sorted(random.sample(list(info.addrs), len(info.addrs)), key=cuts_of):
             parts = circuit_parts(address)
             if parts is None:
                 continue

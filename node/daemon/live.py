@@ -125,7 +125,8 @@ class LiveStatus:
             accepted_from = dict(counters.accepted_from)
         else:
             accepted_from = {}
-        update |= {"dropped": transport.get("inbox_channel_full", 0), "peers_banned": transport.get("peers_banned", 0)}
+        update |= {"dropped": transport.get("inbox_channel_full", 0), "peers_banned": transport.get("peers_banned", 0),
+                   "transport": dict(transport)}
         if service is not None:
             bans = service.banned_peers()
             update |= {

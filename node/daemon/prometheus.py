@@ -94,6 +94,8 @@ class NodeMetrics:
         self.inbox.set(status.inbox_size)
         self.banned.set(len(status.bans))
         self.loading.set(1 if status.phase in LOADING_PHASES else 0)
+        for event, count in status.transport.items():  # between rounds too
+            self._advance(self.transport.labels(event=event), f"transport:{event}", count)
         if status.judge is not None:
             self.judged.set(status.judge.judged)
             if status.judge.last_score is not None:

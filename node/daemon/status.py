@@ -86,6 +86,11 @@ class NodeStatus(BaseModel):
     bans: list[str] = Field(default_factory=list, description="peers banned right now")
     peers_banned: int = Field(default=0, description="bans so far")
     peers: list[PeerRow] = Field(default_factory=list)
+    transport: dict[str, int] = Field(
+        default_factory=dict,
+        description="the gossip layer's counters (protocol/README.md): e.g. peers_without_discovery (peers that lack "
+        "an optional protocol), relay_circuits_limited (circuits this relay cut at its limits), relayed_links_recovered",
+    )
     judge: JudgeStatus | None = None
 
 
@@ -115,6 +120,7 @@ def counters_of(record: RoundRecord) -> dict:
         "dropped": record.transport.get("inbox_channel_full", 0),
         "peers_banned": record.transport.get("peers_banned", 0),
         "peers": peer_rows(sorted(peers), {}, record.accepted_from, []),
+        "transport": record.transport,
     }
 
 
@@ -197,6 +203,8 @@ def _alive(pid: int) -> bool:
 # --- the terminal view ---------------------------------------------------------------------
 
 SPARKS = "▁▂▃▄▅▆▇█"
+# Counters worth a line of their own: peers without an optional protocol, relay circuits cut and recovered.
+NETWORK_NOTES = ("peers_without_", "relay_circuits_limited", "relayed_links_")
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
@@ -280,6 +288,9 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
     if status.waiting_while_loading or status.dropped:
         lines.append(f"           {status.waiting_while_loading} waiting for the model to load, {status.dropped} dropped (node too busy)")
     lines.append(f"bans       {len(status.bans)} now, {status.peers_banned} so far" + (f": {', '.join(map(_short, status.bans))}" if status.bans else ""))
+    manners = {k: v for k, v in status.transport.items() if k.startswith(NETWORK_NOTES)}
+    if manners:
+        lines.append("network    " + ", ".join(f"{k} {v}" for k, v in sorted(manners.items())))
     if status.judge is not None:
         j = status.judge
         if j.last_score is not None:

@@ -13,7 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol import relay as relay_module
+from sapo.protocol import relay_guards, relayed_links
 from sapo.protocol.hosts import is_relayed, new_noise_host
 from sapo.protocol.relay import RelayService, relay_limits
 from tests.protocol.test_gossip import receive_all, start_node
@@ -84,8 +84,11 @@ async def test_hole_punching_adds_a_direct_connection_to_the_relayed_one():
 async def circuits_from_one_peer_survive_each_other(stock: bool, monkeypatch) -> bool:
     """a holds circuits to b and c through the relay; a closes the one to b. Does a-c live on?"""
     if stock:  # 0.8.1's _relay_data, which closes "the circuit of peer X" by peer id
-        monkeypatch.setattr(relay_module._GuardedRelayProtocol, "_relay_data",
-                            relay_module.CircuitV2Protocol._relay_data)
+        monkeypatch.setattr(relay_guards.GuardedRelayProtocol, "_relay_data",
+                            relay_guards.CircuitV2Protocol._relay_data)
+    # a closes its link to b itself: its recovery (relayed_links.py) would dial b again at once,
+    # and the new circuit would change which streams the stock relay's bookkeeping points at
+    monkeypatch.setattr(relayed_links.RelayedLinks, "_closed", lambda self, link, nursery: None)
     async with trio.open_nursery() as nursery:
         relay, b, c = await relay_and_two_private(nursery)
         a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
@@ -93,10 +96,12 @@ async def circuits_from_one_peer_survive_each_other(stock: bool, monkeypatch) ->
             await dial_through_relay(a, target)
         await wait_until(lambda: kinds(a, b) == {True} and kinds(a, c) == {True}, 20)
         network = a.service._host.get_network()
+        to_c = [c_ for c_ in network.get_connections(ID.from_base58(c.service.peer_id)) if not c_.is_closed]
         for connection in network.get_connections(ID.from_base58(b.service.peer_id)):
             await connection.close()
         await trio.sleep(2)
-        alive = kinds(a, c) == {True}
+        # that very connection: a new one would hide the cut
+        alive = all(not connection.is_closed for connection in to_c)
         nursery.cancel_scope.cancel()
     return alive
 
@@ -107,7 +112,7 @@ async def test_closing_one_circuit_leaves_the_same_peers_other_circuits_open(mon
 
 
 async def test_stock_relay_closes_another_circuit_of_the_same_peer(monkeypatch):
-    # Why _GuardedRelayProtocol overrides _relay_data. If this starts failing, 0.8.x fixed it.
+    # Why GuardedRelayProtocol overrides _relay_data. If this starts failing, 0.8.x fixed it.
     with trio.fail_after(60):
         assert not await circuits_from_one_peer_survive_each_other(stock=True, monkeypatch=monkeypatch)
 
@@ -135,7 +140,7 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
 
 async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
     # With a swarm key (pnet), both ends of a circuit must protect it: 0.8.1 does so only for
-    # the inbound end of a relayed connection (RelayService dials through _ProtectedCircuits).
+    # the inbound end of a relayed connection (RelayService dials through ProtectedCircuits).
     psk = "ab" * 32
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -149,3 +154,38 @@ async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
             await trio.sleep(3)
             assert not outsider.service.relayed_addrs and not outsider.service.connected_peers()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_circuit_cut_at_the_relays_byte_limit_is_dialled_again():
+    # Discovery is off here (PRIVATE): only relayed_links.py can bring the link back.
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            relay = await start_node(nursery, relay="on", reachability="public", relay_max_circuit_bytes=48 * 1024)
+            a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
+            b = await start_node(nursery, peers=[relay.addr], **PRIVATE)
+            await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+            await dial_through_relay(a, b)
+            await wait_until(lambda: kinds(a, b) == {True}, 20)
+            await trio.sleep(2)
+            received = 0
+            for i in range(40):  # 4 KB a message: a circuit carries about ten
+                assert await a.service.publish(bytes([i]) * 4000)
+                received += len(await receive_all(b, 1, timeout=15))
+                await trio.sleep(0.1)
+            assert relay.counters.get("relay_circuits_limited", 0) >= 2, relay.counters
+            assert a.counters.get("relayed_links_recovered", 0) >= 2, a.counters
+            assert received == 40
+            nursery.cancel_scope.cancel()
+
+
+def test_relays_that_cut_circuits_early_are_tried_last():
+    now = [0.0]
+    cuts = relayed_links.RelayCuts(clock=lambda: now[0], memory=100.0)
+    r1, r2, r3 = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3))
+    cuts.record(r1)
+    cuts.record(r1)
+    cuts.record(r2)
+    assert cuts.order([r1, r2, r3]) == [r3, r2, r1]
+    assert cuts.order([r2, r3]) == [r3, r2]
+    now[0] = 150.0  # forgotten after `memory` seconds
+    assert cuts.order([r1, r2, r3]) == [r1, r2, r3]

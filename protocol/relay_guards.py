@@ -1,0 +1,159 @@
+"""The fixes and guards py-libp2p 0.8.1's Circuit Relay v2 lacks, as subclasses whose every
+override calls the original (relay.py decides when to relay, reserve and dial; this module puts
+its checks and fixes where the library would relay for anyone, mix up circuits or fail).
+
+- `GuardedRelayProtocol` answers only peers the gossip service accepts (allow list, bans).
+- Its `_handle_hop_stream` handles one request per HOP stream, as the spec has it. 0.8.1 keeps
+  reading a HOP stream after a CONNECT, when that stream has become the circuit itself: once a
+  circuit was cut at a limit, what its peer sent last was parsed as HOP messages, and a stray
+  "RESERVE" among them renewed the peer's reservation with a reply that never arrived. The
+  peer's voucher was then stale, and the relay refused its every later CONNECT as "Invalid
+  reservation" (tests/hardening/test_relay_limits.py found it).
+- Its `_relay_data` closes only its own circuit: 0.8.1 keys open circuits by peer id, so when
+  one of a peer's circuits ended it closed the streams of another circuit of the same peer (a
+  node behind NAT has several; test_relay.py shows it).
+- It counts the circuits it cuts at its limits (`relay_circuits_limited`): a relay's limits are
+  what end most circuits, and the two ends then dial again (relayed_links.py).
+- Its `handle_incoming_connection` names the real relay in the address of a circuit we accept:
+  0.8.1 names this node itself (`/p2p/<us>/p2p-circuit/p2p/<source>`), so nobody could tell
+  which relay carried it.
+- `ProtectedCircuits` protects the dialling end of a circuit with the swarm key (pnet); 0.8.1
+  protects only the accepting end, so no circuit completed its handshake in a private swarm.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import logging
+
+import multiaddr
+import trio
+from libp2p.connection_types import ConnectionType
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
+from libp2p.relay.circuit_v2.protocol import STREAM_READ_TIMEOUT, CircuitV2Protocol, _is_relayed_stream
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.relay.circuit_v2.utils import maybe_consume_signed_record, read_delimited_msg
+from libp2p.security.pnet.protector import new_protected_conn
+
+logger = logging.getLogger("sapo.relay")
+
+# What 0.8.1's `_relay_data` says to the side that went over a limit, just before it resets the circuit.
+LIMIT_MESSAGES = ("Data transfer limit exceeded", "Circuit duration limit exceeded")
+
+
+class GuardedRelayProtocol(CircuitV2Protocol):
+    """0.8.1's relay protocol, answering only peers the gossip service accepts."""
+
+    def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._may_use = may_use
+        self._count = count
+
+    async def _handle_hop_stream(self, stream: Any) -> None:
+        peer = stream.muxed_conn.peer_id
+        if not self.allow_hop or not self._may_use(peer):
+            self._count("relay_refused")
+            await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying for this peer")
+            await self._close_stream(stream)
+            return
+        if _is_relayed_stream(stream):
+            await super()._handle_hop_stream(stream)  # which refuses it
+            return
+        try:
+            with trio.fail_after(STREAM_READ_TIMEOUT):
+                request = await read_delimited_msg(stream, HopMessage)
+        except Exception as error:  # noqa: BLE001 - a peer that went away, or garbage
+            logger.debug("bad HOP request from %s: %s", peer, error)
+            await stream.reset()
+            return
+        if request.HasField("senderRecord") and not maybe_consume_signed_record(request, self.host, peer):
+            await stream.reset()
+            return
+        if request.type == HopMessage.RESERVE:
+            await self._handle_reserve(stream, request)
+            await self._close_stream(stream)
+        elif request.type == HopMessage.CONNECT:
+            await self._handle_connect(stream, request)  # the stream carries the circuit until it ends
+        else:
+            await self._send_status(stream, StatusCode.MALFORMED_MESSAGE, f"unexpected HOP message type {request.type}")
+            await self._close_stream(stream)
+
+    async def _handle_reserve(self, stream: Any, msg: Any) -> None:
+        self._count("relay_reservations_served")
+        await super()._handle_reserve(stream, msg)
+
+    async def _handle_connect(self, stream: Any, msg: Any) -> None:
+        try:
+            target = ID(msg.peer.id)
+        except Exception:  # noqa: BLE001 - a garbage id is the base class's problem
+            target = None
+        if target is not None and not self._may_use(target):
+            self._count("relay_refused")
+            await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying to this peer")
+            await stream.reset()
+            return
+        self._count("relay_circuits_served")
+        await super()._handle_connect(stream, msg)
+
+    async def handle_incoming_connection(self, stream: Any, remote_peer_id: bytes) -> None:
+        relay = stream.muxed_conn.peer_id
+        try:
+            source = ID(remote_peer_id)
+        except Exception:  # noqa: BLE001
+            source = None
+        if source is None or not self._may_use(source) or not self._may_use(relay):
+            self._count("relay_refused")
+            await stream.reset()
+            return
+        await super().handle_incoming_connection(stream, remote_peer_id)
+        # 0.8.1 names this node as the relay in the circuit's address; name the one that carried it.
+        ours = multiaddr.Multiaddr(f"/p2p/{self.host.get_id()}/p2p-circuit/p2p/{source}")
+        real = multiaddr.Multiaddr(f"/p2p/{relay}/p2p-circuit/p2p/{source}")
+        for connection in self.host.get_network().get_connections(source):
+            try:
+                if ours in connection.get_transport_addresses():
+                    connection.set_transport_info([real], ConnectionType.RELAYED)
+            except Exception:  # noqa: BLE001 - a connection closing under us
+                continue
+
+    async def _send_status(self, stream: Any, code: Any, message: str, limit: Any = None) -> None:
+        if code == StatusCode.RESOURCE_LIMIT_EXCEEDED and message in LIMIT_MESSAGES:
+            self._count("relay_circuits_limited")  # `_relay_data` is cutting a circuit at a limit
+        await super()._send_status(stream, code, message, limit)
+
+    async def _relay_data(self, src_stream: Any, dst_stream: Any, peer_id: ID,
+                          deadline: float | None = None, circuit_data_limit: list[int] | None = None) -> None:
+        # The base class closes "the circuit of `peer_id`" when a direction ends, found by peer
+        # id: with two circuits of one peer that is the other one's streams. Hand it a key it
+        # holds nothing under, and close exactly this circuit's two streams instead.
+        try:
+            await super()._relay_data(src_stream, dst_stream, _NO_CIRCUIT, deadline, circuit_data_limit)
+        finally:
+            await self._close_stream(src_stream)
+            await self._close_stream(dst_stream)
+
+
+class ProtectedCircuits(CircuitV2Transport):
+    """0.8.1's circuit transport, protecting the dialled end of a circuit with the swarm key.
+
+    In a private swarm (pnet) 0.8.1 wraps the *accepted* end of a relayed connection in the
+    key's stream cipher (`upgrade_inbound_raw_conn`) but not the dialled end
+    (`upgrade_outbound_raw_conn` leaves that to the TCP dial, which a circuit does not make), so
+    no circuit ever completed its handshake there (test_relay.py)."""
+
+    async def dial(self, maddr: multiaddr.Multiaddr) -> Any:  # type: ignore[override]
+        relay_address, target = self.parse_circuit_ma(maddr)
+        relay = ID.from_base58(relay_address.get_peer_id())
+        raw = await self.dial_peer_info(dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address]))
+        psk = self.host.get_network().psk
+        if psk is not None:
+            raw = new_protected_conn(raw, psk)
+        return await self.host.upgrade_outbound_connection(raw, target)
+
+
+# A peer id no circuit is ever stored under (see _relay_data).
+_NO_CIRCUIT = ID(b"\x00\x24sapo-relay-no-circuit-key-000000000000")
