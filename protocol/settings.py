@@ -23,6 +23,12 @@ def rollout_topic(swarm: str) -> str:
     return f"sapo/{swarm}/rollouts/1"
 
 
+def logprobs_topic(swarm: str) -> str:
+    """The GossipSub topic of the log-probs peers share for their groups (`SharedLogprobs`): only
+    nodes that weigh peers' completions by them subscribe."""
+    return f"sapo/{swarm}/logprobs/1"
+
+
 def check_multiaddr(address: str, what: str, example: str) -> multiaddr.Multiaddr:
     try:
         return multiaddr.Multiaddr(address)
@@ -145,9 +151,9 @@ class NetworkSettings(BaseModel):
     compress: bool = Field(default=True, description="zlib-compress outgoing messages when it makes them smaller")
     share_logprobs: bool = Field(
         default=False,
-        description="publish our own token log-probs with our groups (the optional `behavior` field): peers with "
-        "the same tokenizer can then weigh our completions (--importance-weight); nodes older than this field "
-        "refuse such groups",
+        description="publish our own token log-probs for our groups (on their own topic, sapo/<swarm>/logprobs/1): "
+        "peers with the same tokenizer can then weigh our completions (--importance-weight); the groups "
+        "themselves go out as before, so every release reads them",
     )
     accept_other_rg_versions: bool = Field(
         default=False,

@@ -36,6 +36,7 @@ class Member:
     counters: NodeCounters
     joins_at: int = 1  # the first round it takes part in: before it, it neither publishes nor receives
     pending: list[bytes] = field(default_factory=list)
+    pending_logprobs: list[bytes] = field(default_factory=list)  # delivered before the groups, as over gossip
 
 
 class MemoryHub:
@@ -62,6 +63,7 @@ class MemoryHub:
         share_logprobs: bool = False,
         verifier: Verifier = score_group,
         joins_at: int = 1,
+        keep_groups_without_signal: bool = False,
     ) -> "MemoryExchange":
         """Add a member; with `inbox=None` it only publishes. A lockstep round waits only for
         members that have joined by then (`joins_at`), and only they receive its groups."""
@@ -81,13 +83,16 @@ class MemoryHub:
                 policy=VerifyPolicy(accept_other_rg_versions=accept_other_rg_versions),
                 max_age_seconds=max_age_seconds,
                 verifier=verifier,
+                keep_groups_without_signal=keep_groups_without_signal,
             )
         member = Member(peer_id, encoder, intake, counters, joins_at)
         self.members.append(member)
         return MemoryExchange(self, member)
 
     async def publish(self, member: Member, groups: list[QuestionGroup], round_index: int) -> None:
-        member.pending += [member.encoder.frame(group, round_index) for group in groups]
+        outgoing = member.encoder.frames(groups, round_index)
+        member.pending_logprobs += outgoing.logprobs
+        member.pending += outgoing.groups
         member.counters.published += len(groups)
         if not self.lockstep:
             self.deliver()
@@ -111,12 +116,17 @@ class MemoryHub:
         now = self.clock()
         receivers = [m for m in self.members if m.intake is not None and (round_index is None or m.joins_at <= round_index)]
         for sender in self.members:
+            for frame in sender.pending_logprobs:
+                for member in receivers:
+                    if member is not sender:
+                        member.intake.accept_logprobs(frame, sender.peer_id, now)
             for frame in sender.pending:
                 for member in receivers:
                     if member is not sender:
                         member.intake.accept(frame, sender.peer_id, now)
                         delivered += 1
             sender.pending.clear()
+            sender.pending_logprobs.clear()
         return delivered
 
 

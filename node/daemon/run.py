@@ -33,6 +33,7 @@ from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.gossip import GossipService, ReceivedMessage
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.peer_guard import PENALTIES
+from sapo.protocol.settings import logprobs_topic
 from sapo.protocol.verify import VerifyPolicy
 from sapo.training.devices import resolve_device
 from sapo.training.generation import GenerationInterrupted
@@ -101,7 +102,10 @@ async def open_network(
     """Start the libp2p service and print the addresses peers can dial. What it receives
     waits in the returned channel until the node can check it (start_intake)."""
     send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
-    service = GossipService(settings.network, key_pair, send, counters=counters)
+    # peers' shared log-probs only reach a node that weighs their completions by them
+    reads_logprobs = settings.training.importance_weight != "off"
+    extra = (logprobs_topic(settings.network.swarm),) if reads_logprobs else ()
+    service = GossipService(settings.network, key_pair, send, counters=counters, extra_topics=extra)
     await nursery.start(service.run)
     live.service = service
     live.listen = dialable_all(service.listen_addrs)
@@ -132,6 +136,7 @@ def start_intake(
         max_age_seconds=settings.sampling.inbox_max_age_seconds,
         verifier=node.verifier,
         on_reject=lambda signer, reason: _report_from_worker(service, signer, reason),
+        keep_groups_without_signal=settings.sampling.augment_external > 0,
     )
     encoder = GroupEncoder(
         peer_id=node.peer_id, swarm=net.swarm, model_id=settings.model.model, rg_version=rg_version, compress=net.compress,

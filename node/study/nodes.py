@@ -151,6 +151,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             share_logprobs=net.share_logprobs,
             verifier=node.verifier,
             joins_at=study.joins_at(k),
+            keep_groups_without_signal=settings.sampling.augment_external > 0,
         )
         learners.append(Learner(k, node, exchange, study.joins_at(k)))
     solvers = []
