@@ -129,9 +129,10 @@ class Intake:
         if content in self._contents:
             raise Rejected(RejectReason.repeat, "this peer's question and completions again, in a new envelope")
         group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
+        logprobs = self._take((signer, content))
         if not self.keep_groups_without_signal and not has_signal(group.rewards):
             raise Rejected(RejectReason.no_signal, f"all {len(group.rewards)} completions score {group.rewards[0]:g} here")
-        group = self._with_logprobs(group, (signer, content))
+        group = self._with_logprobs(group, logprobs)
         if not self.inbox.add(group, now):
             raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
         self._remember(self._contents, content)  # only what got in: a refused group may be fixed and sent again
@@ -149,9 +150,7 @@ class Intake:
             raise Rejected(RejectReason.stale, f"created {age:.0f}s ago")
 
     def _hold(self, key: tuple[str, bytes], behavior: BehaviorLogprobs, now: float) -> None:
-        old = self._pending.pop(key, None)
-        if old is not None:
-            self._pending_values -= _values(old[0])
+        self._take(key)
         self._pending[key] = (behavior, now)
         self._pending_values += _values(behavior)
         while self._pending and (
@@ -161,13 +160,18 @@ class Intake:
             self._pending_values -= _values(dropped)
             self.counters.logprobs["unmatched"] += 1
 
-    def _with_logprobs(self, group: QuestionGroup, key: tuple[str, bytes]) -> QuestionGroup:
-        """The group with its author's shared log-probs, if they came and fit its completions."""
+    def _take(self, key: tuple[str, bytes]) -> BehaviorLogprobs | None:
+        """The log-probs held for (author, group digest), no longer held."""
         held = self._pending.pop(key, None)
         if held is None:
+            return None
+        self._pending_values -= _values(held[0])
+        return held[0]
+
+    def _with_logprobs(self, group: QuestionGroup, behavior: BehaviorLogprobs | None) -> QuestionGroup:
+        """The group with its author's shared log-probs, if they came and fit its completions."""
+        if behavior is None:
             return group
-        behavior = held[0]
-        self._pending_values -= _values(behavior)
         if len(behavior.token_logprobs) != len(group.completions):
             self.counters.logprobs["mismatched"] += 1
             return group
