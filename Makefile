@@ -34,9 +34,9 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
 
-# Regenerate README's settings reference from the settings models.
+# Regenerate the settings reference (docs/settings.md) from the settings models.
 docs: $(STAMP)
-	$(PY) -m sapo.node.daemon.settings_doc README.md
+	$(PY) -m sapo.node.daemon.settings_doc docs/settings.md
 
 clean:
 	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm

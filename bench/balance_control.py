@@ -30,23 +30,24 @@ import sys
 from collections.abc import Callable
 
 from sapo.node.cli import main as sapo_node
-from sapo.sampling.balance import AdaptiveBalance
+from sapo.sampling.balance import HISTORY_LIMIT, AdaptiveBalance, BalanceState
 
 
-def blind_rule(coin_seed: int) -> Callable[[AdaptiveBalance, int], None]:
+def blind_rule(coin_seed: int) -> Callable[[AdaptiveBalance, BalanceState, int], BalanceState]:
     """A stand-in for AdaptiveBalance._decide that flips a coin; the probes and bookkeeping stay."""
     made = itertools.count()
+    coins: dict[int, random.Random] = {}
 
-    def decide_by_coin(self: AdaptiveBalance, round_index: int) -> None:
-        # One coin per balance, kept on it and seeded by the order of first decisions (the nodes
-        # of a lockstep study decide in the same order every run), so a run's walk is reproducible.
-        if "_coin" not in self.__dict__:
-            self._coin = random.Random(coin_seed * 1_000_003 + next(made))
-        coin = self._coin
+    def decide_by_coin(self: AdaptiveBalance, state: BalanceState, round_index: int) -> BalanceState:
+        # One coin per balance, seeded by the order of first decisions (the nodes of a lockstep
+        # study decide in the same order every run), so a run's walk is reproducible.
+        coin = coins.get(id(self))
+        if coin is None:
+            coin = coins[id(self)] = random.Random(coin_seed * 1_000_003 + next(made))
         step = self.step if coin.random() < 0.5 else -self.step
-        self.external = min(self.max_external, max(0, self.external + step))
-        self._gains = {+1: [], -1: []}
-        self.history.append((round_index, self.external))
+        centre = min(self.max_external, max(0, state.external + step))
+        history = (*state.history, (round_index, centre))[-HISTORY_LIMIT:]
+        return state.model_copy(update={"external": centre, "plus": (), "minus": (), "history": history})
 
     return decide_by_coin
 

@@ -14,7 +14,8 @@ precision, training/policy.py); an older tree without it samples in fp32, and sa
 
 Sampling draws from a different random stream when the decoding loop changes, so single runs
 differ token by token; what must agree is the learning, seed-paired: the mean sampled reward over
-the rounds and the held-out greedy reward at the end. Printed: both per seed, their paired
+the rounds and the held-out greedy accuracy at the end (`heldout_accuracy`, the node's own
+evaluator: full credit only; before this bench used it, the greedy figure was a mean score). Printed: both per seed, their paired
 differences, and the mean difference with its standard error.
 """
 
@@ -41,11 +42,22 @@ def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
     import torch
 
     from sapo.training.config import TrainingSettings
+    from sapo.training.evaluation import heldout_accuracy, heldout_problems
     from sapo.training.generation import generate_groups
     from sapo.training.policy import load_policy
     from sapo.training.tasks import TaskSampler, default_task_specs
     from sapo.training.update import grpo_update, make_optimizer
-    from sapo.training.warmstart import WarmStartSettings, evaluate_greedy, warm_start
+    from sapo.training.warmstart import WarmStartSettings, warm_start
+
+    try:  # trees since the round's rows became a value (sampling/training_set.py) train on rows
+        from sapo.sampling.external_use import ExternalUse
+        from sapo.sampling.training_set import training_set
+
+        def trained(groups):
+            return training_set(groups, [], ExternalUse(), policy.tokenizer_fingerprint).rows
+    except ImportError:  # older trees train on the groups themselves
+        def trained(groups):
+            return groups
 
     torch.set_num_threads(1)
     (spec,) = default_task_specs(["basic_arithmetic"])
@@ -57,7 +69,8 @@ def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
         policy = load_policy("tiny", device="cpu", seed=seed, models_dir=Path(models), **options)
     sampled_in = "bf16" if getattr(policy, "generation_bf16", False) else "fp32"
     warm_start(policy, tasks, WarmStartSettings(steps=300, tag_rate=0.3, seed=seed))
-    before = evaluate_greedy(policy, tasks, count=128, dataset_seed=999, max_new_tokens=24)
+    heldout = heldout_problems(tasks, 128, dataset_seed=999)
+    before = heldout_accuracy(policy, heldout, max_new_tokens=24)["basic_arithmetic"]
     settings = TrainingSettings(lr=1e-4, max_new_tokens=24, generations=8)
     optimizer = make_optimizer(policy, settings)
     sampler = TaskSampler(tasks, dataset_seed=1 + seed, rng_seed=1 + seed)
@@ -67,8 +80,8 @@ def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
         generation = generate_groups(policy, sampler.sample(8), num_generations=8, max_new_tokens=24, seed=round_index)
         batch = [r for g in generation.groups for r in g.rewards]
         rewards.append(sum(batch) / len(batch))
-        grpo_update(policy, optimizer, generation.groups, settings, rng)
-    after = evaluate_greedy(policy, tasks, count=128, dataset_seed=999, max_new_tokens=24)
+        grpo_update(policy, optimizer, trained(generation.groups), settings, rng)
+    after = heldout_accuracy(policy, heldout, max_new_tokens=24)["basic_arithmetic"]
     return {"seed": seed, "sampled_mean": statistics.fmean(rewards), "greedy_before": before, "greedy_after": after,
             "generation": sampled_in}
 

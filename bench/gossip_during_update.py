@@ -217,9 +217,12 @@ class Trainer:
         return result
 
     def update(self):
+        from sapo.sampling.external_use import ExternalUse
+        from sapo.sampling.training_set import training_set
         from sapo.training.update import grpo_update
 
-        return grpo_update(self.policy, self.optimizer, self.groups, self.settings, self.rng)
+        rows = training_set(self.groups, [], ExternalUse(), self.policy.tokenizer_fingerprint).rows
+        return grpo_update(self.policy, self.optimizer, rows, self.settings, self.rng)
 
 
 async def receive(incoming, record: Record) -> None:

@@ -170,6 +170,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
     import peft  # noqa: F401 - imported here so that load time is loading, not importing
     import transformers  # noqa: F401
 
+    from sapo.training.devices import configure_torch_threads
+
+    configure_torch_threads(args.threads)
     args.models_dir.mkdir(parents=True, exist_ok=True)
     verifier = SignalForcingVerifier(args.force_signal)
     data_dir = Path(tempfile.mkdtemp(prefix="bench-round-"))
@@ -178,15 +181,14 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
     policy = node.policy
     load_seconds = time.perf_counter() - started
     load_peak = peak_rss_mb()
-    alone = MemoryHub(time.time, swarm="bench", rg_version="bench").join(
-        node.peer_id, model_id=model, inbox=None, counters=NodeCounters(), max_message_bytes=2**20, max_age_seconds=600
-    )
+    alone = MemoryHub(time.time, rg_version="bench").join(node.peer_id, node.settings, inbox=None, counters=NodeCounters())
     peak_is_round_only = reset_peak_rss()
 
     rounds, batches = [], []
+    state = node.start_state()
     for round_index in range(1, args.rounds + 1):
-        result = trio.run(run_round, node, alone, node.plan(round_index), trio.Lock())
-        generation, update = result.generation, result.update
+        result = trio.run(run_round, node, state, alone, trio.Lock())
+        state, generation, update = result.state, result.generation, result.update
         real, score_s, score_cpu_s = verifier.take()
         times = {
             "generate_s": generation.seconds - score_s, "generate_cpu_s": generation.cpu_seconds - score_cpu_s,

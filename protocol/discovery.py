@@ -2,7 +2,7 @@
 
 Why: with bootstrap dialling alone a swarm is a star around its bootstrap node. GossipSub caps
 the hub's mesh at D_high (12) and the pruned leaves keep re-grafting, get GRAFT-flood penalties
-and miss most messages (17.8 % delivery at 16 nodes, bench/README.md); GossipSub's peer
+and miss most messages (17.8 % delivery at 16 nodes, docs/bench/network.md); GossipSub's peer
 exchange (do_px) did not fix it in py-libp2p 0.8.1. Leaves need links to each other.
 
 How: every node holds a libp2p *signed peer record* of itself (an Envelope sealed with its

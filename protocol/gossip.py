@@ -97,9 +97,6 @@ class GossipService:
         self._agents: PeerAgents | None = None
         self._nursery: trio.Nursery | None = None
 
-    def is_allowed(self, peer_id: ID) -> bool:
-        return self._allowed is None or peer_id == self._my_id or peer_id.to_bytes() in self._allowed
-
     def is_allowed_bytes(self, peer_id: bytes) -> bool:
         return self._allowed is None or peer_id == self._my_id.to_bytes() or peer_id in self._allowed
 

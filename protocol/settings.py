@@ -149,12 +149,6 @@ class NetworkSettings(BaseModel):
         description="largest rollout message sent or accepted, bytes (under py-libp2p's fixed 1 MiB outbound RPC limit)",
     )
     compress: bool = Field(default=True, description="zlib-compress outgoing messages when it makes them smaller")
-    share_logprobs: bool = Field(
-        default=False,
-        description="publish our own token log-probs for our groups (on their own topic, sapo/<swarm>/logprobs/1): "
-        "peers with the same tokenizer can then weigh our completions (--importance-weight); the groups "
-        "themselves go out as before, so every release reads them",
-    )
     accept_other_rg_versions: bool = Field(
         default=False,
         description="accept groups from peers on another reasoning-gym release (their problems may not regenerate identically)",
@@ -239,13 +233,6 @@ class NetworkSettings(BaseModel):
         description="upgrade relayed connections to direct ones by hole punching (DCUtR); the relayed connection "
         "is closed a minute after the direct one is up",
     )
-    judge: str | None = Field(
-        default=None,
-        description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "
-        "--judge-every rounds and records the greedy answer's score (see `sapo-node judge`); unset = not judged",
-    )
-    judge_every: int = Field(default=10, ge=1, description="ask the --judge for an evaluation every K rounds")
-
     @property
     def topic(self) -> str:
         return rollout_topic(self.swarm)
@@ -279,16 +266,6 @@ class NetworkSettings(BaseModel):
         if path is not None:
             load_swarm_key(path)
         return path
-
-    @field_validator("judge")
-    @classmethod
-    def _judge_names_its_peer(cls, judge: str | None) -> str | None:
-        if judge is not None:
-            try:
-                check_peer_address(judge, "judge")
-            except ValueError as error:
-                raise ValueError(f"{error}; copy the 'judge listening on ...' line the judge prints") from None
-        return judge
 
     @model_validator(mode="after")
     def _consistent(self) -> "NetworkSettings":

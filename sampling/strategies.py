@@ -1,19 +1,30 @@
 """Small swappable strategies: which received groups are eligible, and how J are drawn.
 
-A sampler is a plain function (candidates newest-first, J, rng) -> chosen groups.
+A sampler is a plain function (candidates newest-first, J, rng) -> chosen groups. The one
+that learns from what it sees (`peer-weighted`) takes and returns its state as a value,
+`SamplerState`, which the round carries and the checkpoint keeps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Callable
 
-from sapo.sampling.config import SamplerName
-from sapo.sampling.external import has_full_credit
+from pydantic import BaseModel, ConfigDict
+
+from sapo.sampling.external_use import SamplerName
+from sapo.sampling.training_set import has_full_credit
 from sapo.training.grpo import has_signal
 from sapo.training.rollouts import QuestionGroup
 
 Sampler = Callable[[list[QuestionGroup], int, random.Random], list[QuestionGroup]]
+
+# How much a peer-weighted sampler remembers. A group is offered again every round while it
+# stays in the inbox, and is counted once: remembering the last few thousand groups covers an
+# inbox of the default 512 many times over. Past the peer limit the peer seen longest ago goes.
+SEEN_LIMIT = 4096
+PEER_LIMIT = 1024
 
 
 def drop_zero_advantage(groups: list[QuestionGroup]) -> list[QuestionGroup]:
@@ -51,42 +62,6 @@ def any_correct(candidates: list[QuestionGroup], count: int, rng: random.Random)
     return uniform([g for g in candidates if has_full_credit(g)], count, rng)
 
 
-class PeerWeighted:
-    """Draw groups with probability proportional to their sender's usefulness so far.
-
-    A peer's usefulness is an exponential moving average, over the groups it has offered, of
-    "this group has signal and contains a fully correct answer" (by our own verifier). Every peer
-    keeps a floor weight, so a peer that improves is noticed again. Stateful: one per node.
-    """
-
-    def __init__(self, decay: float = 0.9, floor: float = 0.05, prior: float = 0.5):
-        self.decay = decay
-        self.floor = floor
-        self.prior = prior
-        self.usefulness: dict[str, float] = {}
-        self._seen: set[tuple[str, str, int, int]] = set()
-
-    def observe(self, group: QuestionGroup) -> None:
-        key = (group.origin, group.problem.spec.key(), group.sender_round, hash(tuple(group.completions)))
-        if key in self._seen:
-            return  # groups that stay in the inbox are offered again; count each once
-        self._seen.add(key)
-        useful = float(has_signal(group.rewards) and has_full_credit(group))
-        old = self.usefulness.get(group.origin, self.prior)
-        self.usefulness[group.origin] = self.decay * old + (1 - self.decay) * useful
-
-    def __call__(self, candidates: list[QuestionGroup], count: int, rng: random.Random) -> list[QuestionGroup]:
-        for g in candidates:
-            self.observe(g)
-        pool = drop_zero_advantage(candidates)
-        chosen: list[QuestionGroup] = []
-        while pool and len(chosen) < count:
-            weights = [self.floor + self.usefulness.get(g.origin, self.prior) for g in pool]
-            pick = rng.choices(range(len(pool)), weights=weights, k=1)[0]
-            chosen.append(pool.pop(pick))
-        return chosen
-
-
 SAMPLERS: dict[str, Sampler] = {
     "nonzero-uniform": nonzero_uniform,
     "uniform": uniform,
@@ -94,17 +69,71 @@ SAMPLERS: dict[str, Sampler] = {
     "any-correct": any_correct,
 }
 
-# Samplers that learn from what they see: a fresh instance per node.
-STATEFUL_SAMPLERS: dict[str, Callable[[], Sampler]] = {
-    "peer-weighted": PeerWeighted,
-}
+
+class SamplerState(BaseModel):
+    """What the peer-weighted sampler has learnt: each peer's usefulness, an exponential moving
+    average over the groups it offered of "this group has signal and a fully correct answer"
+    (by our own verifier), and which groups it has already counted. Bounded (SEEN_LIMIT,
+    PEER_LIMIT); the other samplers keep it empty."""
+
+    model_config = ConfigDict(frozen=True)
+
+    usefulness: dict[str, float] = {}
+    seen: list[str] = []
 
 
-def get_sampler(name: SamplerName) -> Sampler:
-    if name in STATEFUL_SAMPLERS:
-        return STATEFUL_SAMPLERS[name]()
+class PeerWeighted:
+    """Draw groups with probability proportional to their sender's usefulness so far. Every
+    peer keeps a floor weight, so a peer that improves is noticed again."""
+
+    decay = 0.9
+    floor = 0.05
+    prior = 0.5
+
+    @classmethod
+    def observe(cls, state: SamplerState, candidates: list[QuestionGroup]) -> SamplerState:
+        usefulness, seen = dict(state.usefulness), list(state.seen)
+        known = set(seen)
+        for group in candidates:
+            key = group_digest(group)
+            if key in known:
+                continue  # groups that stay in the inbox are offered again; count each once
+            known.add(key)
+            seen.append(key)
+            useful = float(has_signal(group.rewards) and has_full_credit(group))
+            old = usefulness.pop(group.origin, cls.prior)  # re-inserted: the dict's order is recency
+            usefulness[group.origin] = cls.decay * old + (1 - cls.decay) * useful
+        while len(usefulness) > PEER_LIMIT:
+            del usefulness[next(iter(usefulness))]
+        return SamplerState(usefulness=usefulness, seen=seen[-SEEN_LIMIT:])
+
+    @classmethod
+    def choose(
+        cls, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState
+    ) -> list[QuestionGroup]:
+        pool = drop_zero_advantage(candidates)
+        chosen: list[QuestionGroup] = []
+        while pool and len(chosen) < count:
+            weights = [cls.floor + state.usefulness.get(g.origin, cls.prior) for g in pool]
+            pick = rng.choices(range(len(pool)), weights=weights, k=1)[0]
+            chosen.append(pool.pop(pick))
+        return chosen
+
+
+def group_digest(group: QuestionGroup) -> str:
+    """A group's identity that survives a restart (Python's own hash of text does not)."""
+    text = "\x1f".join([group.origin, group.problem.spec.key(), str(group.sender_round), *group.completions])
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def choose_external(
+    name: SamplerName, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState
+) -> tuple[list[QuestionGroup], SamplerState]:
+    """J of the candidates by the named sampler, and the sampler's state after seeing them."""
+    if name == "peer-weighted":
+        state = PeerWeighted.observe(state, candidates)
+        return PeerWeighted.choose(candidates, count, rng, state), state
     try:
-        return SAMPLERS[name]
+        return SAMPLERS[name](candidates, count, rng), state
     except KeyError:
-        names = [*SAMPLERS, *STATEFUL_SAMPLERS]
-        raise ValueError(f"unknown sampler {name!r}; choose from {', '.join(names)}") from None
+        raise ValueError(f"unknown sampler {name!r}; choose from {', '.join([*SAMPLERS, 'peer-weighted'])}") from None

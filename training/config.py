@@ -38,7 +38,7 @@ class ModelSettings(BaseModel):
         default="auto", description="chat template with system prompt, or the bare question (auto: plain for tiny models)"
     )
     one_shot: bool = Field(default=True, description="put one worked example in the system prompt (SmolLM2 needs it)")
-    torch_threads: int = Field(default=0, ge=0, le=256, description="torch CPU threads (0 = torch's default)")
+    torch_threads: int = Field(default=0, ge=0, le=256, description="torch CPU threads (0 = one per core this process may use)")
     models_dir: Path | None = Field(
         default=None, description="where converted models and warm starts are cached (default: DATA_DIR/models)"
     )
@@ -120,26 +120,6 @@ class TrainingSettings(BaseModel):
         le=1024,
         description="sequences per forward/backward pass (default: as many as fit about 2 GiB of activations); "
         "gradients accumulate, so this changes peak memory, not the update",
-    )
-    # "positive" by default: with the paper's "all", a peer's failures pushed the shared closing tag
-    # down until every node of the 4/4 pilot lost the answer format (README: "What sharing does to
-    # the update"); tests/training/test_off_policy_rows.py plays that mechanism with the defaults.
-    off_policy_rows: Literal["all", "positive"] = Field(
-        default="positive",
-        description="which completions that this node did not sample itself (a peer's) train: only those with "
-        "positive advantage, or all of them, as the paper does (README: 'What sharing does to the update')",
-    )
-    own_rows: Literal["all", "positive"] = Field(
-        default="all",
-        description="which of this node's own completions train: all of them (GRPO), or only those with positive "
-        "advantage; a control for --off-policy-rows positive (is a swarm's gain its peers' answers, or fewer "
-        "negative rows?)",
-    )
-    importance_weight: Literal["off", "sequence"] = Field(
-        default="off",
-        description="weigh each completion this node did not sample by min(1, its per-token geometric mean of "
-        "p_this_node / p_sender), from the log-probs a peer with the same tokenizer shares (--share-logprobs); "
-        "completions without them, or from another tokenizer, keep weight 1",
     )
     eps_low: float = Field(default=0.2, ge=0, lt=1, description="lower clip range of the ratio")
     eps_high: float = Field(default=0.28, ge=0, lt=10, description="upper clip range of the ratio")

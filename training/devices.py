@@ -103,32 +103,13 @@ def _cgroup_quota(root: str) -> float | None:
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
-def torch_threads_for(setting: int) -> int:
-    """The torch CPU threads for a `torch_threads` setting: itself if set, else one per owned core."""
-    return setting if setting > 0 else owned_cpus()
+def configure_torch_threads(setting: int) -> int:
+    """Set torch's CPU threads for this process, once, where the process starts (torch's thread
+    pool is process-wide): the `torch_threads` setting if given, else one per core this process
+    may use. Torch's own default counts the machine's cores, so a container limited to 2 CPUs on
+    a 64-core host would run 64 threads on 2 CPUs."""
+    import torch
 
-
-def retain_freed_memory() -> bool:
-    """Have glibc keep freed memory for the process's next allocations instead of handing it back
-    to the OS (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2 GiB); True where that was applied.
-
-    Every round allocates and frees the same large tensors (a decoding copy of the weights, the
-    KV cache, activations). By default glibc maps each block over 32 MB afresh and unmaps it when
-    freed, so every round pays page faults on all of it again: measured here, building SmolLM2's
-    bf16 decoding weights took 240 ms a round by default and 100 ms with this. The cost is that
-    the process keeps its peak memory. Call it once at startup, before the first round.
-    """
-    import ctypes
-    import ctypes.util
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False  # not glibc (musl has no mallopt)
-    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    threads = setting if setting > 0 else owned_cpus()
+    torch.set_num_threads(threads)
+    return threads

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from sapo.training.generation import greedy_completions
 from sapo.training.policy import Policy
-from sapo.training.rewards import score_completion
+from sapo.training.rewards import is_correct, score_completion
 from sapo.training.tasks import Problem, TaskSampler, TaskSpec
 
 HELDOUT_DATASET_SEED = 999_999_937
-FULL_CREDIT = 1.0
-
-
-def is_correct(score: float) -> bool:
-    return score >= FULL_CREDIT
 
 
 def heldout_problems(tasks: list[TaskSpec], per_task: int, dataset_seed: int = HELDOUT_DATASET_SEED) -> dict[str, list[Problem]]:

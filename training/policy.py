@@ -121,21 +121,25 @@ def load_policy(
     of the weights sampling runs on (use_bf16_generation).
     """
     torch_device = resolve_device(device)
-    torch.manual_seed(seed)
-    model, tokenizer = _load_base(source, seed=seed, models_dir=models_dir, weights_from=weights_from)
-    style: PromptStyle
-    if prompt_style == "auto":
-        style = "plain" if is_tiny(source) else "chat"
-    elif prompt_style in ("chat", "plain"):
-        style = prompt_style  # type: ignore[assignment]
-    else:
-        raise ValueError(f"prompt_style must be auto, chat or plain, not {prompt_style!r}")
-    if style == "chat" and not getattr(tokenizer, "chat_template", None):
-        raise ModelSourceError(f"model {source!r} has no chat template; use --prompt-style plain")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if lora is not None:
-        model = _wrap_lora(model, lora, adapter_from)
+    # The seed makes this model's initialisation (a tiny model's weights, a LoRA adapter's)
+    # reproducible without reseeding the process's own random stream, which other nodes of a
+    # study, and the caller, draw from too.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model, tokenizer = _load_base(source, seed=seed, models_dir=models_dir, weights_from=weights_from)
+        style: PromptStyle
+        if prompt_style == "auto":
+            style = "plain" if is_tiny(source) else "chat"
+        elif prompt_style in ("chat", "plain"):
+            style = prompt_style  # type: ignore[assignment]
+        else:
+            raise ValueError(f"prompt_style must be auto, chat or plain, not {prompt_style!r}")
+        if style == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise ModelSourceError(f"model {source!r} has no chat template; use --prompt-style plain")
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if lora is not None:
+            model = _wrap_lora(model, lora, adapter_from)
     model.to(torch_device)
     return Policy(model, tokenizer, torch_device, source, style, one_shot, lora is not None, use_bf16(precision, torch_device),
                   use_bf16_generation(generation_precision, torch_device))

@@ -15,6 +15,13 @@ Verifier = Callable[[Problem, list[str]], list[float]]
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
+# The score of an answer the verifier accepts outright; anything less is partial credit.
+FULL_CREDIT = 1.0
+
+
+def is_correct(score: float) -> bool:
+    return score >= FULL_CREDIT
+
 
 def extract_answer(completion: str) -> str | None:
     """The text inside the last complete <answer>...</answer> block, stripped; None if absent."""
@@ -56,7 +63,7 @@ def score_group(problem: Problem, completions: list[str]) -> list[float]:
 
 def accept_group(problem: Problem, completions: list[str]) -> list[float]:
     """1 where the verifier accepts the answer (full credit), else 0: the paper's reward."""
-    return [1.0 if score >= 1.0 else 0.0 for score in score_group(problem, completions)]
+    return [1.0 if is_correct(score) else 0.0 for score in score_group(problem, completions)]
 
 
 def verifier_for(reward: str) -> Verifier:

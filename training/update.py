@@ -1,4 +1,4 @@
-"""One GRPO update on a round's question groups, local and external alike."""
+"""One GRPO update on a round's training rows, local and external alike."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from sapo.training.config import TrainingSettings
-from sapo.training.grpo import clipped_policy_loss, group_advantages, has_signal
+from sapo.training.grpo import clipped_policy_loss
 from sapo.training.policy import Policy
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.rollouts import TrainingRows
 from sapo.training.generation import ANSWER_CLOSE
 
 
@@ -103,70 +103,34 @@ class UpdateStats:
     cpu_seconds: float = 0.0  # process CPU time over the whole update
 
 
-def trained_rows(group: QuestionGroup, off_policy_rows: str = "all", own_rows: str = "all") -> list[tuple[str, float, int]]:
-    """The (completion, advantage) rows a group contributes, advantages over the whole group.
-
-    With `off_policy_rows="positive"`, a completion this node did not sample itself trains only
-    when its advantage is positive. Its failures are what another policy wrote: pushing them
-    down moves tokens they share with good answers (the `</answer>` tag) in contexts this
-    policy would not produce, where it is least sure of them, and that push is not balanced by
-    its own successes, on which those tokens are already near certain. `own_rows="positive"`
-    does the same to the node's own completions (a control, not a recommendation).
-    """
-    advantages = group_advantages(torch.tensor(group.rewards)).tolist()
-    rows = zip(group.completions, advantages, group.on_policy_rows(), range(len(group.completions)))
-    return [(text, adv, index) for text, adv, own, index in rows
-            if adv > 0 or (own_rows if own else off_policy_rows) == "all"]
-
-
-def comparable_behavior(policy: Policy, group: QuestionGroup, index: int) -> list[float] | None:
-    """The sender's log-probs of completion `index`, if they are comparable with this policy's."""
-    behavior = group.behavior
-    if behavior is None or group.on_policy_rows()[index] or behavior.tokenizer != policy.tokenizer_fingerprint:
-        return None
-    if behavior.temperature != 1.0:  # our log-probs are at temperature 1
-        return None
-    return behavior.token_logprobs[index] or None
-
-
-def encode_groups(
-    policy: Policy, groups: list[QuestionGroup], max_completion_tokens: int, off_policy_rows: str = "all",
-    own_rows: str = "all",
-) -> EncodedBatch | None:
+def encode_rows(policy: Policy, rows: TrainingRows, max_completion_tokens: int) -> EncodedBatch | None:
     """Re-encode prompt and completion text with this node's own tokenizer.
 
     A peer's completion is plain text, so it is tokenized here exactly like a local one:
     the same prompt rendering, the same truncation, EOS after a finished answer. One batched
-    tokenizer call covers all prompts and one all completions.
-    Groups without signal (all-equal rewards) contribute nothing and are left out.
+    tokenizer call covers all prompts and one all completions. A row's sender log-probs stay
+    with it only if re-encoding gave back the tokens the sender sampled.
     """
-    tokenizer = policy.tokenizer
-    rows_of = [(g, trained_rows(g, off_policy_rows, own_rows)) for g in groups if has_signal(g.rewards)]
-    if not rows_of:
+    if not rows.rows:
         return None
-    useful = [g for g, _ in rows_of]
-    prompt_ids = tokenizer([policy.prompt(g.problem) for g in useful], add_special_tokens=False)["input_ids"]
-    completion_ids = tokenizer([text for _, rows in rows_of for text, _, _ in rows], add_special_tokens=False)["input_ids"]
+    tokenizer = policy.tokenizer
+    prompt_ids = tokenizer([policy.prompt(p) for p in rows.problems], add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer([row.completion for row in rows.rows], add_special_tokens=False)["input_ids"]
     completions: list[list[int]] = []
     advantages: list[float] = []
     group_of: list[int] = []
-    behavior: list[list[float] | None] = []
-    cursor = 0
-    for group_index, (group, rows) in enumerate(rows_of):
-        for text, adv, index in rows:
-            ids = list(completion_ids[cursor])[:max_completion_tokens]
-            cursor += 1
-            sender = comparable_behavior(policy, group, index)
-            if sender is not None and len(sender) != len(ids):
-                sender = None  # re-encoding did not give the tokens the sender sampled
-            if text.rstrip().endswith(ANSWER_CLOSE) and len(ids) < max_completion_tokens:
-                ids.append(tokenizer.eos_token_id)
-            if not ids:
-                continue
-            completions.append(ids)
-            advantages.append(adv)
-            group_of.append(group_index)
-            behavior.append(sender)
+    behavior: list[tuple[float, ...] | None] = []
+    for row, encoded in zip(rows.rows, completion_ids):
+        ids = list(encoded)[:max_completion_tokens]
+        sender = row.behavior if row.behavior is not None and len(row.behavior) == len(ids) else None
+        if row.completion.rstrip().endswith(ANSWER_CLOSE) and len(ids) < max_completion_tokens:
+            ids.append(tokenizer.eos_token_id)
+        if not ids:
+            continue
+        completions.append(ids)
+        advantages.append(row.advantage)
+        group_of.append(row.question)
+        behavior.append(sender)
     if not completions:
         return None
     return EncodedBatch(
@@ -221,20 +185,20 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) 
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def importance_weights(batch: EncodedBatch, old_logprobs: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """Per row, 1 except for the given rows with the sender's log-probs: min(1, exp(mean over
-    the sampled tokens of log p_ours - log p_sender)). A peer's completion that this policy
-    finds less likely than its sender did counts for less; one it finds likelier counts fully
-    (truncated at 1, so a weight never amplifies another policy's text)."""
-    weights = torch.ones(len(batch.completions), device=old_logprobs.device)
+def settle_old_logprobs(
+    batch: EncodedBatch, old_logprobs: torch.Tensor, weights: torch.Tensor, rows: list[int], logprobs: torch.Tensor
+) -> None:
+    """Record the rows' log-probs before any step moved the policy, and with them each row's
+    weight: 1, or for a row with its sender's log-probs, min(1, exp(mean over its sampled tokens
+    of log p_ours - log p_sender)). A peer's completion that this policy finds less likely than
+    its sender did counts for less; one it finds likelier counts fully (truncated at 1, so a
+    weight never amplifies another policy's text)."""
+    old_logprobs[rows, : logprobs.shape[1]] = logprobs
     for row in rows:
         sender = batch.behavior[row] if row < len(batch.behavior) else None
-        if sender is None:
-            continue
-        ours = old_logprobs[row, : len(sender)]
-        gap = float((ours - torch.tensor(sender, device=ours.device)).mean())
-        weights[row] = min(1.0, math.exp(gap))
-    return weights
+        if sender is not None:
+            gap = float((old_logprobs[row, : len(sender)] - torch.tensor(sender, device=old_logprobs.device)).mean())
+            weights[row] = min(1.0, math.exp(gap))
 
 
 def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: float = 2 * 2**30) -> int:
@@ -261,74 +225,31 @@ def make_optimizer(policy: Policy, settings: TrainingSettings) -> torch.optim.Op
 def grpo_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
-    groups: list[QuestionGroup],
+    rows: TrainingRows,
     settings: TrainingSettings,
     rng: random.Random,
 ) -> UpdateStats:
     """`updates_per_batch` passes of `minibatches` clipped steps each, from old log-probs taken once."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    batch = encode_groups(policy, groups, settings.max_new_tokens, settings.off_policy_rows, settings.own_rows)
+    batch = encode_rows(policy, rows, settings.max_new_tokens)
     if batch is None:
         return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started)
     device = policy.device
-    model = policy.model
-    model.eval()  # no dropout: old and new log-probs must come from the same function
+    policy.model.eval()  # no dropout: old and new log-probs must come from the same function
     advantages = batch.advantages.to(device)
-    micro = settings.micro_batch_size or auto_micro_batch_size(model, batch)
-    shared = batch.shared_prompt_saves()
-
-    def pieces(rows: list[int]) -> list[list[int]]:
-        # With a shared prompt a forward pass holds rows of one group; otherwise any rows, in
-        # group order. Not sorted by length, though a piece is padded to its longest row: a
-        # group's advantages cancel on the tokens its rows share only up to float rounding, and
-        # Adam turns that rounding into full-size steps; reordering rows within a pass changed
-        # it enough to move the closing tag (tests/training/test_off_policy_rows.py, own-all).
-        if not shared:
-            return [rows[i : i + micro] for i in range(0, len(rows), micro)]
-        by_group: dict[int, list[int]] = {}
-        for row in rows:
-            by_group.setdefault(batch.group_of[row], []).append(row)
-        return [part[i : i + micro] for part in by_group.values() for i in range(0, len(part), micro)]
-
-    def logprobs_of(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        with policy.autocast():
-            return _logprobs_of(rows)
-
-    def _logprobs_of(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        if shared:
-            ids, mask = batch.completion_rows(rows)
-            prompt = batch.prompts[batch.group_of[rows[0]]]
-            return shared_prompt_logprobs(model, prompt, ids.to(device)), mask.to(device)
-        ids, attention, mask = batch.padded(rows)
-        return completion_logprobs(model, ids.to(device), attention.to(device), mask.shape[1]), mask.to(device)
-
-    # Minibatches hold whole question groups: a group's advantages sum to zero, so the tokens
-    # its completions share (the answer tag, say) get no net push. Split across steps, they
-    # would, and Adam turns that noise into full-size updates.
-    rows_of: dict[int, list[int]] = {}
-    for row, group in enumerate(batch.group_of):
-        rows_of.setdefault(group, []).append(row)
-    groups_order = list(rows_of)
-    chunks = max(1, min(settings.minibatches, len(groups_order)))
-    plan: list[list[int]] = []
-    for _ in range(settings.updates_per_batch):
-        rng.shuffle(groups_order)
-        plan += [[r for g in groups_order[part::chunks] for r in rows_of[g]] for part in range(chunks)]
+    layout = PassLayout(batch, settings.micro_batch_size or auto_micro_batch_size(policy.model, batch), batch.shared_prompt_saves())
+    plan = step_plan(batch, settings, rng)
 
     # Old log-probs: the first step runs on unchanged weights, so its own forward pass gives
     # them exactly; every other row needs one gradient-free pass before anything moves.
     # [B, C] for the round's longest row C; a piece of width w reads and writes its first w columns.
     old_logprobs = torch.zeros((len(batch.completions), batch.completion_length), device=device)
+    weights = torch.ones(len(batch.completions), device=device)
     first_step = set(plan[0])
     later = [r for r in range(len(batch.completions)) if r not in first_step]
-    if later:
-        with torch.no_grad():
-            for rows in pieces(later):
-                logprobs = logprobs_of(rows)[0]
-                old_logprobs[rows, : logprobs.shape[1]] = logprobs
-    weigh = settings.importance_weight == "sequence" and any(b is not None for b in batch.behavior)
-    if weigh:  # first-step rows are weighed when their own forward pass gives their old log-probs
-        advantages = advantages * importance_weights(batch, old_logprobs, later)
+    with torch.no_grad():
+        for piece in layout.pieces(later):
+            settle_old_logprobs(batch, old_logprobs, weights, piece, layout.logprobs(policy, piece)[0])
 
     losses, clips = [], []
     for step, step_rows in enumerate(plan):
@@ -338,15 +259,14 @@ def grpo_update(
         # Gradient accumulation over micro-batches: each piece's token-mean is reweighted by
         # its share of the step's tokens, so the gradient equals the whole step's token-mean
         # and only peak memory depends on the micro-batch size.
-        for rows in pieces(step_rows):
-            logprobs, mask = logprobs_of(rows)
+        for piece in layout.pieces(step_rows):
+            logprobs, mask = layout.logprobs(policy, piece)
             width = logprobs.shape[1]
             if step == 0:
-                old_logprobs[rows, :width] = logprobs.detach()
-                if weigh:
-                    advantages[rows] *= importance_weights(batch, old_logprobs, rows)[rows]
+                settle_old_logprobs(batch, old_logprobs, weights, piece, logprobs.detach())
             loss, stats = clipped_policy_loss(
-                logprobs, old_logprobs[rows, :width], advantages[rows], mask, settings.eps_low, settings.eps_high
+                logprobs, old_logprobs[piece, :width], advantages[piece] * weights[piece], mask, settings.eps_low,
+                settings.eps_high,
             )
             share = float(mask.sum()) / step_tokens
             (loss * share).backward()
@@ -356,14 +276,65 @@ def grpo_update(
         optimizer.step()
         losses.append(step_loss)
         clips.append(step_clipped)
-    tokens = sum(len(c) for c in batch.completions)
     return UpdateStats(
         seconds=time.perf_counter() - started,
         sequences=len(batch.completions),
-        tokens=tokens,
+        tokens=sum(len(c) for c in batch.completions),
         loss=sum(losses) / len(losses),
         clip_fraction=sum(clips) / len(clips),
         skipped=False,
         optimizer_steps=len(plan),
         cpu_seconds=time.process_time() - cpu_started,
     )
+
+
+def step_plan(batch: EncodedBatch, settings: TrainingSettings, rng: random.Random) -> list[list[int]]:
+    """The rows of each optimizer step: `updates_per_batch` passes of `minibatches` steps.
+
+    Minibatches hold whole question groups: a group's advantages sum to zero, so the tokens
+    its completions share (the answer tag, say) get no net push. Split across steps, they
+    would, and Adam turns that noise into full-size updates."""
+    rows_of: dict[int, list[int]] = {}
+    for row, group in enumerate(batch.group_of):
+        rows_of.setdefault(group, []).append(row)
+    groups_order = list(rows_of)
+    chunks = max(1, min(settings.minibatches, len(groups_order)))
+    plan: list[list[int]] = []
+    for _ in range(settings.updates_per_batch):
+        rng.shuffle(groups_order)
+        plan += [[r for g in groups_order[part::chunks] for r in rows_of[g]] for part in range(chunks)]
+    return plan
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """How rows go through forward passes: at most `micro` rows a pass, and with a shared
+    prompt (when it saves work) only rows of one group."""
+
+    batch: EncodedBatch
+    micro: int
+    shared: bool
+
+    def pieces(self, rows: list[int]) -> list[list[int]]:
+        # Not sorted by length, though a piece is padded to its longest row: a group's
+        # advantages cancel on the tokens its rows share only up to float rounding, and Adam
+        # turns that rounding into full-size steps; reordering rows within a pass changed it
+        # enough to move the closing tag (tests/training/test_off_policy_rows.py, own-all).
+        micro = self.micro
+        if not self.shared:
+            return [rows[i : i + micro] for i in range(0, len(rows), micro)]
+        by_group: dict[int, list[int]] = {}
+        for row in rows:
+            by_group.setdefault(self.batch.group_of[row], []).append(row)
+        return [part[i : i + micro] for part in by_group.values() for i in range(0, len(part), micro)]
+
+    def logprobs(self, policy: Policy, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' completion log-probs under the policy now, and their mask: [rows, w]."""
+        device, batch = policy.device, self.batch
+        with policy.autocast():
+            if self.shared:
+                ids, mask = batch.completion_rows(rows)
+                prompt = batch.prompts[batch.group_of[rows[0]]]
+                return shared_prompt_logprobs(policy.model, prompt, ids.to(device)), mask.to(device)
+            ids, attention, mask = batch.padded(rows)
+            return completion_logprobs(policy.model, ids.to(device), attention.to(device), mask.shape[1]), mask.to(device)

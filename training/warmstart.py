@@ -215,17 +215,6 @@ def _supervised_step(policy: Policy, problems: list, coin: random.Random, optimi
     return float(out.loss.detach())
 
 
-def evaluate_greedy(policy: Policy, tasks: list[TaskSpec], count: int, dataset_seed: int, max_new_tokens: int) -> float:
-    """Mean verifier score of greedy answers on `count` held-out problems (pass@1)."""
-    from sapo.training.rewards import score_completion
-    from sapo.training.generation import greedy_completions
-
-    sampler = TaskSampler(tasks, dataset_seed=dataset_seed, rng_seed=random.Random(dataset_seed).randrange(2**31))
-    problems = sampler.sample(count)
-    texts = greedy_completions(policy, [policy.prompt(p) for p in problems], max_new_tokens)
-    return sum(score_completion(p, t) for p, t in zip(problems, texts)) / len(problems)
-
-
 def warm_start_key(source: str, model_seed: int, tasks: list[TaskSpec], settings: WarmStartSettings) -> str:
     """What the warm start depends on; equal keys give identical weights."""
     recipe = {

@@ -15,7 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from sapo.node.daemon.settings import CONCERNS, NodeSettings, load_settings, parse_text_value
+from sapo.node.daemon.settings import CONCERNS, NodeSettings, field_owner, load_settings, parse_text_value, settings_groups
 
 
 def flag(name: str) -> str:
@@ -23,11 +23,14 @@ def flag(name: str) -> str:
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per settings field, help text from the field's description and default."""
+    """One flag per settings field, help text from the field's description and default, in the
+    groups of `settings_groups` (the everyday settings first)."""
     parser.add_argument("--config", type=Path, help="TOML file of settings (lowest precedence after defaults)")
-    for concern, model in CONCERNS.items():
-        group = parser.add_argument_group(f"{concern} settings")
-        for name, info in model.model_fields.items():
+    owner = field_owner()
+    for title, names in settings_groups():
+        group = parser.add_argument_group(title)
+        for name in names:
+            info = CONCERNS[owner[name]].model_fields[name]
             default = info.get_default(call_default_factory=True)
             help_text = f"{info.description} (default: {default!s})"
             if info.annotation is bool:
@@ -86,12 +89,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     import trio
 
     from sapo.node.daemon.run import run_node
+    from sapo.training.devices import configure_torch_threads
 
     configure_logging(settings.run.log_level)
+    configure_torch_threads(settings.model.torch_threads)
     # Generation runs in a worker thread and holds the GIL between torch ops; the trio loop,
     # which serves gossip, gets it at the next forced switch. 1 ms instead of Python's 5: the
     # GIL's share of a 1 ms sleeper's p99 during tiny-model generation fell from 5-8 ms to
-    # 1-2 ms (bench/README.md, gil_probe.py), for a hand-off every 1 ms while both want it.
+    # 1-2 ms (docs/bench/gossip-during-update.md, gil_probe.py), for a hand-off every 1 ms while both want it.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     trio.run(run_node, settings)
     return 0
@@ -136,7 +141,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    start = sub.add_parser("start", help="run a node", description="Run a node until --rounds are done or Ctrl-C.")
+    start = sub.add_parser(
+        "start",
+        help="run a node",
+        usage="sapo-node start [-h] [--config FILE] [--dry-run] [--SETTING VALUE ...]",
+        description="Run a node until --rounds are done or Ctrl-C. The everyday settings come first; the "
+        "rest tune the model, training, inbox, network and run, or set the study's treatments. Every "
+        "setting is also a SAPO_<NAME> environment variable and a key of the --config TOML file "
+        "(docs/settings.md).",
+    )
     add_settings_arguments(start)
     start.add_argument("--dry-run", action="store_true", help="validate the settings, print them as JSON and exit")
     start.set_defaults(func=cmd_start)

@@ -12,7 +12,8 @@ import trio
 
 from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.intake import Intake
-from sapo.protocol.codec import canonical_bytes, encode, encode_logprobs, group_digest
+from sapo.node.daemon.settings import NodeSettings
+from sapo.protocol.codec import DecodeLimits, canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.gossip import GossipService, ReceivedMessage
 from sapo.protocol.messages import (
     LOGPROBS_SCHEMA_VERSION,
@@ -23,6 +24,9 @@ from sapo.protocol.messages import (
     to_wire,
 )
 from sapo.protocol.settings import logprobs_topic
+from sapo.protocol.verify import VerifyPolicy
+from sapo.sampling.inbox import Inbox
+from sapo.training.rewards import Verifier
 from sapo.training.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
@@ -109,6 +113,45 @@ class GroupEncoder:
             )
             for batch in batches
         ]
+
+
+def group_encoder(
+    settings: NodeSettings, peer_id: str, rg_version: str, clock: Callable[[], float] = time.time, model_id: str | None = None
+) -> GroupEncoder:
+    """A node's encoder, as its settings say (the daemon's and the in-process hub's alike)."""
+    net = settings.network
+    return GroupEncoder(
+        peer_id=peer_id, swarm=net.swarm, model_id=model_id or settings.model.model, rg_version=rg_version,
+        compress=net.compress, share_logprobs=settings.external_use.share_logprobs, clock=clock,
+    )
+
+
+def node_intake(
+    settings: NodeSettings,
+    inbox: Inbox,
+    counters: NodeCounters,
+    *,
+    peer_id: str,
+    rg_version: str,
+    verifier: Verifier,
+    on_reject: Callable[[str, str], None] | None = None,
+) -> Intake:
+    """A node's intake checks in front of its inbox, as its settings say (the daemon's and the
+    in-process hub's alike)."""
+    net = settings.network
+    return Intake(
+        inbox,
+        counters,
+        swarm=net.swarm,
+        local_peer_id=peer_id,
+        rg_version=rg_version,
+        limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
+        policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
+        max_age_seconds=settings.sampling.inbox_max_age_seconds,
+        verifier=verifier,
+        on_reject=on_reject,
+        keep_groups_without_signal=settings.external_use.keeps_groups_without_signal,
+    )
 
 
 class GossipExchange:

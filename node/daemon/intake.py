@@ -20,6 +20,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from sapo.node.daemon.counters import NodeCounters
+from sapo.node.daemon.refusal_log import RefusalLog
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.verify import VerifyPolicy, verify
@@ -71,6 +72,7 @@ class Intake:
         self._seen_capacity = seen_capacity
         self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
+        self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
         # A node that samples its own completions for each external question (augment) can learn
         # from a group whose completions all score alike: the contrast comes from its own.
         self.keep_groups_without_signal = keep_groups_without_signal
@@ -84,7 +86,7 @@ class Intake:
         try:
             group = self._admit(frame, signer, now)
         except Exception as exc:  # noqa: BLE001 - Rejected, or a bug in a check: never past here
-            self._refused(exc, signer, "group")
+            self._refused(exc, signer, "group", now)
             return None
         self.counters.accepted += 1
         self.counters.accepted_from[group.origin] += 1
@@ -97,7 +99,7 @@ class Intake:
             msg = decode_logprobs(frame, self.limits)
             self._check_envelope(msg.sender, msg.swarm, msg.created_at, signer, now)
         except Exception as exc:  # noqa: BLE001 - as in accept
-            self._refused(exc, signer, "log-probs")
+            self._refused(exc, signer, "log-probs", now)
             return 0
         for entry in msg.groups:
             key = (signer, bytes.fromhex(entry.group))
@@ -107,14 +109,16 @@ class Intake:
             self._hold(key, entry.behavior, now)
         return len(msg.groups)
 
-    def _refused(self, exc: Exception, signer: str, what: str) -> None:
-        if not isinstance(exc, Rejected):
+    def _refused(self, exc: Exception, signer: str, what: str, now: float) -> None:
+        if not isinstance(exc, Rejected):  # a bug in a check must not take the node down
             self.counters.rejected["internal_error"] += 1
             log.error("unexpected error while checking %s from %s", what, signer[:16], exc_info=exc)
             return
         self.counters.rejected[exc.reason.value] += 1
-        quiet = (RejectReason.duplicate, RejectReason.unknown_modality, RejectReason.no_signal)
-        log.log(logging.DEBUG if exc.reason in quiet else logging.INFO, "rejected %s from %s: %s", what, signer[:16], exc)
+        if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality):
+            log.debug("rejected %s from %s: %s", what, signer[:16], exc)  # routine: replays, other modalities
+        else:
+            self.refusals.refused(signer, exc.reason.value, exc.detail, now)
         if self.on_reject is not None:
             self.on_reject(signer, exc.reason.value)
 

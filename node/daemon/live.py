@@ -12,17 +12,16 @@ from typing import TYPE_CHECKING, Callable
 
 import trio
 
+from sapo.node.daemon.curves import RoundHistory
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.settings import NodeSettings
+from sapo.node.daemon.state import NodeState
 from sapo.node.daemon.status import (
     MAX_POINTS,
-    CurvePoint,
     JudgeStatus,
     NodeStatus,
     Phase,
     Progress,
-    binned,
-    curve_point,
     peer_rows,
     read_records,
     write_status_file,
@@ -57,11 +56,11 @@ class LiveStatus:
         self.page: list[str] = []
         self.service: GossipService | None = None
         self.node: Node | None = None
+        self.state: NodeState | None = None  # after the last round done
         self.judge: JudgeClient | None = None
         # Received frames queued between the network and the (not yet started) intake.
         self.waiting: Callable[[], int] = lambda: 0
-        self._records: list[RoundRecord] = []
-        self._points: list[CurvePoint] = []
+        self._history = RoundHistory()  # bounded: bins of rounds, not every round
 
     # --- what the daemon tells it ----------------------------------------------------------
 
@@ -78,17 +77,17 @@ class LiveStatus:
             seconds_left=progress.seconds_left,
         )
 
-    def node_ready(self, node: Node) -> None:
+    def node_ready(self, node: Node, state: NodeState) -> None:
         """The node exists: its past rounds (a resumed node's) join the curves."""
         self.node = node
+        self.state = state
         self.progress = None
-        self._records = [r for r in read_records(node.data_dir) if r.round <= node.round]
-        self._points = [curve_point(r) for r in self._records]
+        self._history = RoundHistory(r for r in read_records(node.data_dir) if r.round <= state.round)
 
-    def after_round(self, record: RoundRecord) -> None:
+    def after_round(self, state: NodeState, record: RoundRecord) -> None:
         """The round loop's after-round call: the curves grow, and the judge hears of it."""
-        self._records.append(record)
-        self._points.append(curve_point(record))
+        self.state = state
+        self._history.add(record)
         if self.judge is not None:
             self.judge.round_done(record)
 
@@ -118,8 +117,8 @@ class LiveStatus:
         if node is not None:
             counters = node.counters
             update |= {
-                "round": node.round,
-                "cumulative_reward": node.cumulative_reward,
+                "round": self.state.round,
+                "cumulative_reward": self.state.cumulative_reward,
                 "inbox_size": len(node.inbox),
                 "received": counters.received,
                 "accepted": counters.accepted,
@@ -137,29 +136,24 @@ class LiveStatus:
                 "peers": peer_rows(service.connected_peers(), service.peer_addresses(), accepted_from, bans,
                                    service.peer_agents(), service.peer_scores()),
             }
-        if self._records:
-            last = self._records[-1]
-            update |= {"rounds": binned(self._points), "per_task": last.per_task}
-            judged = [r for r in self._records if r.heldout]
-            if judged:
-                update |= {"heldout": judged[-1].heldout, "heldout_round": judged[-1].round}
+        update |= self._history.fields()
         return status.model_copy(update=update)
 
     def _judge(self) -> JudgeStatus | None:
-        address = self.settings.network.judge
+        address = self.settings.run.judge
         if not address:
             return None
         judge = self.judge
         if judge is None:
-            return JudgeStatus(address=address, every=self.settings.network.judge_every)
+            return JudgeStatus(address=address, every=self.settings.run.judge_every)
         scores = list(judge.scores)
         return JudgeStatus(
             address=address,
             every=judge.every,
             last_round=scores[-1][0] if scores else None,
             last_score=scores[-1][1] if scores else None,
-            judged=len(scores),
-            mean_score=sum(s for _, s in scores) / len(scores) if scores else None,
+            judged=judge.judged,
+            mean_score=judge.score_sum / judge.judged if judge.judged else None,
             scores=scores[-MAX_POINTS:],
             failures={k: v for k, v in judge.counters.items() if k != "judged"},
         )

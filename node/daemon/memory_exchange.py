@@ -17,10 +17,9 @@ from typing import Callable
 import trio
 
 from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.exchange import GroupEncoder
+from sapo.node.daemon.exchange import GroupEncoder, group_encoder, node_intake
 from sapo.node.daemon.intake import Intake
-from sapo.protocol.codec import DecodeLimits
-from sapo.protocol.verify import VerifyPolicy
+from sapo.node.daemon.settings import NodeSettings
 from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup
@@ -40,9 +39,8 @@ class Member:
 
 
 class MemoryHub:
-    def __init__(self, clock: Clock, swarm: str, rg_version: str, lockstep: bool = False):
+    def __init__(self, clock: Clock, rg_version: str, lockstep: bool = False):
         self.clock = clock
-        self.swarm = swarm
         self.rg_version = rg_version
         self.lockstep = lockstep
         self.members: list[Member] = []
@@ -52,39 +50,21 @@ class MemoryHub:
     def join(
         self,
         peer_id: str,
+        settings: NodeSettings,
         *,
-        model_id: str,
         inbox: Inbox | None,
         counters: NodeCounters,
-        max_message_bytes: int,
-        max_age_seconds: float,
-        accept_other_rg_versions: bool = False,
-        compress: bool = True,
-        share_logprobs: bool = False,
         verifier: Verifier = score_group,
         joins_at: int = 1,
-        keep_groups_without_signal: bool = False,
+        model_id: str | None = None,
     ) -> "MemoryExchange":
-        """Add a member; with `inbox=None` it only publishes. A lockstep round waits only for
-        members that have joined by then (`joins_at`), and only they receive its groups."""
-        encoder = GroupEncoder(
-            clock=self.clock, peer_id=peer_id, swarm=self.swarm, model_id=model_id, rg_version=self.rg_version,
-            compress=compress, share_logprobs=share_logprobs,
-        )
+        """Add a member whose encoder and intake are what its `settings` make of them, as over
+        gossip; with `inbox=None` it only publishes. A lockstep round waits only for members that
+        have joined by then (`joins_at`), and only they receive its groups."""
+        encoder = group_encoder(settings, peer_id, self.rg_version, self.clock, model_id)
         intake = None
         if inbox is not None:
-            intake = Intake(
-                inbox,
-                counters,
-                swarm=self.swarm,
-                local_peer_id=peer_id,
-                rg_version=self.rg_version,
-                limits=DecodeLimits(max_message_bytes=max_message_bytes),
-                policy=VerifyPolicy(accept_other_rg_versions=accept_other_rg_versions),
-                max_age_seconds=max_age_seconds,
-                verifier=verifier,
-                keep_groups_without_signal=keep_groups_without_signal,
-            )
+            intake = node_intake(settings, inbox, counters, peer_id=peer_id, rg_version=self.rg_version, verifier=verifier)
         member = Member(peer_id, encoder, intake, counters, joins_at)
         self.members.append(member)
         return MemoryExchange(self, member)

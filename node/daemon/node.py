@@ -1,9 +1,7 @@
-"""A node's learning state and the blocking steps of its round: generate, mix, train, then
-summarize the round and advance the running totals; and checkpoints.
-
-Each step takes what it needs as arguments (this round's `RoundPlan`, the generation, the
-training set) and hands its result back: no step reads what another left on the node.
-`round.py:run_round` calls them in order, for the daemon, the study and the benchmarks alike.
+"""A node: what it owns (policy, optimizer, inbox, task stream, random streams) and the blocking
+steps of its round. What rounds change is a `NodeState` value: each step takes what it needs
+as arguments and hands its result back, and `round.py:run_round` calls them in order, for the
+daemon, the study and the benchmarks alike.
 """
 
 from __future__ import annotations
@@ -12,45 +10,40 @@ import logging
 import random
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from sapo.node.daemon.counters import NodeCounters
+from sapo.node.daemon.loading import load_node_policy
 from sapo.node.daemon.metrics import MetricsLog, RoundRecord
 from sapo.node.daemon.settings import NodeSettings
-from sapo.sampling.balance import AdaptiveBalance, FixedBalance, RoundPlan
-from sapo.sampling.external import augmented, with_exact_credit
+from sapo.node.daemon.state import NodeState, restore_state
+from sapo.sampling.balance import RoundPlan
 from sapo.sampling.inbox import Inbox
-from sapo.sampling.mixer import TrainingSet, mix
-from sapo.sampling.strategies import get_sampler
+from sapo.sampling.strategies import SamplerState, choose_external
+from sapo.sampling.training_set import TrainingSet, training_set
 from sapo.training.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
 from sapo.training.config import default_learning_rate
-from sapo.training.evaluation import heldout_accuracy, heldout_problems, is_correct
+from sapo.training.evaluation import heldout_accuracy, heldout_problems
 from sapo.training.generation import GenerationRequest, GenerationResult, generate_groups
-from sapo.training.policy import LoraOptions, Policy, load_policy
-from sapo.training.rewards import Verifier, has_answer_tag, verifier_for
+from sapo.training.policy import Policy
+from sapo.training.rewards import Verifier, has_answer_tag, is_correct, verifier_for
+from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, TaskSpec
-from sapo.training.sources import is_tiny
 from sapo.training.update import UpdateStats, grpo_update, make_optimizer
-from sapo.training.warmstart import WarmStartSettings, cached_warm_start
 
 log = logging.getLogger("sapo.node")
 
 # Our own completions for external questions draw from a stream apart from the local ones.
 AUGMENT_SEED_OFFSET = 500_000_003
 
-def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
-    m = settings.model
-    steps = m.warm_start_steps if m.warm_start_steps is not None else (200 if is_tiny(m.model) else 0)
-    if steps == 0 or m.lora:  # settings refuse an explicit warm start with --lora
-        return None
-    # A fixed seed, not the node's: the warm start stands in for a pretrained checkpoint, and
-    # like the paper's 8 x Qwen2.5 every node of a swarm starts from the same one.
-    share, shares = map(int, (m.warm_start_share or "0/1").split("/"))
-    return WarmStartSettings(
-        steps=steps, tag_rate=m.warm_start_tag_rate, answer_noise=m.warm_start_answer_noise, share=share % shares, shares=shares
-    )
+
+@dataclass(frozen=True)
+class Selection:
+    """The external groups a round chose, and the sampler's state after choosing them."""
+
+    external: list[QuestionGroup]
+    sampler: SamplerState
 
 
 class Node:
@@ -63,13 +56,12 @@ class Node:
         policy: Policy | None = None,
     ):
         """`policy`: one the caller built (a node on a shared base, training/shared_base.py);
-        such a node starts fresh and does not resume from checkpoints."""
+        such a node starts fresh and does not resume from checkpoints. Otherwise the node
+        resumes from its last checkpoint, if any: `start_state()` is where its rounds go on."""
         self.settings = settings
         self.peer_id = peer_id
         # How this node scores its own completions (benchmarks substitute one that forces signal).
         self.verifier = verifier or verifier_for(settings.training.reward)
-        # A specialist (experiment harness) warm-starts on a subset of the tasks it then asks.
-        self.warm_start_tasks = warm_start_tasks
         run = settings.run
         self.data_dir = run.data_dir
         self.checkpoints_dir = self.data_dir / "checkpoints"
@@ -77,16 +69,13 @@ class Node:
         self.counters = NodeCounters()
         # Set on shutdown: generation (the longest step) stops at its next token.
         self.stop_requested = threading.Event()
-        if settings.model.torch_threads:
-            torch.set_num_threads(settings.model.torch_threads)
-        self.models_dir = settings.model.models_dir or self.data_dir / "models"
-        self.warm_start = warm_start_settings(settings)
-        checkpoint = latest_checkpoint(self.checkpoints_dir) if policy is None else None
-        self.policy = policy if policy is not None else self._load_policy(checkpoint)
+        self.resumed_from = latest_checkpoint(self.checkpoints_dir) if policy is None else None
+        self.policy = policy if policy is not None else load_node_policy(settings, self.resumed_from, warm_start_tasks)
         train = settings.training
         if train.lr is None:
             train = train.model_copy(update={"lr": default_learning_rate(settings.model.model, settings.model.lora)})
-        self.training = train
+        self.training = train  # the training settings with the learning rate resolved
+        self.use = settings.external_use
         self.optimizer = None if run.generate_only else make_optimizer(self.policy, train)
         self.tasks = TaskSampler(settings.tasks.specs(), dataset_seed=run.seed, rng_seed=run.seed)
         self.heldout = heldout_problems(settings.tasks.specs(), run.eval_questions) if run.eval_every else None
@@ -94,54 +83,32 @@ class Node:
         self.update_rng = random.Random(run.seed + 2)
         s = settings.sampling
         self.inbox = Inbox(s.inbox_max_groups, s.inbox_max_bytes, s.inbox_max_age_seconds, s.inbox_peer_share)
-        self.sampler = get_sampler(s.sampler)
-        self.balance = (
-            AdaptiveBalance(total=s.local + s.external, external=s.external, period=s.balance_period)
-            if s.balance == "adaptive"
-            else FixedBalance(s.local, s.external)
-        )
-        self.last_reward: float | None = None
-        self.round = 0
-        self.cumulative_reward = 0.0
-        if checkpoint is not None:
-            self._restore(checkpoint)
+        self.balance = s.balance_rule(trains=not run.generate_only)
 
-    def _load_policy(self, checkpoint: Checkpoint | None) -> Policy:
-        m = self.settings.model
-        weights_from = adapter_from = None
-        if checkpoint is not None:
-            if m.lora:
-                adapter_from = checkpoint.model_dir
-            else:
-                weights_from = checkpoint.model_dir
-        elif self.warm_start is not None:
-            weights_from = cached_warm_start(
-                m.model,
-                model_seed=self.warm_start.seed,
-                tasks=self.warm_start_tasks or self.settings.tasks.specs(),
-                settings=self.warm_start,
-                models_dir=self.models_dir,
-                device=m.device,
-            )
-        return load_policy(
-            m.model,
-            device=m.device,
-            lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank) if m.lora else None,
-            seed=self.settings.run.seed,
-            models_dir=self.models_dir,
-            prompt_style=m.prompt_style,
-            one_shot=m.one_shot,
-            weights_from=weights_from,
-            adapter_from=adapter_from,
-            precision=m.precision,
-            generation_precision=m.generation_precision,
-        )
+    def start_state(self) -> NodeState:
+        """Where this node's rounds start: its checkpoint's state (restoring the optimizer and the
+        random streams to that round), or round 0."""
+        if self.resumed_from is None:
+            return NodeState(balance=self.balance.initial())
+        trainer = self.resumed_from.trainer_state()
+        if self.optimizer is not None and trainer.get("optimizer") is not None:
+            self.optimizer.load_state_dict(trainer["optimizer"])
+        self.mix_rng.setstate(_as_rng_state(trainer["mix_rng"]))
+        self.update_rng.setstate(_as_rng_state(trainer["update_rng"]))
+        self.tasks.load_state_dict(trainer["tasks"])
+        state = restore_state(self.resumed_from.state(), trainer, self.balance.initial())
+        self.metrics.truncate_after(state.round)
+        log.info("resumed from %s at round %d", self.resumed_from.path, state.round)
+        return state
 
     # --- one round's steps, in data-flow order -------------------------------------------
 
-    def plan(self, round_index: int) -> RoundPlan:
-        """This round's I and J, from the node's balance (fixed, or adaptive)."""
-        return self.balance.plan(round_index)
+    def plan(self, state: NodeState) -> RoundPlan:
+        """The next round's I and J, from the node's balance."""
+        return self.balance.plan(state.balance, state.round + 1)
+
+    def generation_seed(self, plan: RoundPlan, offset: int = 0) -> int:
+        return self.settings.run.seed * 1_000_003 + plan.index + offset
 
     def generation_request(self, plan: RoundPlan) -> GenerationRequest:
         """This round's I questions (drawn from the task stream now: once a round) and how this
@@ -149,10 +116,10 @@ class Node:
         return GenerationRequest(
             self.policy,
             self.tasks.sample(plan.local),
-            seed=self.settings.run.seed * 1_000_003 + plan.index,
+            seed=self.generation_seed(plan),
             sender_round=plan.index,
             verifier=self.verifier,
-            record_behavior=self.settings.network.share_logprobs,  # published with the groups
+            record_behavior=self.use.share_logprobs,  # published with the groups
         )
 
     def generate(self, plan: RoundPlan) -> GenerationResult:
@@ -171,34 +138,44 @@ class Node:
             record_behavior=request.record_behavior,
         )
 
-    def mix(self, plan: RoundPlan, generation: GenerationResult, now: float) -> TrainingSet:
-        """The round's local groups with up to J external ones from the inbox, as of `now`,
-        prepared as the settings say: our own completions added to each external question
-        (which samples from the policy: run it where torch may run), then exact credit."""
-        s = self.settings.sampling
-        chosen = mix(generation.groups, self.inbox, plan.external, self.sampler, self.mix_rng, now)
-        external, added_tokens = chosen.external, 0
-        if s.augment_external and external:
-            t = self.training
-            own = generate_groups(
-                self.policy,
-                [g.problem for g in external],
-                num_generations=s.augment_external,
-                max_new_tokens=t.max_new_tokens,
-                temperature=t.temperature,
-                seed=self.settings.run.seed * 1_000_003 + plan.index + AUGMENT_SEED_OFFSET,
-                stop=self.stop_requested,
-                verifier=self.verifier,
-            )
-            external, added_tokens = [augmented(g, o) for g, o in zip(external, own.groups)], own.new_tokens
-        if s.external_credit == "exact":
-            external = [with_exact_credit(g) for g in external]
-        return TrainingSet(chosen.local, external, added_tokens)
+    def mix(self, plan: RoundPlan, sampler_state: SamplerState, now: float) -> Selection:
+        """Up to J external groups from the inbox, as of `now`, chosen by the node's sampler.
+        Reads the inbox; the round takes the chosen groups out of it."""
+        chosen, sampler_state = choose_external(
+            self.use.sampler, self.inbox.newest_first(now), plan.external, self.mix_rng, sampler_state
+        )
+        return Selection(chosen, sampler_state)
 
-    def train(self, training_set: TrainingSet) -> UpdateStats | None:
+    def prepare(self, plan: RoundPlan, generation: GenerationResult, selection: Selection) -> TrainingSet:
+        """The round's training set: the node's `ExternalUse` applied to the chosen groups, with
+        its own completions for each external question when it augments (which samples from the
+        policy: run it where torch may run)."""
+        own = self.own_completions(plan, selection.external, self.use.augment_external)
+        return training_set(
+            generation.groups, selection.external, self.use, self.policy.tokenizer_fingerprint,
+            own=own.groups if own else None, augment_tokens=own.new_tokens if own else 0,
+        )
+
+    def own_completions(self, plan: RoundPlan, external: list[QuestionGroup], count: int) -> GenerationResult | None:
+        """`count` completions of this node's own for each external question, or None."""
+        if not count or not external:
+            return None
+        t = self.training
+        return generate_groups(
+            self.policy,
+            [g.problem for g in external],
+            num_generations=count,
+            max_new_tokens=t.max_new_tokens,
+            temperature=t.temperature,
+            seed=self.generation_seed(plan, AUGMENT_SEED_OFFSET),
+            stop=self.stop_requested,
+            verifier=self.verifier,
+        )
+
+    def train(self, training: TrainingSet) -> UpdateStats | None:
         if self.optimizer is None:
             return None
-        return grpo_update(self.policy, self.optimizer, training_set.groups, self.training, self.update_rng)
+        return grpo_update(self.policy, self.optimizer, training.rows, self.training, self.update_rng)
 
     def evaluation_due(self, round_index: int) -> bool:
         every = self.settings.run.eval_every
@@ -210,9 +187,10 @@ class Node:
 
     def summarize(
         self,
+        state: NodeState,
         plan: RoundPlan,
         generation: GenerationResult,
-        training_set: TrainingSet,
+        training: TrainingSet,
         update: UpdateStats | None,
         round_seconds: float,
         peers: list[str],
@@ -225,19 +203,20 @@ class Node:
         by_task: dict[str, list[float]] = {}
         for g in generation.groups:
             by_task.setdefault(g.problem.spec.dataset, []).extend(g.rewards)
-        external = [r for g in training_set.external for r in g.rewards]
+        external = [r for g in training.external for r in g.rewards]
+        trained = update is not None and not update.skipped
         return RoundRecord(
             round=plan.index,
             time=time.time(),
             reward_mean=reward_mean,
-            cumulative_reward=self.cumulative_reward + reward_mean,
+            cumulative_reward=state.cumulative_reward + reward_mean,
             format_rate=sum(map(has_answer_tag, completions)) / len(completions) if completions else 0.0,
             accuracy=sum(map(is_correct, rewards)) / len(rewards) if rewards else 0.0,
             heldout=heldout,
             per_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
-            local_groups=len(training_set.local),
+            local_groups=len(training.local),
             external_planned=plan.external,
-            external_groups=len(training_set.external),
+            external_groups=len(training.external),
             external_reward_mean=sum(external) / len(external) if external else None,
             inbox_size=len(self.inbox),
             received=self.counters.received,
@@ -251,21 +230,22 @@ class Node:
             train_seconds=update.seconds if update else 0.0,
             round_seconds=round_seconds,
             generated_tokens=generation.new_tokens,
-            augment_tokens=training_set.augment_tokens,
+            augment_tokens=training.augment_tokens,
             update_tokens=update.tokens if update else 0,
             tokens_per_second=generation.new_tokens / generation.seconds if generation.seconds > 0 else 0.0,
-            loss=None if update is None or update.skipped else update.loss,
-            clip_fraction=None if update is None or update.skipped else update.clip_fraction,
+            loss=update.loss if trained else None,
+            clip_fraction=update.clip_fraction if trained else None,
         )
 
-    def advance(self, record: RoundRecord) -> None:
-        """The round is done: move the running totals on, and let the balance see its effect
-        (the previous round's step shows up in this round's reward)."""
-        if self.last_reward is not None:
-            self.balance.observe(record.round - 1, record.reward_mean - self.last_reward)
-        self.last_reward = record.reward_mean
-        self.round = record.round
-        self.cumulative_reward = record.cumulative_reward
+    def next_state(self, state: NodeState, plan: RoundPlan, record: RoundRecord, selection: Selection) -> NodeState:
+        """The state after this round: its totals, what the balance learnt from it, and the
+        sampler's state."""
+        return NodeState(
+            round=plan.index,
+            cumulative_reward=record.cumulative_reward,
+            balance=self.balance.observe(state.balance, plan, record.external_groups, record.reward_mean),
+            sampler=selection.sampler,
+        )
 
     # --- persistence ------------------------------------------------------------------------
 
@@ -273,7 +253,7 @@ class Node:
         every = self.settings.run.checkpoint_every
         return every > 0 and round_index % every == 0
 
-    def checkpoint(self) -> Checkpoint:
+    def checkpoint(self, state: NodeState) -> Checkpoint:
         policy = self.policy
 
         def write_model(path: Path) -> None:
@@ -282,43 +262,21 @@ class Node:
 
         trainer_state = {
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "torch_rng": torch.get_rng_state(),
             "mix_rng": self.mix_rng.getstate(),
             "update_rng": self.update_rng.getstate(),
             "tasks": self.tasks.state_dict(),
-            "balance": self.balance.state_dict(),
-            "last_reward": self.last_reward,
         }
-        state = {
-            "round": self.round,
-            "cumulative_reward": self.cumulative_reward,
+        node_state = state.to_json() | {
             "peer_id": self.peer_id,
             "settings": self.settings.flat() | {"data_dir": str(self.data_dir)},
         }
         checkpoint = save_checkpoint(
-            self.checkpoints_dir, self.round, write_model, trainer_state, state, keep=self.settings.run.keep_checkpoints
+            self.checkpoints_dir, state.round, write_model, trainer_state, node_state, keep=self.settings.run.keep_checkpoints
         )
         log.info("checkpoint written: %s", checkpoint.path)
         return checkpoint
 
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        state = checkpoint.state()
-        trainer = checkpoint.trainer_state()
-        if self.optimizer is not None and trainer.get("optimizer") is not None:
-            self.optimizer.load_state_dict(trainer["optimizer"])
-        torch.set_rng_state(trainer["torch_rng"])
-        self.mix_rng.setstate(_as_state(trainer["mix_rng"]))
-        self.update_rng.setstate(_as_state(trainer["update_rng"]))
-        self.tasks.load_state_dict(trainer["tasks"])
-        if trainer.get("balance"):
-            self.balance.load_state_dict(trainer["balance"])
-        self.last_reward = trainer.get("last_reward")
-        self.round = int(state["round"])
-        self.cumulative_reward = float(state["cumulative_reward"])
-        self.metrics.truncate_after(self.round)
-        log.info("resumed from %s at round %d", checkpoint.path, self.round)
 
-
-def _as_state(state):
+def _as_rng_state(state):
     version, internal, gauss = state
     return (version, tuple(internal), gauss)

@@ -11,8 +11,9 @@ import trio
 
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.node import Node
+from sapo.node.daemon.state import NodeState
 from sapo.sampling.balance import RoundPlan
-from sapo.sampling.mixer import TrainingSet
+from sapo.sampling.training_set import TrainingSet
 from sapo.training.generation import GenerationResult
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.update import UpdateStats
@@ -30,13 +31,15 @@ class Exchange(Protocol):
 
 @dataclass(frozen=True)
 class RoundResult:
-    """Everything a round produced, handed out for whoever ran it to look at."""
+    """Everything a round produced, handed out for whoever ran it to look at, and the node's
+    state after it: what the next round starts from."""
 
     plan: RoundPlan
     generation: GenerationResult
     training_set: TrainingSet
     update: UpdateStats | None
     record: RoundRecord
+    state: NodeState
 
 
 async def generate_alone(node: Node, plan: RoundPlan, torch_lock: trio.Lock) -> GenerationResult:
@@ -49,12 +52,13 @@ Generate = Callable[[Node, RoundPlan, trio.Lock], Awaitable[GenerationResult]]
 
 
 async def run_round(
-    node: Node, exchange: Exchange, plan: RoundPlan, torch_lock: trio.Lock, clock: Callable[[], float] = time.time,
+    node: Node, state: NodeState, exchange: Exchange, torch_lock: trio.Lock, clock: Callable[[], float] = time.time,
     generate: Generate = generate_alone,
 ) -> RoundResult:
-    """Sample tasks and generate G completions each (local rollouts), publish them, mix in J
-    external groups from the inbox, re-encode and take the GRPO step, measure held-out accuracy
-    when due, then record the round.
+    """Plan the round from the node's state, sample tasks and generate G completions each (local
+    rollouts), publish them, mix in J external groups from the inbox, re-encode and take the
+    GRPO step, measure held-out accuracy when due, then record the round and hand out the state
+    it leaves.
 
     Torch work runs in a worker thread so the network keeps breathing; `torch_lock` keeps
     other torch users (the judge, other nodes of a study) off the CPU meanwhile. `clock` is
@@ -63,20 +67,23 @@ async def run_round(
     shared base (node/study/shared_generation.py).
     """
     started = time.perf_counter()
+    plan = node.plan(state)
     generation = await generate(node, plan, torch_lock)
     await exchange.publish(generation.groups, plan.index)
+    selection = node.mix(plan, state.sampler, clock())
+    node.inbox.take(selection.external)  # a group trains once
     async with torch_lock:
-        training_set = await trio.to_thread.run_sync(node.mix, plan, generation, clock())
+        training_set = await trio.to_thread.run_sync(node.prepare, plan, generation, selection)
         update = await trio.to_thread.run_sync(node.train, training_set)
     heldout = None
     if node.evaluation_due(plan.index):
         async with torch_lock:
             heldout = await trio.to_thread.run_sync(node.evaluate)
     seconds = time.perf_counter() - started
-    record = node.summarize(plan, generation, training_set, update, seconds, exchange.peers(), heldout)
+    record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
     node.metrics.append(record)
-    node.advance(record)
+    state = node.next_state(state, plan, record, selection)
     if node.checkpoint_due(plan.index):
         async with torch_lock:
-            await trio.to_thread.run_sync(node.checkpoint)
-    return RoundResult(plan, generation, training_set, update, record)
+            await trio.to_thread.run_sync(node.checkpoint, state)
+    return RoundResult(plan, generation, training_set, update, record, state)

@@ -19,22 +19,20 @@ from typing import Callable
 import trio
 
 from sapo.node.daemon.dialable import dialable_all, page_urls
-from sapo.node.daemon.exchange import GossipExchange, GroupEncoder
-from sapo.node.daemon.intake import Intake
+from sapo.node.daemon.exchange import GossipExchange, group_encoder, node_intake
 from sapo.node.daemon.live import LiveStatus, LoadingStopped
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.node import Node
 from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.round import Exchange, run_round
 from sapo.node.daemon.settings import NodeSettings
+from sapo.node.daemon.state import NodeState
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
-from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.gossip import GossipService, ReceivedMessage
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.peer_guard import PENALTIES
 from sapo.protocol.settings import logprobs_topic
-from sapo.protocol.verify import VerifyPolicy
 from sapo.training.devices import resolve_device
 from sapo.training.generation import GenerationInterrupted
 from sapo.training.tasks import reasoning_gym_version
@@ -56,28 +54,30 @@ SIGNAL_MEANING = {
 
 async def round_loop(
     node: Node,
+    state: NodeState,
     exchange: Exchange,
     torch_lock: trio.Lock,
     metrics: NodeMetrics | None = None,
-    after_round: Callable[[RoundRecord], None] | None = None,
-) -> None:
-    """Run rounds until --rounds; `after_round` (the page, the judge client) sees each record and must not block."""
+    after_round: Callable[[NodeState, RoundRecord], None] | None = None,
+) -> NodeState:
+    """Run rounds until --rounds, from `state`; returns the state after the last round done.
+    `after_round` (the page, the judge client) sees each one and must not block."""
     rounds = node.settings.run.rounds
-    round_index = node.round + 1
-    if rounds and round_index > rounds:
-        log.info("already at round %d of %d; nothing to do", node.round, rounds)
-        return
-    while not rounds or round_index <= rounds:
+    if rounds and state.round >= rounds:
+        log.info("already at round %d of %d; nothing to do", state.round, rounds)
+        return state
+    while not rounds or state.round < rounds:
         try:
-            record = (await run_round(node, exchange, node.plan(round_index), torch_lock)).record
+            result = await run_round(node, state, exchange, torch_lock)
         except GenerationInterrupted:
-            return  # shutting down; this round never happened
-        log.info(record.log_line())
+            return state  # shutting down; this round never happened
+        state = result.state
+        log.info(result.record.log_line())
         if metrics is not None:
-            metrics.observe(record)
+            metrics.observe(result.record)
         if after_round is not None:
-            after_round(record)
-        round_index += 1
+            after_round(state, result.record)
+    return state
 
 
 async def _cancel_on_signal(
@@ -103,7 +103,7 @@ async def open_network(
     waits in the returned channel until the node can check it (start_intake)."""
     send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
     # peers' shared log-probs only reach a node that weighs their completions by them
-    reads_logprobs = settings.training.importance_weight != "off"
+    reads_logprobs = settings.external_use.importance_weight != "off"
     extra = (logprobs_topic(settings.network.swarm),) if reads_logprobs else ()
     service = GossipService(settings.network, key_pair, send, counters=counters, extra_topics=extra)
     await nursery.start(service.run)
@@ -123,26 +123,12 @@ def start_intake(
     settings: NodeSettings,
 ) -> GossipExchange:
     """The node is loaded: check what has been waiting, and everything from now on."""
-    net = settings.network
     rg_version = reasoning_gym_version()
-    intake = Intake(
-        node.inbox,
-        node.counters,
-        swarm=net.swarm,
-        local_peer_id=node.peer_id,
-        rg_version=rg_version,
-        limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
-        policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
-        max_age_seconds=settings.sampling.inbox_max_age_seconds,
-        verifier=node.verifier,
+    intake = node_intake(
+        settings, node.inbox, node.counters, peer_id=node.peer_id, rg_version=rg_version, verifier=node.verifier,
         on_reject=lambda signer, reason: _report_from_worker(service, signer, reason),
-        keep_groups_without_signal=settings.sampling.augment_external > 0,
     )
-    encoder = GroupEncoder(
-        peer_id=node.peer_id, swarm=net.swarm, model_id=settings.model.model, rg_version=rg_version, compress=net.compress,
-        share_logprobs=net.share_logprobs,
-    )
-    exchange = GossipExchange(service, encoder, intake, node.counters)
+    exchange = GossipExchange(service, group_encoder(settings, node.peer_id, rg_version), intake, node.counters)
     nursery.start_soon(exchange.receive, receive)
     return exchange
 
@@ -160,21 +146,22 @@ async def open_page(nursery: trio.Nursery, settings: NodeSettings, live: LiveSta
     return metrics
 
 
-async def load_node(settings: NodeSettings, peer_id: str, live: LiveStatus) -> Node:
+async def load_node(settings: NodeSettings, peer_id: str, live: LiveStatus) -> tuple[Node, NodeState]:
     """Load (or convert) the model, warm-start it if due, resume from the last checkpoint:
     in a worker thread, so the network and the page keep answering meanwhile."""
     live.phase = "loading model"
     started = time.perf_counter()
     log.info("loading %s%s", settings.model.model, " (the page shows the progress)" if live.page else "")
 
-    def build() -> Node:
+    def build() -> tuple[Node, NodeState]:
         with watching_warm_start(live.warm_start_step):
-            return Node(settings, peer_id)
+            node = Node(settings, peer_id)
+            return node, node.start_state()
 
-    node = await trio.to_thread.run_sync(build)
-    live.node_ready(node)
+    node, state = await trio.to_thread.run_sync(build)
+    live.node_ready(node, state)
     print(f"model loaded in {time.perf_counter() - started:.1f}s", flush=True)
-    return node
+    return node, state
 
 
 def _report_from_worker(service: GossipService, signer: str, reason: str) -> None:
@@ -204,13 +191,13 @@ async def wait_for_peers(exchange: GossipExchange, count: int, timeout: float) -
 async def start_judge_client(
     nursery: trio.Nursery, node: Node, key_pair, torch_lock: trio.Lock, settings: NodeSettings
 ) -> JudgeClient | None:
-    """With --judge, a task that answers the open judge every --judge-every rounds (node/judge_client.py)."""
-    net = settings.network
-    if not net.judge:
+    """With --judge, a task that answers the open judge every --judge-every rounds (node/judge/client.py)."""
+    run = settings.run
+    if not run.judge:
         return None
-    client = JudgeClient(net.judge, net.judge_every, key_pair, node.policy, torch_lock, node.training.max_new_tokens)
+    client = JudgeClient(run.judge, run.judge_every, key_pair, node.policy, torch_lock, node.training.max_new_tokens)
     await nursery.start(client.run)
-    log.info("judge %s will evaluate this node every %d round(s)", net.judge, net.judge_every)
+    log.info("judge %s will evaluate this node every %d round(s)", run.judge, run.judge_every)
     return client
 
 
@@ -228,7 +215,7 @@ async def run_node(settings: NodeSettings) -> Node | None:
     transport: dict[str, int] = {}  # the gossip layer's counters; the node's own once it exists
     torch_lock = trio.Lock()
     node: Node | None = None
-    start_round = 0
+    state = start = None
     try:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
@@ -236,8 +223,8 @@ async def run_node(settings: NodeSettings) -> Node | None:
                 service, receive = await open_network(nursery, settings, key_pair, transport, live)
                 metrics = await open_page(nursery, settings, live)
                 nursery.start_soon(live.keep_file)
-                node = await load_node(settings, peer_id, live)
-                start_round = node.round
+                node, state = await load_node(settings, peer_id, live)
+                start = state
                 node.counters.transport = transport
                 node.stop_requested = stop  # one flag for the whole daemon, set by the signal handler
                 exchange = start_intake(nursery, node, service, receive, settings)
@@ -245,14 +232,20 @@ async def run_node(settings: NodeSettings) -> Node | None:
                 live.phase = "waiting for peers"
                 await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
                 live.phase = "training"
-                await round_loop(node, exchange, torch_lock, metrics, live.after_round)
+
+                def after_round(done: NodeState, record: RoundRecord) -> None:
+                    nonlocal state
+                    state = done  # what a signal mid-round leaves to checkpoint
+                    live.after_round(done, record)
+
+                await round_loop(node, state, exchange, torch_lock, metrics, after_round)
                 live.phase = "finished"
                 nursery.cancel_scope.cancel()
     except* LoadingStopped as stopped:
         log.info("%s", stopped.exceptions[0])
-    if node is not None and node.round > start_round and not node.checkpoint_due(node.round):
+    if node is not None and state.round > start.round and not node.checkpoint_due(state.round):
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(node.checkpoint)
+            await trio.to_thread.run_sync(node.checkpoint, state)
     if live.phase != "finished":
         live.phase = "stopped"
     live.write_file()

@@ -4,6 +4,14 @@
 Every field name is unique across concerns, so the CLI flag (--max-new-tokens), the
 environment variable (SAPO_MAX_NEW_TOKENS) and the TOML key (max_new_tokens, at top level or
 inside a [model]/[training]/... table) all name the same thing.
+
+Why the precedence is written here and not left to pydantic-settings: the concerns are plain
+pydantic models that the library, the study and the tests build directly, and as `BaseSettings`
+each would read SAPO_* variables from the environment wherever it is built (the library must
+not read the environment). pydantic-settings maps environment variables onto nested models only
+through a delimiter (SAPO_TRAINING__LR) where ours are flat (SAPO_LR), and its errors do not
+say which source a bad value came from, where ours do. The whole precedence is `load_settings`,
+about thirty lines; pydantic-settings is not a dependency.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sapo.protocol.allowlist import check_problem_spec
 from sapo.protocol.messages import Rejected
-from sapo.protocol.settings import NetworkSettings
+from sapo.protocol.settings import NetworkSettings, check_peer_address
 from sapo.sampling.config import SamplingSettings
+from sapo.sampling.external_use import ExternalUse
 from sapo.training.config import ModelSettings, TrainingSettings
 from sapo.training.task_settings import TaskSettings
 from sapo.training.tasks import ProblemSpec
@@ -48,6 +57,12 @@ class RunSettings(BaseModel):
         default=None, ge=0, le=65535, description="serve Prometheus /metrics on this port (0 = any free port; unset = off)"
     )
     metrics_host: str = Field(default="127.0.0.1", description="address the /metrics server binds (0.0.0.0 in containers)")
+    judge: str | None = Field(
+        default=None,
+        description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "
+        "--judge-every rounds and records the greedy answer's score (see `sapo-node judge`); unset = not judged",
+    )
+    judge_every: int = Field(default=10, ge=1, description="ask the --judge for an evaluation every K rounds")
 
     @field_validator("data_dir")
     @classmethod
@@ -55,6 +70,16 @@ class RunSettings(BaseModel):
         if path.exists() and not path.is_dir():
             raise ValueError(f"data dir {str(path)!r} exists but is not a directory; give a directory (it is created if missing)")
         return path
+
+    @field_validator("judge")
+    @classmethod
+    def _judge_names_its_peer(cls, judge: str | None) -> str | None:
+        if judge is not None:
+            try:
+                check_peer_address(judge, "judge")
+            except ValueError as error:
+                raise ValueError(f"{error}; copy the 'judge listening on ...' line the judge prints") from None
+        return judge
 
     @field_validator("log_level")
     @classmethod
@@ -69,10 +94,37 @@ CONCERNS: dict[str, type[BaseModel]] = {
     "model": ModelSettings,
     "training": TrainingSettings,
     "sampling": SamplingSettings,
+    "external_use": ExternalUse,
     "tasks": TaskSettings,
     "network": NetworkSettings,
     "run": RunSettings,
 }
+
+
+# `sapo-node start --help` and docs/settings.md show the settings in these groups: first the
+# ones a user meets (the model, joining a swarm, the local/external mix, watching the node), then
+# the rest of each concern under what it tunes.
+EVERYDAY = (
+    "model", "device", "lora", "tasks", "local", "external", "balance", "peers", "listen", "swarm", "swarm_key",
+    "data_dir", "rounds", "seed", "generate_only", "torch_threads", "metrics_port", "metrics_host", "judge", "log_level",
+)
+TUNING_GROUPS = {
+    "model": "model tuning",
+    "training": "training tuning",
+    "sampling": "inbox and balance tuning",
+    "external_use": "the study's treatments: how external groups are used (defaults are what the studies support)",
+    "tasks": "task tuning",
+    "network": "network tuning",
+    "run": "run tuning",
+}
+
+
+def settings_groups() -> list[tuple[str, list[str]]]:
+    """(title, field names) for every setting, each in exactly one group, everyday first."""
+    groups = [("everyday settings", list(EVERYDAY))]
+    for concern, title in TUNING_GROUPS.items():
+        groups.append((title, [name for name in CONCERNS[concern].model_fields if name not in EVERYDAY]))
+    return groups
 
 
 class NodeSettings(BaseModel):
@@ -81,6 +133,7 @@ class NodeSettings(BaseModel):
     model: ModelSettings = Field(default_factory=ModelSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    external_use: ExternalUse = Field(default_factory=ExternalUse)
     tasks: TaskSettings = Field(default_factory=TaskSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     run: RunSettings = Field(default_factory=RunSettings)
@@ -89,11 +142,9 @@ class NodeSettings(BaseModel):
     def _settings_agree(self) -> "NodeSettings":
         if self.run.generate_only and self.sampling.local == 0:
             raise ValueError("--generate-only with --local 0 neither trains nor publishes: give --local at least 1")
-        if self.run.generate_only:
-            self.sampling.keep_the_asked_split()  # a generator publishes its I groups a round
-            if self.sampling.balance == "adaptive":
-                raise ValueError("--generate-only with --balance adaptive: a node that never trains has no reward gain "
-                                 "to balance by; drop --balance or give --balance fixed")
+        if self.run.generate_only and self.sampling.balance == "adaptive":
+            raise ValueError("--generate-only with --balance adaptive: a node that never trains has no reward gain "
+                             "to balance by; drop --balance or give --balance fixed")
         for spec in self.tasks.specs():
             try:
                 check_problem_spec(ProblemSpec(dataset=spec.name, config=spec.config, seed=0, index=0))

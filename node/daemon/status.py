@@ -17,28 +17,11 @@ from typing import Iterable, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from sapo.node.daemon.curves import MAX_POINTS, CurvePoint, RoundHistory, curve_point  # noqa: F401 - the page's schema
 from sapo.node.daemon.metrics import RoundRecord
 
 STATUS_FILE = "status.json"
-# The page draws at most this many points per curve; longer runs are averaged in bins.
-MAX_POINTS = 1000
 FETCH_TIMEOUT_SECONDS = 10.0
-
-
-class CurvePoint(BaseModel):
-    """One round (or the mean of a bin of rounds) on the page's curves."""
-
-    round: int = Field(description="the round (the last one of a bin)")
-    time: float
-    reward: float = Field(description="mean reward of the local completions")
-    accuracy: float = Field(description="fraction of local completions with full credit")
-    format_rate: float = Field(description="fraction of local completions with an <answer> tag")
-    external_reward: float | None = Field(description="this node's verifier on the external completions it trained on")
-    heldout: float | None = Field(description="held-out greedy accuracy, mean over tasks (--eval-every rounds only)")
-    external_groups: float
-    generate_seconds: float
-    train_seconds: float
-    round_seconds: float
 
 
 class PeerRow(BaseModel):
@@ -115,55 +98,13 @@ class NodeStatus(BaseModel):
 # --- building it ---------------------------------------------------------------------------
 
 
-def curve_point(record: RoundRecord) -> CurvePoint:
-    heldout = record.heldout
-    return CurvePoint(
-        round=record.round,
-        time=record.time,
-        reward=record.reward_mean,
-        accuracy=record.accuracy,
-        format_rate=record.format_rate,
-        external_reward=record.external_reward_mean,
-        heldout=sum(heldout.values()) / len(heldout) if heldout else None,
-        external_groups=record.external_groups,
-        generate_seconds=record.generate_seconds,
-        train_seconds=record.train_seconds,
-        round_seconds=record.round_seconds,
-    )
-
-
-def binned(points: list[CurvePoint], limit: int = MAX_POINTS) -> list[CurvePoint]:
-    """At most `limit` points: consecutive rounds averaged in equal bins, newest last."""
-    if len(points) <= limit:
-        return list(points)
-    size = -(-len(points) // limit)
-    return [_mean_point(points[start : start + size]) for start in range(0, len(points), size)]
-
-
-def _mean_point(points: list[CurvePoint]) -> CurvePoint:
-    def mean(name: str) -> float | None:
-        values = [getattr(p, name) for p in points if getattr(p, name) is not None]
-        return sum(values) / len(values) if values else None
-
-    fields = {name: mean(name) for name in CurvePoint.model_fields if name not in ("round", "time")}
-    return CurvePoint(round=points[-1].round, time=points[-1].time, **fields)
-
-
 def from_records(records: list[RoundRecord], base: NodeStatus) -> NodeStatus:
     """`base` with everything the round records say filled in; live fields in `base`
     (counters, peers) win over the last record's copies of them."""
     if not records:
         return base
     last = records[-1]
-    update: dict = {
-        "round": last.round,
-        "cumulative_reward": last.cumulative_reward,
-        "rounds": binned([curve_point(r) for r in records]),
-        "per_task": last.per_task,
-    }
-    judged = [r for r in records if r.heldout]
-    if judged:
-        update["heldout"], update["heldout_round"] = judged[-1].heldout, judged[-1].round
+    update: dict = {"round": last.round, "cumulative_reward": last.cumulative_reward, **RoundHistory(records).fields()}
     if base.source == "files" and not base.peers and not base.received:
         update.update(counters_of(last))
     return base.model_copy(update=update)

@@ -6,19 +6,25 @@ own; the swarm prints where, and where each node's log is.
 
 Node 0 loads the model before the others start: they share its converted model and warm
 start (models/), and converting it N times at once on the same cores would only be slower.
+
+Each node's output (stdout and stderr, in the order it wrote them) goes to its node.log, which
+the swarm rotates: at NODE_LOG_MAX_BYTES it becomes node.log.1 (node.log.1 becomes .2, and so
+on), and NODE_LOG_BACKUPS old files are kept, so a swarm left running for weeks holds at most
+(NODE_LOG_BACKUPS + 1) x NODE_LOG_MAX_BYTES of log per node.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
+import os
 import re
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import trio
 
@@ -30,6 +36,34 @@ LISTEN_LINE = re.compile(r"^listening on (/ip4/127\.0\.0\.1/\S+/p2p/\S+)$")
 PAGE_LINE = re.compile(r"^page on (http://\S+)$")
 READY_LINE = re.compile(r"^model loaded in ")
 FORBIDDEN_NODE_FLAGS = ("--data-dir", "--listen", "--peers", "--seed")
+# node.log is rotated at this size, and this many old ones are kept (node.log.1 is the newest):
+# 30 MiB per node at most. A `make run` node wrote about 14 KB an hour (a line a round), so
+# the cap is for what a long run can add: DEBUG logging, a peer whose groups are all refused.
+NODE_LOG_MAX_BYTES = 10 << 20
+NODE_LOG_BACKUPS = 2
+MAX_LINE_BYTES = 64 << 10  # output without a newline for this long is written as it is
+METRICS_TAIL_BYTES = 256 << 10  # room for a round record of a swarm of thousands of peers (about 1 KB with 2)
+
+
+class NodeLog:
+    """A node's node.log, rotated by size (logging's RotatingFileHandler, fed whole lines)."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int):
+        self._file = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", errors="replace")
+        self._file.terminator = ""  # the lines keep their own newlines
+
+    def write(self, text: str) -> None:
+        # Line by line, so a file ends between lines and passes the cap only by a line longer
+        # than the cap itself; a bare record: the text is written as it is (no %-interpolation).
+        for line in text.splitlines(keepends=True):
+            self._file.emit(logging.makeLogRecord({"msg": line}))
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.stream is None
 
 
 def check_swarm_flags(node_args: list[str]) -> None:
@@ -45,7 +79,7 @@ class SwarmMember:
     index: int
     data_dir: Path
     process: trio.Process | None = None
-    log: BinaryIO | None = None
+    log: NodeLog | None = None
     page: str | None = None
     # Set when the node has loaded its model (or exited).
     ready: trio.Event = field(default_factory=trio.Event)
@@ -57,7 +91,7 @@ class SwarmMember:
     def note(self, text: str) -> None:
         """A line from the swarm itself in the node's log, so the log tells the whole story."""
         if self.log is not None and not self.log.closed:
-            self.log.write(f"sapo-swarm: {text}\n".encode())
+            self.log.write(f"sapo-swarm: {text}\n")
 
 
 def metrics_ports(node_args: list[str], nodes: int) -> tuple[list[str], list[int]]:
@@ -96,9 +130,13 @@ def node_command(
 
 
 def latest_metrics(data_dir: Path) -> dict | None:
+    """The last whole round record. Only the file's tail is read: metrics.jsonl grows a line a
+    round, and the progress line reads it every few seconds for as long as the swarm runs."""
     path = data_dir / "metrics.jsonl"
     try:
-        lines = path.read_text().splitlines()
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - METRICS_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return None
     for line in reversed(lines):
@@ -127,18 +165,21 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
     """Run one node; report its listen address once it has printed that and its page, and
     relay nothing else (its output goes to its log)."""
     member.data_dir.mkdir(parents=True, exist_ok=True)
-    # Unbuffered: the node's stdout (relayed here) and its stderr (written straight to the
-    # file) must land in the order they happened.
-    member.log = log_file = member.log_path.open("ab", buffering=0)
-    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True)
+    member.log = log_file = NodeLog(member.log_path, NODE_LOG_MAX_BYTES, NODE_LOG_BACKUPS)
+    # stderr into the same pipe: the node's prints and its log lines land in the order they happened.
+    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     member.process = process
     address = None
     buffer = b""
     try:
         async for chunk in process.stdout:
             *lines, buffer = (buffer + chunk).split(b"\n")
-            # Whole lines only: the node's stderr goes to the same file between our writes.
-            log_file.write(b"".join(line + b"\n" for line in lines))
+            # Whole lines only: the swarm's own notes go to the same file between them.
+            if lines:
+                log_file.write(b"".join(line + b"\n" for line in lines).decode(errors="replace"))
+            if len(buffer) > MAX_LINE_BYTES:  # no newline in sight (a progress bar's \r updates): write it as it is
+                log_file.write(buffer.decode(errors="replace"))
+                buffer = b""
             for line in (raw.decode(errors="replace").strip() for raw in lines):
                 if address is None and (match := LISTEN_LINE.match(line)):
                     address = match.group(1)
@@ -148,7 +189,7 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
                         task_status.started(address)  # the page line follows the listening lines
                 elif READY_LINE.match(line):
                     member.ready.set()
-        log_file.write(buffer)
+        log_file.write(buffer.decode(errors="replace"))
         await process.wait()
     finally:
         member.ready.set()

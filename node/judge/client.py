@@ -10,6 +10,7 @@ and evaluations that pile up while one is running are skipped, not queued.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
 
 import multiaddr
@@ -29,6 +30,10 @@ IO_TIMEOUT_SECONDS = 30.0
 # The whole evaluation, including waiting for a round's torch work to release the lock.
 EVALUATION_TIMEOUT_SECONDS = 300.0
 CLOSE_TIMEOUT_SECONDS = 5.0
+# What a long-lived node keeps of its judging: the page shows the latest scores (and all-time
+# count and mean); the judge is told how many distinct peers the node has seen, up to a cap.
+SCORES_KEPT = 1000
+PEERS_SEEN_KEPT = 10_000
 
 
 def answer_greedily(policy: Policy, problem: Problem, max_new_tokens: int) -> str:
@@ -58,8 +63,12 @@ class JudgeClient:
         self.max_new_tokens = max_new_tokens
         self.evaluation_timeout = evaluation_timeout
         self.counters: dict[str, int] = {}
-        self.scores: list[tuple[int, float]] = []  # (round, score), this process's lifetime
-        self._peers_seen: set[str] = set()
+        # (round, score): the latest SCORES_KEPT, and the count and sum of all, so that a node
+        # judged for weeks holds no more than one judged for an hour
+        self.scores: deque[tuple[int, float]] = deque(maxlen=SCORES_KEPT)
+        self.judged = 0
+        self.score_sum = 0.0
+        self._peers_seen: set[str] = set()  # at most PEERS_SEEN_KEPT: the judge hears "at least that many"
         self._external_groups = 0
         # One slot: an evaluation due while another runs is skipped, never queued up.
         self._due_send, self._due_receive = trio.open_memory_channel[int](1)
@@ -70,8 +79,9 @@ class JudgeClient:
 
     def round_done(self, record: RoundRecord) -> None:
         """Called by the round loop after each round; never blocks."""
-        self._peers_seen.update(record.peers)
-        self._peers_seen.update(record.accepted_from)
+        if len(self._peers_seen) < PEERS_SEEN_KEPT:
+            self._peers_seen.update(record.peers)
+            self._peers_seen.update(record.accepted_from)
         self._external_groups += record.external_groups
         if record.round % self.every:
             return
@@ -122,7 +132,9 @@ class JudgeClient:
             return None
         self._count("judged")
         self.scores.append((node_round, score))
-        log.info("judge: round %d scored %.2f (%d judged so far)", node_round, score, len(self.scores))
+        self.judged += 1
+        self.score_sum += score
+        log.info("judge: round %d scored %.2f (%d judged so far)", node_round, score, self.judged)
         return score
 
     async def _evaluate(self, node_round: int) -> float:

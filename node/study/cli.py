@@ -49,8 +49,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
         raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
     from sapo.node.study.runs import run_experiment
+    from sapo.training.devices import configure_torch_threads
 
     configure_logging(base.run.log_level)
+    configure_torch_threads(base.model.torch_threads)  # the runs this process does itself (--jobs 1)
     summary = run_experiment(study, base, node_flags)
     print(f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
           f"in {summary['timing']['wall_seconds']:.0f}s", flush=True)
@@ -68,7 +70,7 @@ def add_commands(sub) -> None:
         "through an in-memory exchange (the real codec and checks). Any other flag is a node setting "
         "for every node (see `sapo-node start --help`); defaults here: --model tiny-micro --torch-threads 1, and for "
         "tiny models the CPU stand-in: one-digit addition, --max-new-tokens 24, --warm-start-steps 2000 with "
-        "--warm-start-answer-noise 0.6, --lr 3e-4, --eval-every 25 (README: 'The local/external study').",
+        "--warm-start-answer-noise 0.6, --lr 3e-4, --eval-every 25 (docs/science.md: 'The testbed').",
     )
     for name, info in ExperimentSettings.model_fields.items():
         default = info.get_default(call_default_factory=True)

@@ -13,6 +13,7 @@ from sapo.node.daemon.memory_exchange import MemoryExchange, MemoryHub
 from sapo.node.daemon.node import Node
 from sapo.node.daemon.round import Generate, generate_alone
 from sapo.node.daemon.settings import NodeSettings
+from sapo.node.daemon.state import NodeState
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.scripted import ScriptedSolver
 from sapo.training.tasks import TaskSampler, TaskSpec, reasoning_gym_version
@@ -54,6 +55,7 @@ def node_settings(
         "data_dir": run_dir / f"node-{index}",
         "seed": base.run.seed + 1000 * seed + index,
         "checkpoint_every": 0,
+        "swarm": "experiment",
         **config.node_overrides(),
     }
     if study.format_discovery is not None:
@@ -83,6 +85,7 @@ class Learner:
     index: int
     node: Node
     exchange: MemoryExchange
+    state: NodeState  # after its last round; each round hands it a new one
     joins_at: int = 1  # its first round (a late joiner's is later)
 
     @property
@@ -128,7 +131,7 @@ class RoundClock:
 
 def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, run_dir: Path) -> StudyRun:
     clock = RoundClock(study.round_seconds)
-    hub = MemoryHub(clock, swarm="experiment", rg_version=reasoning_gym_version(), lockstep=True)
+    hub = MemoryHub(clock, rg_version=reasoning_gym_version(), lockstep=True)
     learners = []
     every = [node_settings(base, study, config, seed, k, run_dir) for k in range(study.nodes)]
     shared = shared_base(every) if study.shared_base else None
@@ -138,29 +141,15 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
         node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks, policy=policy)
         node.metrics = _RecordsInMemory(node.metrics.path)
         receives = config.adaptive or config.external > 0
-        net = settings.network
-        exchange = hub.join(
-            node.peer_id,
-            model_id=settings.model.model,
-            inbox=node.inbox if receives else None,
-            counters=node.counters,
-            max_message_bytes=net.max_message_bytes,
-            max_age_seconds=settings.sampling.inbox_max_age_seconds,
-            accept_other_rg_versions=net.accept_other_rg_versions,
-            compress=net.compress,
-            share_logprobs=net.share_logprobs,
-            verifier=node.verifier,
-            joins_at=study.joins_at(k),
-            keep_groups_without_signal=settings.sampling.augment_external > 0,
-        )
-        learners.append(Learner(k, node, exchange, study.joins_at(k)))
+        exchange = hub.join(node.peer_id, settings, inbox=node.inbox if receives else None, counters=node.counters,
+                            verifier=node.verifier, joins_at=study.joins_at(k))
+        # a late joiner's rounds are numbered from its join round, like everyone's in that round
+        state = node.start_state().model_copy(update={"round": study.joins_at(k) - 1})
+        learners.append(Learner(k, node, exchange, state, study.joins_at(k)))
     solvers = []
     for k in range(study.scripted_solvers):
         peer_seed = base.run.seed + 1000 * seed + 500 + k
-        exchange = hub.join(
-            peer_id_for(seed, k, "solver"), model_id="scripted", inbox=None, counters=NodeCounters(),
-            max_message_bytes=base.network.max_message_bytes, max_age_seconds=base.sampling.inbox_max_age_seconds,
-        )
+        exchange = hub.join(peer_id_for(seed, k, "solver"), every[0], inbox=None, counters=NodeCounters(), model_id="scripted")
         solvers.append(
             ScriptedPeer(
                 k, ScriptedSolver(study.solver_accuracy, seed=peer_seed),
@@ -178,14 +167,10 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
 
 def shared_base(every: list[NodeSettings]):
     """The run's one base model with one LoRA adapter per learner (--shared-base)."""
-    import torch
-
     from sapo.training.policy import LoraOptions
     from sapo.training.shared_base import SharedLoraBase
 
     m = every[0].model
-    if m.torch_threads:
-        torch.set_num_threads(m.torch_threads)
     return SharedLoraBase(
         m.model, len(every), lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank), seeds=[s.run.seed for s in every],
         models_dir=m.models_dir or every[0].run.data_dir / "models", device=m.device, prompt_style=m.prompt_style,

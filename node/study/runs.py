@@ -91,9 +91,8 @@ async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_ro
         results: list[RoundResult | None] = [None] * len(run.learners)
 
         async def learner_round(position: int, learner: Learner) -> None:
-            node = learner.node
-            results[position] = await run_round(node, learner.exchange, node.plan(round_index), torch_lock, run.clock,
-                                                run.generate)
+            result = await run_round(learner.node, learner.state, learner.exchange, torch_lock, run.clock, run.generate)
+            learner.state, results[position] = result.state, result
 
         async with trio.open_nursery() as nursery:
             for position, learner in enumerate(run.learners):
@@ -188,7 +187,10 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _run_in_worker(study, base, config, seed, queue, deadline) -> dict[str, Any]:
+    from sapo.training.devices import configure_torch_threads
+
     logging.basicConfig(level=base.run.log_level)
+    configure_torch_threads(base.model.torch_threads)
     return run_one(study, base, config, seed, progress=lambda *update: queue.put(update), deadline=deadline)
 
 

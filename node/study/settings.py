@@ -8,10 +8,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sapo.sampling.external_use import ExternalUse
+
 # Node settings the experiment defaults differently from `start` (a flag given overrides them):
 # one torch thread per node (they share the CPU), and quiet logs.
 EXPERIMENT_NODE_DEFAULTS = ["--model", "tiny-micro", "--torch-threads", "1", "--log-level", "WARNING"]
-# The CPU-scale stand-in (README, "The local/external study"), only for tiny models: easy addition
+# The CPU-scale stand-in (docs/science.md, "The testbed"), only for tiny models: easy addition
 # (one-digit +, 100 questions), a warm start that always tags but gives a near miss for 60 % of
 # its answers (a model that is often unsure of what it mostly knows: held-out greedy accuracy
 # about 0.45 and sampled accuracy about 0.27 at the start), the rate that learned in the CPU
@@ -42,8 +44,10 @@ METRIC_DEFINITIONS = {
 }
 
 
-# How an arm treats the external groups it takes, named after `+` in a config ("4/4+positive"):
-# each is a set of node settings laid over the study's own node settings for that arm.
+# How an arm uses the external groups it takes, named after `+` in a config ("4/4+positive"):
+# each maps to the fields of the node's one `ExternalUse` value it sets (sampling/external_use.py),
+# laid over the study's own node settings for that arm. The arm table: every arm is its I/J (or
+# the adaptive balance) and the ExternalUse these make of the defaults.
 TREATMENTS: dict[str, dict[str, Any]] = {
     # the paper's controlled run: drop all-zero-advantage groups, sample uniformly, train on every row
     "paper": {"sampler": "nonzero-uniform", "off_policy_rows": "all", "external_credit": "partial", "augment_external": 0},
@@ -58,6 +62,8 @@ TREATMENTS: dict[str, dict[str, Any]] = {
     # a control: the node's own completions, too, train only with positive advantage
     "ownpositive": {"own_rows": "positive"},
 }
+for _name, _fields in TREATMENTS.items():  # each is a valid ExternalUse, checked when the module loads
+    ExternalUse(**_fields)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from sapo.node.daemon.node import warm_start_settings
+from sapo.node.daemon.loading import warm_start_settings
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.study.metrics import (
     SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, late_joiner_metrics, per_model_results, run_metrics, summarize,

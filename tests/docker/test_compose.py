@@ -54,7 +54,7 @@ def test_every_service_command_is_accepted_by_the_real_cli(name, cli_bin, tmp_pa
         assert settings["run"]["data_dir"] == str(tmp_path)
         # the /dns4 names pass through untouched: the node resolves them when it dials
         assert settings["network"]["peers"] == ([env["SAPO_PEERS"]] if "SAPO_PEERS" in env else [])
-        assert settings["network"]["judge"] == env.get("SAPO_JUDGE")
+        assert settings["run"]["judge"] == env.get("SAPO_JUDGE")
     else:
         result = run_entrypoint([*command, "--help"], env, cli_bin, tmp_path)
         assert result.returncode == 0, result.stderr

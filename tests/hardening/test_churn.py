@@ -1,7 +1,7 @@
 """Churn, short: bench/churn.py's swarm (gossip peers on 127.0.0.1) with 4 nodes, one leaving
 (SIGTERM or SIGKILL, in turn) and one joining every 6 s for 24 s. Every group must reach every
 node that was up from before it was published until 10 s after, and no node may stop on its own.
-The 12-node, 3-minute run is `bench/churn.py` (bench/README.md has its figures)."""
+The 12-node, 3-minute run is `bench/churn.py` (docs/bench/network.md has its figures)."""
 
 import sys
 from pathlib import Path

@@ -1,8 +1,7 @@
 import random
 
 from sapo.sampling.inbox import Inbox, group_size_bytes
-from sapo.sampling.mixer import mix
-from sapo.sampling.strategies import drop_zero_advantage, get_sampler, nonzero_uniform, uniform
+from sapo.sampling.strategies import SamplerState, choose_external, drop_zero_advantage, nonzero_uniform, uniform
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import Problem, ProblemSpec
 
@@ -56,16 +55,14 @@ def test_zero_advantage_filter_and_uniform_sampling():
     assert len(chosen) == 3 and all(g in kept for g in chosen)
     assert len({id(g) for g in chosen}) == 3  # without replacement
     assert uniform(groups, 20, random.Random(0)) == groups  # fewer than asked: take all
-    assert get_sampler("uniform") is uniform
 
 
-def test_mix_takes_what_it_has_and_consumes_it():
+def test_choosing_takes_what_there_is_and_taking_empties_the_inbox():
     inbox = Inbox(max_groups=10, max_bytes=10**6, max_age_seconds=100)
     for i in range(3):
         inbox.add(group(origin=f"p{i}", index=i), now=0)
-    local = [group(origin="local", index=99)]
-    ts = mix(local, inbox, 4, nonzero_uniform, random.Random(0), now=0)
-    assert len(ts.local) == 1 and len(ts.external) == 3
+    chosen, _ = choose_external("nonzero-uniform", inbox.newest_first(now=0), 4, random.Random(0), SamplerState())
+    assert len(chosen) == 3 and len(inbox) == 3  # choosing only reads the inbox
+    inbox.take(chosen)
     assert len(inbox) == 0
-    assert mix(local, inbox, 4, nonzero_uniform, random.Random(0), now=0).external == []
-    assert mix(local, inbox, 0, nonzero_uniform, random.Random(0), now=0).external == []
+    assert choose_external("nonzero-uniform", inbox.newest_first(now=0), 4, random.Random(0), SamplerState())[0] == []

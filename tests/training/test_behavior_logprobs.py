@@ -10,7 +10,8 @@ import torch
 from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
 from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, encode_groups, importance_weights
+from sapo.training.update import completion_logprobs, settle_old_logprobs
+from tests.training.rows import encode_groups
 from sapo.training.warmstart import WarmStartSettings, warm_start
 
 TASKS = default_task_specs(["basic_arithmetic"])
@@ -38,7 +39,7 @@ def test_recorded_logprobs_are_the_policys_own_and_give_weight_one_to_itself(tmp
     # and finds the sender's log-probs equal to its own, so each weight is 1.
     # (Rewards set so that every group has a signal and trains.)
     from_peer = [g.model_copy(update={"origin": "12D3KooWpeer", "rewards": [1.0, 0.0, 0.0, 0.0]}) for g in result.groups]
-    batch = encode_groups(policy, from_peer, 24)
+    batch = encode_groups(policy, from_peer, 24, importance_weight="sequence")
     assert batch is not None
     compared = [row for row, sender in enumerate(batch.behavior) if sender is not None]
     assert compared, "rows of a peer with our tokenizer carry its log-probs into the update"
@@ -48,5 +49,6 @@ def test_recorded_logprobs_are_the_policys_own_and_give_weight_one_to_itself(tmp
     for row in compared:
         sender = torch.tensor(batch.behavior[row])
         assert torch.allclose(ours[row, : len(sender)], sender, atol=1e-3), (ours[row, : len(sender)], sender)
-    weights = importance_weights(batch, ours, compared)
+    old, weights = torch.zeros_like(ours), torch.ones(len(batch.completions))
+    settle_old_logprobs(batch, old, weights, compared, ours[compared])
     assert torch.allclose(weights[compared], torch.ones(len(compared)), atol=1e-2)

@@ -14,8 +14,10 @@ from sapo.training.config import TrainingSettings
 from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
 from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.evaluation import heldout_accuracy, heldout_problems
 from sapo.training.update import grpo_update, make_optimizer
-from sapo.training.warmstart import WarmStartSettings, evaluate_greedy, warm_start
+from sapo.training.warmstart import WarmStartSettings, warm_start
+from tests.training.rows import rows_of
 
 ROUNDS = 30
 
@@ -26,7 +28,8 @@ def test_tiny_model_reward_rises_on_easy_addition(tmp_path: Path):
     tasks = [spec.model_copy(update={"config": {**spec.config, "operators": ["+"]}})]
     policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path)
     warm_start(policy, tasks, WarmStartSettings(steps=300, tag_rate=0.3))
-    before = evaluate_greedy(policy, tasks, count=128, dataset_seed=999, max_new_tokens=24)
+    heldout = heldout_problems(tasks, 128, dataset_seed=999)
+    before = heldout_accuracy(policy, heldout, max_new_tokens=24)["basic_arithmetic"]
 
     settings = TrainingSettings(lr=1e-4, max_new_tokens=24, generations=8)
     optimizer = make_optimizer(policy, settings)
@@ -37,9 +40,9 @@ def test_tiny_model_reward_rises_on_easy_addition(tmp_path: Path):
         generation = generate_groups(policy, sampler.sample(8), num_generations=8, max_new_tokens=24, seed=round_index)
         batch = [r for g in generation.groups for r in g.rewards]
         rewards.append(sum(batch) / len(batch))
-        grpo_update(policy, optimizer, generation.groups, settings, rng)
-    after = evaluate_greedy(policy, tasks, count=128, dataset_seed=999, max_new_tokens=24)
+        grpo_update(policy, optimizer, rows_of(policy, generation.groups), settings, rng)
+    after = heldout_accuracy(policy, heldout, max_new_tokens=24)["basic_arithmetic"]
 
     early, late = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert late > early + 0.05, f"sampled reward did not rise: {early:.3f} -> {late:.3f}"
-    assert after > before + 0.1, f"held-out greedy reward did not rise: {before:.3f} -> {after:.3f}"
+    assert after > before + 0.1, f"held-out greedy accuracy did not rise: {before:.3f} -> {after:.3f}"

@@ -1,4 +1,4 @@
-"""Why a peer's failures are kept out of the update by default (README: "What sharing does to
+"""Why a peer's failures are kept out of the update by default (docs/science.md: "What sharing does to
 the update"): pushing down another policy's wrong answers moves the closing `</answer>` tag,
 which they share with the right ones, in contexts this policy would never write and where it is
 least sure of the tag; its own right answers cannot push back, because there the tag is already
@@ -24,7 +24,10 @@ from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
+from sapo.sampling.external_use import ExternalUse
+from sapo.sampling.training_set import training_set
+from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
+from tests.training.rows import encode_groups
 from sapo.training.warmstart import WarmStartSettings, warm_start
 
 TASKS = default_task_specs(["basic_arithmetic"])
@@ -75,8 +78,8 @@ def own_group(policy, problem, seed: int) -> QuestionGroup:
 def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_rows, falls):
     torch.manual_seed(0)
     policy = load_policy("tiny-micro", device="cpu", seed=0, models_dir=warm, weights_from=warm)
-    chosen = {} if off_policy_rows is None else {"off_policy_rows": off_policy_rows}
-    settings = TrainingSettings(lr=3e-4, max_new_tokens=24, **chosen)  # the defaults: 2 passes x 2 minibatches
+    use = ExternalUse() if off_policy_rows is None else ExternalUse(off_policy_rows=off_policy_rows)
+    settings = TrainingSettings(lr=3e-4, max_new_tokens=24)  # the defaults: 2 passes x 2 minibatches
     optimizer = make_optimizer(policy, settings)
     probe = TaskSampler(TASKS, dataset_seed=7, rng_seed=7).sample(32)
     before = closing_logprob(policy, probe)
@@ -84,7 +87,7 @@ def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_r
     for step in range(10):
         problems = sampler.sample(4)
         groups = [peer_group(p, rng) if failures == "peer" else own_group(policy, p, 100 * step + i) for i, p in enumerate(problems)]
-        grpo_update(policy, optimizer, groups, settings, rng)
+        grpo_update(policy, optimizer, training_set(groups, [], use, policy.tokenizer_fingerprint).rows, settings, rng)
     after = closing_logprob(policy, probe)
     if falls:
         assert after < before - 0.03, (before, after)
@@ -95,14 +98,13 @@ def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_r
 @pytest.mark.parametrize(("own_rows", "off_policy_rows"), [("all", "all"), ("all", "positive"), ("positive", "all"),
                                                           ("positive", "positive")])
 def test_which_rows_train_by_whose_they_are_and_their_sign(own_rows, off_policy_rows):
-    from sapo.training.update import trained_rows
-
     problem = TaskSampler(TASKS, 1, 0).sample(1)[0]
     texts = ["<answer>right</answer>", "<answer>wrong</answer>"]
     own = QuestionGroup(problem=problem, completions=texts, rewards=[1.0, 0.0])
     peer = own.model_copy(update={"origin": "12D3KooWpeer"})
     assert not peer.is_local and own.is_local
-    kept = lambda group: [text for text, _, _ in trained_rows(group, off_policy_rows, own_rows)]  # noqa: E731
+    use = ExternalUse(own_rows=own_rows, off_policy_rows=off_policy_rows)
+    kept = lambda group: [row.completion for row in training_set([group], [], use, "").rows.rows]  # noqa: E731
     # a right answer (positive advantage) always trains; a wrong one only where that side says "all"
     assert kept(own) == (texts if own_rows == "all" else texts[:1])
     assert kept(peer) == (texts if off_policy_rows == "all" else texts[:1])

@@ -9,7 +9,8 @@ from sapo.training.config import TrainingSettings
 from sapo.training.policy import has_native_bf16, load_policy, use_bf16, use_bf16_generation
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
+from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
+from tests.training.rows import encode_groups, rows_of
 
 
 def test_auto_precision_is_fp32_on_cpu_and_explicit_choices_are_kept():
@@ -36,8 +37,8 @@ def test_bf16_policy_runs_its_forward_in_bf16_and_keeps_fp32_weights(tmp_path):
     assert seen == [torch.bfloat16] and low.dtype == torch.float32
     mask = batch.completion_mask.bool()
     assert (low[mask] - reference[mask]).abs().max() < 0.1  # bf16 keeps about 3 significant digits
-    stats = grpo_update(bf16, make_optimizer(bf16, TrainingSettings(lr=1e-3)), [group], TrainingSettings(lr=1e-3),
-                        random.Random(0))
+    stats = grpo_update(bf16, make_optimizer(bf16, TrainingSettings(lr=1e-3)), rows_of(bf16, [group]),
+                        TrainingSettings(lr=1e-3), random.Random(0))
     assert not stats.skipped and torch.isfinite(torch.tensor(stats.loss))
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
 

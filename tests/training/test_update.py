@@ -12,11 +12,12 @@ from sapo.training.update import (
     EncodedBatch,
     auto_micro_batch_size,
     completion_logprobs,
-    encode_groups,
     grpo_update,
     make_optimizer,
+    settle_old_logprobs,
     shared_prompt_logprobs,
 )
+from tests.training.rows import encode_groups, rows_of
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +96,10 @@ def test_training_on_a_peers_text_raises_its_good_completion(problem, tmp_path, 
         return float((lp[0] * batch.completion_mask[0]).sum())
 
     before_good, before_bad = logprob_of(good), logprob_of(bad)
-    settings = TrainingSettings(lr=1e-3, max_new_tokens=64, off_policy_rows="all")  # the peer's failures train too
+    settings = TrainingSettings(lr=1e-3, max_new_tokens=64)
     optimizer = make_optimizer(pol, settings)
     for _ in range(3):
-        stats = grpo_update(pol, optimizer, [g], settings, random.Random(0))
+        stats = grpo_update(pol, optimizer, rows_of(pol, [g]), settings, random.Random(0))  # the peer's failures train too
     assert not stats.skipped and stats.sequences == 4
     assert logprob_of(good) > before_good + 0.5
     assert logprob_of(bad) < before_bad
@@ -113,7 +114,7 @@ def test_micro_batches_change_memory_not_the_update(problem, tmp_path):
     for micro in (1, 3, 64):
         pol = policy("tiny", tmp_path)
         settings = TrainingSettings(lr=1e-3, max_new_tokens=64, micro_batch_size=micro, minibatches=1)
-        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), [g], settings, random.Random(0))
+        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), rows_of(pol, [g]), settings, random.Random(0))
         results.append(torch.cat([p.detach().flatten() for p in pol.model.parameters()]))
     assert torch.allclose(results[0], results[2], atol=1e-5)
     assert torch.allclose(results[1], results[2], atol=1e-5)
@@ -157,7 +158,8 @@ def test_shared_prompt_update_of_groups_of_unlike_lengths_is_the_padded_update(p
         monkeypatch.setattr(EncodedBatch, "shared_prompt_saves", lambda self, shared=shared: shared)
         pol = policy("tiny", tmp_path)
         before = torch.cat([p.detach().flatten().clone() for p in pol.model.parameters()])
-        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), groups, settings, random.Random(0))
+        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), rows_of(pol, groups), settings,
+                    random.Random(0))
         moved[shared] = torch.cat([p.detach().flatten() for p in pol.model.parameters()]) - before
     assert moved[True].abs().max() > 1e-3
     assert torch.allclose(moved[True], moved[False], atol=1e-5, rtol=1e-3)
@@ -181,7 +183,6 @@ def test_importance_weight_of_a_peers_completion_by_hand(problem, tmp_path):
     """min(1, exp(mean(log p_ours - log p_sender))) for a peer's rows with comparable log-probs;
     1 for our own rows, for rows without them and for another tokenizer's."""
     from sapo.training.rollouts import Behavior
-    from sapo.training.update import importance_weights
 
     pol = policy("tiny", tmp_path)
     texts = ["<answer>7</answer>", "<answer>8</answer>"]
@@ -190,18 +191,22 @@ def test_importance_weight_of_a_peers_completion_by_hand(problem, tmp_path):
     unlikely = [-30.0] * len(ids[1])  # the sender found it far less likely than we do
     behavior = Behavior(tokenizer=pol.tokenizer_fingerprint, temperature=1.0, token_logprobs=[likelier, unlikely])
     peer = group(problem, texts, [1.0, 0.0]).model_copy(update={"behavior": behavior})
-    batch = encode_groups(pol, [peer], 64)
+    weigh = {"importance_weight": "sequence"}
+    batch = encode_groups(pol, [peer], 64, **weigh)
     assert [b is not None for b in batch.behavior] == [True, True]
+    assert encode_groups(pol, [peer], 64).behavior == (None, None)  # importance weighting off: no weights
     ids_, attention, _ = batch.padded(range(2))
     with torch.no_grad():
         ours = completion_logprobs(pol.model, ids_, attention, batch.completion_length)
-    weights = importance_weights(batch, ours, [0, 1])
+    old, weights = torch.zeros_like(ours), torch.ones(2)
+    settle_old_logprobs(batch, old, weights, [1], ours[[1]])
+    assert weights.tolist() == [1.0, 1.0]  # only the rows settled get a weight; row 1's is truncated at 1
+    settle_old_logprobs(batch, old, weights, [0], ours[[0]])
     expected = torch.exp(ours[0, : len(likelier)].mean()).item()
     assert weights[0].item() == pytest.approx(expected, rel=1e-5) and 0 < expected < 1
-    assert weights[1].item() == 1.0  # truncated: another policy's text is never amplified
-    assert importance_weights(batch, ours, [1])[0].item() == 1.0  # only the rows asked for
+    assert torch.equal(old, ours)
 
     other = behavior.model_copy(update={"tokenizer": "another-tokenizer"})
-    assert encode_groups(pol, [peer.model_copy(update={"behavior": other})], 64).behavior == (None, None)
+    assert encode_groups(pol, [peer.model_copy(update={"behavior": other})], 64, **weigh).behavior == (None, None)
     local = peer.model_copy(update={"origin": "local"})  # our own rows are on-policy: no weight
-    assert encode_groups(pol, [local], 64).behavior == (None, None)
+    assert encode_groups(pol, [local], 64, **weigh).behavior == (None, None)

@@ -19,9 +19,9 @@ def test_tiny_node_runs_rounds_checkpoints_and_resumes(tmp_path):
     for row in rows:
         assert REQUIRED_KEYS <= row.keys()
         assert row["external_groups"] == 0 and row["local_groups"] + row["external_planned"] == 8
-    # the default balance is adaptive: it probes one external group either side of 4/4, and a
-    # node alone finds no external groups, so its rounds train on 5, 3 and 5 local groups
-    assert [r["local_groups"] for r in rows] == [5, 3, 5]
+    # the default balance is adaptive, and a node alone finds no external groups: it plans its
+    # centre, 4/4, every round (no probes without peers' groups), so it trains on 4 local groups
+    assert [(r["local_groups"], r["external_planned"]) for r in rows] == [(4, 4)] * 3
     assert rows[-1]["cumulative_reward"] == sum(r["reward_mean"] for r in rows)
     assert "listening on /ip4/127.0.0.1/tcp/" in first.stdout
     peer_line = next(line for line in first.stdout.splitlines() if line.startswith("listening on"))
@@ -106,7 +106,7 @@ def test_generate_only_node_publishes_but_never_trains(tmp_path):
 
 def test_the_daemon_hands_the_gil_over_every_millisecond(monkeypatch, tmp_path):
     """Generation holds the GIL between torch ops; the daemon shortens Python's forced switch
-    (5 ms) so that its trio loop, which serves gossip, waits less (bench/README.md)."""
+    (5 ms) so that its trio loop, which serves gossip, waits less (docs/bench/gossip-during-update.md)."""
     import sys
 
     from sapo.node.cli import main

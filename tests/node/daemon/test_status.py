@@ -4,13 +4,17 @@ directories written the way a node writes them (MetricsLog, status.json)."""
 import json
 import subprocess
 import sys
+import threading
+import tracemalloc
 
+from pytest import approx
+
+from sapo.node.daemon.curves import Curve, RoundHistory
 from sapo.node.daemon.metrics import MetricsLog, RoundRecord
 from sapo.node.daemon.status import (
     MAX_POINTS,
     NodeStatus,
     PeerRow,
-    binned,
     curve_point,
     render_text,
     sparkline,
@@ -77,11 +81,43 @@ def test_the_last_status_file_wins_for_live_fields_and_a_dead_pid_reads_as_stopp
 
 
 def test_long_runs_are_binned_to_at_most_max_points_with_the_newest_round_last():
-    points = [curve_point(record(n)) for n in range(1, 2501)]
-    out = binned(points)
-    assert len(out) <= MAX_POINTS and out[-1].round == 2500
-    assert out[0].reward == sum(p.reward for p in points[:3]) / 3
-    assert binned(points[:10]) == points[:10]
+    records = [record(n) for n in range(1, 2501)]
+    points = [curve_point(r) for r in records]
+    out = RoundHistory(records).curve.points()
+    # 2,500 rounds: bins of 4 rounds (1,000 of 2 were too many at round 2,001), the last one filling
+    assert len(out) == 625 and [p.round for p in out[:2]] == [4, 8] and out[-1].round == 2500
+    assert out[0].reward == approx(sum(p.reward for p in points[:4]) / 4)
+    assert out[-1].reward == approx(sum(p.reward for p in points[-4:]) / 4)
+    assert RoundHistory(records[:10]).curve.points() == points[:10]
+    # a field measured on some rounds only is averaged over those
+    sparse = Curve(limit=2)
+    for n in range(1, 5):
+        sparse.add(curve_point(record(n, heldout={"basic_arithmetic": 0.5} if n == 2 else None)))
+    assert [(p.round, p.heldout) for p in sparse.points()] == [(2, 0.5), (4, None)]
+
+
+def test_a_live_node_holds_the_same_memory_after_16000_rounds_as_after_8000(tmp_path):
+    """The page's curves are bins, not every round a node ever ran (5.6 KB a round before)."""
+    from sapo.node.daemon.cli import node_settings_from_flags
+    from sapo.node.daemon.live import LiveStatus
+    from sapo.node.daemon.state import NodeState
+    from sapo.sampling.balance import BalanceState
+
+    live = LiveStatus(node_settings_from_flags(["--data-dir", str(tmp_path)]), "12D3KooWme", threading.Event())
+    base = record(1)
+    tracemalloc.start()
+    try:
+        held = []
+        for n in range(1, 16001):
+            done = base.model_copy(update={"round": n, "time": 1000.0 + n})
+            live.after_round(NodeState(round=n, cumulative_reward=0.0, balance=BalanceState(external=4)), done)
+            if n in (8000, 16000):
+                held.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert held[1] - held[0] < 100_000, f"{(held[1] - held[0]) / 8000:.0f} bytes more per round"
+    rounds = live.snapshot().rounds
+    assert len(rounds) == MAX_POINTS and rounds[-1].round == 16000
 
 
 def test_sparkline_runs_from_zero_to_the_largest_value():

@@ -69,3 +69,47 @@ def test_ctrl_c_stops_every_node_cleanly(tmp_path):
     time.sleep(0.5)
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.strip()
     assert not leftover, f"node processes survived: {leftover}"
+
+
+async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monkeypatch):
+    """A node that talks for weeks fills at most (backups + 1) x the cap: here a DEBUG-level node
+    and a 16 KB cap stand in for a SmolLM2 node and 10 MiB."""
+    from sapo.node.daemon import swarm
+    from tests.conftest import FAST_TINY
+
+    cap = 16 << 10
+    monkeypatch.setattr(swarm, "NODE_LOG_MAX_BYTES", cap, raising=False)  # raising=False: the test runs on a swarm without rotation too
+    node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
+    failed = await swarm.run_swarm(1, tmp_path, [*node_flags, "--rounds", "3", "--log-level", "DEBUG"], progress_every=1.0)
+    assert failed == 0
+    node = tmp_path / "node-0"
+    kept = sorted(p.name for p in node.glob("node.log*"))
+    assert kept == ["node.log", "node.log.1", "node.log.2"]
+    for name in kept:
+        content = (node / name).read_text()
+        assert len(content.encode()) <= cap and content.endswith("\n"), name  # cut between lines, never inside one
+    text = "".join((node / name).read_text() for name in ("node.log.2", "node.log.1", "node.log"))
+    assert "round 3:" in text  # the newest lines are kept
+    assert "listening on" not in text  # the oldest part is gone: the log is bounded
+
+
+def test_the_progress_line_reads_only_the_end_of_a_long_metrics_file(tmp_path):
+    """Read every few seconds for as long as the swarm runs: the cost must not grow with the run."""
+    import json
+    import tracemalloc
+
+    from sapo.node.daemon.swarm import latest_metrics
+
+    row = {"round": 1, "reward_mean": 0.5, "external_groups": 2, "peers": ["a", "b"], "padding": "x" * 900}
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        for n in range(1, 30_001):  # ~30 MB: a month of SmolLM2 rounds
+            f.write(json.dumps(row | {"round": n}) + "\n")
+        f.write('{"round": 30001, "rew')  # a line being written
+    tracemalloc.start()
+    try:
+        last = latest_metrics(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert last["round"] == 30_000
+    assert peak < 2 << 20, f"{peak / 2**20:.0f} MB held to find the last line"

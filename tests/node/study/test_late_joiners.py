@@ -100,10 +100,12 @@ def test_the_joiners_ratios_are_paired_per_seed():
 
 
 async def test_a_lockstep_round_waits_only_for_members_that_have_joined():
-    hub = MemoryHub(lambda: 1_700_000_000.0, swarm="t", rg_version=reasoning_gym_version(), lockstep=True)
-    common = dict(model_id="m", counters=NodeCounters(), max_message_bytes=2**18, max_age_seconds=600)
+    from sapo.node.daemon.settings import NodeSettings
+
+    hub = MemoryHub(lambda: 1_700_000_000.0, rg_version=reasoning_gym_version(), lockstep=True)
     inboxes = [Inbox(16, 2**20, 600) for _ in range(3)]
-    members = [hub.join(peer_id_for(0, k), inbox=inboxes[k], joins_at=1 if k < 2 else 2, **common) for k in range(3)]
+    members = [hub.join(peer_id_for(0, k), NodeSettings(), inbox=inboxes[k], counters=NodeCounters(),
+                        joins_at=1 if k < 2 else 2) for k in range(3)]
     with trio.fail_after(5):  # round 1: the late member is not waited for, and hears nothing
         async with trio.open_nursery() as nursery:
             for k in (0, 1):
