@@ -245,7 +245,9 @@ def _check_unknown(obj: dict, known: frozenset[str], limits: DecodeLimits, where
     """Fields a later release added are skipped, but no deeper than metadata may nest."""
     for name, value in obj.items():
         if name not in known and _depth(value) > limits.max_nesting:
-            raise Rejected(RejectReason.too_deep, f"unknown field {where}{_short(str(name), 32)} is nested deeper than {limits.max_nesting}")
+            raise Rejected(
+                RejectReason.too_deep, f"unknown field {where}{_short(str(name), 32)} is nested deeper than {limits.max_nesting}"
+            )
 
 
 def _schema_error(exc: ValidationError) -> Rejected:
