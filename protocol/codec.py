@@ -1,17 +1,20 @@
-"""Bytes <-> RolloutGroup. Decoding never trusts its input.
+"""Bytes <-> RolloutGroup (and SharedLogprobs). Decoding never trusts its input.
 
 A frame is one header byte and a payload:
     0x00  payload is a msgpack map
     0x01  payload is a zlib stream of that msgpack map
 
-The map is `RolloutGroup.model_dump(mode="json")` with every map's keys sorted, so one message
+The map is the message's `model_dump(mode="json")` with every map's keys sorted, so one message
 always encodes to the same bytes (golden-tested). `decode` checks, in order: frame size, header,
 decompressed size, bounded msgpack, schema version, modality, nesting, the pydantic schema, field
 limits and the dataset allowlist. Anything wrong raises `Rejected(reason, detail)` and nothing else.
+A field this release does not know is skipped, if it is nested no deeper than `max_nesting`
+(the frame's size bounds the rest): see "Compatibility" in protocol/README.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from typing import Any
 
@@ -19,9 +22,19 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sapo.protocol.allowlist import check_problem_spec
-from sapo.protocol.messages import SCHEMA_VERSION, Rejected, RejectReason, RolloutGroup
+from sapo.protocol.messages import (
+    LOGPROBS_SCHEMA_VERSION,
+    BehaviorLogprobs,
+    GroupLogprobs,
+    WireProblemSpec,
+    SCHEMA_VERSION,
+    Rejected,
+    RejectReason,
+    RolloutGroup,
+    SharedLogprobs,
+)
 
-__all__ = ["DecodeLimits", "Rejected", "RejectReason", "decode", "encode"]
+__all__ = ["DecodeLimits", "Rejected", "RejectReason", "decode", "decode_logprobs", "encode", "encode_logprobs", "group_digest"]
 
 RAW = 0x00
 ZLIB = 0x01
@@ -82,7 +95,23 @@ def encode(msg: RolloutGroup, compress: bool = True) -> bytes:
     (and, when compressed, a given zlib build: pin golden bytes on compress=False)."""
     # an optional field that is absent leaves no trace in the frame, so frames without it are
     # byte for byte what they were before it existed (the golden file pins that)
-    payload = canonical_json(msg.model_dump(mode="json", exclude={"behavior"} if msg.behavior is None else None))
+    return _frame(canonical_json(msg.model_dump(mode="json", exclude={"behavior"} if msg.behavior is None else None)), compress)
+
+
+def encode_logprobs(msg: SharedLogprobs, compress: bool = True) -> bytes:
+    """The frame for a SharedLogprobs message: the same framing and byte rule as a group's."""
+    return _frame(canonical_bytes(msg), compress)
+
+
+def group_digest(msg: RolloutGroup) -> bytes:
+    """What a group is: its author, its problem and its completions. Nothing of the envelope
+    (timestamp, round, model name, the sender's own rewards) takes part, so changing it makes no
+    new group. SharedLogprobs names groups by this digest (hex)."""
+    content = {"sender": msg.sender, "problem": msg.problem.model_dump(mode="json"), "completions": list(msg.completions)}
+    return hashlib.sha256(canonical_json(content)).digest()
+
+
+def _frame(payload: bytes, compress: bool) -> bytes:
     if compress:
         packed = zlib.compress(payload, _ZLIB_LEVEL)
         if len(packed) < len(payload):
@@ -194,10 +223,31 @@ def _precheck(obj: Any, limits: DecodeLimits) -> None:
         if _depth(value) > limits.max_nesting:
             raise Rejected(RejectReason.too_deep, f"{name} is nested deeper than {limits.max_nesting}")
     # Elsewhere only the fixed schema's own depth is legal (completions: 1, problem.config: 2,
-    # behavior.token_logprobs: 2).
-    rest = {k: v for k, v in obj.items() if k not in ("metadata", "problem", "behavior")}
-    if _depth(rest) > 2 or _depth(obj.get("behavior")) > 3:
+    # behavior.token_logprobs: 2); fields this release does not know may nest like metadata.
+    known = {k: v for k, v in obj.items() if k in _GROUP_FIELDS}
+    rest = {k: v for k, v in known.items() if k not in ("metadata", "problem", "behavior")}
+    if _depth(rest) > 2 or _depth(known.get("behavior")) > 3:
         raise Rejected(RejectReason.bad_schema, "unexpected nesting outside metadata and config")
+    _check_unknown(obj, _GROUP_FIELDS, limits, "")
+    if isinstance(problem, dict):
+        _check_unknown(problem, _PROBLEM_FIELDS, limits, "problem.")
+    behavior = obj.get("behavior")
+    if isinstance(behavior, dict):
+        _check_unknown(behavior, _BEHAVIOR_FIELDS, limits, "behavior.")
+
+
+_GROUP_FIELDS = frozenset(RolloutGroup.model_fields)
+_PROBLEM_FIELDS = frozenset(WireProblemSpec.model_fields)
+_BEHAVIOR_FIELDS = frozenset(BehaviorLogprobs.model_fields)
+
+
+def _check_unknown(obj: dict, known: frozenset[str], limits: DecodeLimits, where: str) -> None:
+    """Fields a later release added are skipped, but no deeper than metadata may nest."""
+    for name, value in obj.items():
+        if name not in known and _depth(value) > limits.max_nesting:
+            raise Rejected(
+                RejectReason.too_deep, f"unknown field {where}{_short(str(name), 32)} is nested deeper than {limits.max_nesting}"
+            )
 
 
 def _schema_error(exc: ValidationError) -> Rejected:
@@ -246,3 +296,45 @@ def decode(frame: bytes, limits: DecodeLimits) -> RolloutGroup:
     _check_lengths(msg, limits)
     check_problem_spec(msg.problem)
     return msg
+
+
+def decode_logprobs(frame: bytes, limits: DecodeLimits) -> SharedLogprobs:
+    """The SharedLogprobs in `frame`, or Rejected (the same checks, in the same order, as `decode`)."""
+    obj = _unpack(_payload(frame, limits), limits)
+    if not isinstance(obj, dict):
+        raise Rejected(RejectReason.bad_schema, f"expected a map, got {type(obj).__name__}")
+    version = obj.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise Rejected(RejectReason.bad_schema, "schema_version missing or not an int")
+    if version != LOGPROBS_SCHEMA_VERSION:
+        raise Rejected(
+            RejectReason.unknown_schema_version, f"logprobs schema_version {version}, this node reads {LOGPROBS_SCHEMA_VERSION}"
+        )
+    _check_unknown(obj, _LOGPROBS_FIELDS, limits, "")
+    groups = obj.get("groups")
+    for entry in groups if isinstance(groups, list) else []:
+        if isinstance(entry, dict):
+            _check_unknown(entry, _ENTRY_FIELDS, limits, "groups[].")
+            if isinstance(entry.get("behavior"), dict):
+                _check_unknown(entry["behavior"], _BEHAVIOR_FIELDS, limits, "groups[].behavior.")
+    # groups -> entry -> behavior -> token_logprobs -> row: 5 deep at most, unknown fields aside
+    if _depth(groups) > 5:
+        raise Rejected(RejectReason.bad_schema, "unexpected nesting in groups")
+    try:
+        msg = SharedLogprobs.model_validate(obj)
+    except ValidationError as exc:
+        raise _schema_error(exc) from None
+    for name, text in (("sender", msg.sender), ("swarm", msg.swarm)):
+        if len(text) > limits.max_string_chars:
+            raise Rejected(RejectReason.field_too_long, f"{name} has {len(text)} chars, limit {limits.max_string_chars}")
+    for entry in msg.groups:
+        if len(entry.behavior.token_logprobs) > limits.max_completions:
+            raise Rejected(
+                RejectReason.too_many_completions,
+                f"{len(entry.behavior.token_logprobs)} rows of log-probs, limit {limits.max_completions}",
+            )
+    return msg
+
+
+_LOGPROBS_FIELDS = frozenset(SharedLogprobs.model_fields)
+_ENTRY_FIELDS = frozenset(GroupLogprobs.model_fields)

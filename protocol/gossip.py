@@ -24,6 +24,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.addresses import parse_peer_address
+from sapo.protocol.agents import PeerAgents
 from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import new_noise_host, open_peers
@@ -61,6 +62,7 @@ class ReceivedMessage:
     data: bytes
     message_id: bytes
     received_at: float  # time.time() when it reached this node
+    topic: str = ""  # the topic it came on (the rollouts topic, unless the service was given others)
 
 
 class GossipService:
@@ -72,8 +74,11 @@ class GossipService:
         key_pair: KeyPair,
         incoming: trio.MemorySendChannel[ReceivedMessage],
         counters: dict[str, int] | None = None,
+        extra_topics: tuple[str, ...] = (),
     ) -> None:
         self.settings = settings
+        # the rollouts topic, then any others this node reads (e.g. peers' shared log-probs)
+        self.topics = (settings.topic, *extra_topics)
         self.key_pair = key_pair
         self.incoming = incoming
         self.counters: dict[str, int] = counters if counters is not None else {}
@@ -94,6 +99,7 @@ class GossipService:
         self._relay: RelayService | None = None
         self.protocols: PeerProtocols | None = None  # which optional protocols each peer lacks
         self._bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
+        self._agents: PeerAgents | None = None
         self._nursery: trio.Nursery | None = None
         self._dialer: OneDialPerPeer | None = None
 
@@ -226,6 +232,16 @@ class GossipService:
             return []
         return sorted(peer.to_base58() for peer in open_peers(self._host))
 
+    def peer_agents(self) -> dict[str, str]:
+        """What each peer's libp2p identify said it runs ("sapo/0.3.0", "py-libp2p/0.8.1", ...)."""
+        return self._agents.agents() if self._agents is not None else {}
+
+    def peer_scores(self) -> dict[str, float]:
+        """The peer guard's score of each connected peer (0 = nothing held against it)."""
+        if self._host is None:
+            return {}
+        return {peer.to_base58(): round(self.guard.score(peer.to_bytes()), 3) for peer in open_peers(self._host)}
+
     def peer_addresses(self) -> dict[str, list[str]]:
         """The transport address of each open connection, per connected peer (for the status page)."""
         if self._host is None:
@@ -244,8 +260,9 @@ class GossipService:
             found[peer.to_base58()] = sorted(set(addresses))
         return found
 
-    async def publish(self, data: bytes) -> bool:
-        """Sign and gossip `data`; False (and counted) if it was dropped here."""
+    async def publish(self, data: bytes, topic: str | None = None) -> bool:
+        """Sign and gossip `data` on `topic` (the rollouts topic by default; we need not read a
+        topic to publish on it); False (and counted) if it was dropped here."""
         if self._pubsub is None:
             self._count("publish_dropped")
             logger.warning("publish before the gossip service started: dropped")
@@ -260,7 +277,7 @@ class GossipService:
             return False
         with trio.move_on_after(PUBLISH_TIMEOUT_SECONDS) as scope:
             try:
-                await self._pubsub.publish(self.settings.topic, data)
+                await self._pubsub.publish(topic or self.settings.topic, data)
             except Exception as error:
                 self._count("publish_dropped")
                 logger.warning("publish failed: %s: %s", type(error).__name__, error)
@@ -321,9 +338,10 @@ class GossipService:
                     async with background_trio_service(pubsub), background_trio_service(router):
                         with trio.fail_after(START_TIMEOUT_SECONDS):
                             await pubsub.wait_until_ready()
-                        pubsub.set_topic_validator(settings.topic, self._validate_size, False)
-                        with trio.fail_after(START_TIMEOUT_SECONDS):
-                            await pubsub.subscribe(settings.topic)
+                        for topic in self.topics:
+                            pubsub.set_topic_validator(topic, self._validate_size, False)
+                            with trio.fail_after(START_TIMEOUT_SECONDS):
+                                await pubsub.subscribe(topic)
                         self._host, self._pubsub = host, pubsub
                         reachability = self._reachability = ReachabilityService(
                             host,
@@ -365,6 +383,7 @@ class GossipService:
                         self._dialer = OneDialPerPeer(host, relay)
                         links = RelayedLinks(host, relay, dial=self._dial_discovered, known_addrs=discovery.addrs_of,
                                              refused=lambda peer: self.refusal(peer) is not None, count=self._count)
+                        agents = self._agents = PeerAgents(host, lambda: open_peers(host), self._may_use)
                         logger.info(
                             "gossip up: peer %s listening on %s, topic %s",
                             self.peer_id,
@@ -383,6 +402,7 @@ class GossipService:
                                 nursery.start_soon(keeper.keep, address)
                             if settings.discover_peers > 0:
                                 await nursery.start(discovery.run)
+                            await nursery.start(agents.run)
                             task_status.started()
                             await trio.sleep_forever()
                 finally:
@@ -440,6 +460,7 @@ class GossipService:
             data=bytes(msg.data),
             message_id=message_id,
             received_at=time.time(),
+            topic=next((t for t in msg.topicIDs if t in self.topics), self.settings.topic),
         )
         try:
             # Never block the network on a slow consumer: drop and count instead.

@@ -15,6 +15,8 @@ banned and not-allowed peers included, and a NATed peer's private addresses). It
 within seconds) and dials outside the allow list and bans. No setting turns it off (its target
 is the midpoint of the watermarks, and a zero high watermark makes the pruner close everything),
 so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
+
+Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from sapo.protocol.agents import IDENTIFY, identify_as
+from sapo.protocol.release import agent_string
 
 
 def new_noise_host(
@@ -55,7 +60,9 @@ def new_noise_host(
         resource_manager=resource_manager,
     )
     swarm.auto_connector = _NoAutoConnect(swarm)
-    return BasicHost(network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+    host = BasicHost(network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+    host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
+    return host
 
 
 class _NoAutoConnect(AutoConnector):

@@ -60,7 +60,9 @@ class JudgeWireError(Exception):
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    # fields a later release adds are skipped (protocol/README.md, "Compatibility"), within the
+    # frame's byte and msgpack bounds
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
 
     # A strict int pinned by bounds: Literal[1] would also accept True and 1.0.
     schema_version: int = Field(

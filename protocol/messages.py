@@ -1,10 +1,15 @@
 """The wire contract: what one peer tells another about one question.
 
 A peer shares *decoded rollouts*: the problem's spec (so anyone can regenerate it), the question
-and answer key it claims, and G completion texts. Never weights, never logprobs. The receiver
-trusts none of it: `protocol.verify` regenerates the problem and re-scores the completions.
+and answer key it claims, and G completion texts; never weights. The receiver trusts none of it:
+`protocol.verify` regenerates the problem and re-scores the completions. A sender may also share
+how likely its own policy found each sampled token (`SharedLogprobs`, on a topic of its own), which
+a receiver with the same tokenizer can use to weigh those completions.
 
-Field order, types and limits are documented in protocol/README.md ("Wire format").
+Field order, types and limits are documented in protocol/README.md ("Wire format"); what may
+change between releases, and how, in its "Compatibility" section. Every model here skips fields
+it does not know (`extra="ignore"`), within the decoder's size and nesting bounds: a later release
+may add optional fields that this one reads past.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import ProblemSpec
 
-# Bump on any change a v1 decoder would misread; see "Versioning" in protocol/README.md.
+# Bump on any change a v1 reader would misread; see "Compatibility" in protocol/README.md.
 SCHEMA_VERSION = 1
+# The shared log-probs message (its own topic, its own version).
+LOGPROBS_SCHEMA_VERSION = 1
 
 # libp2p peer ids travel as base58btc text (no 0, O, I, l).
 _BASE58 = r"^[1-9A-HJ-NP-Za-km-z]+$"
@@ -53,6 +60,7 @@ class RejectReason(str, enum.Enum):
     repeat = "repeat"  # a peer's own earlier group again, the same question and completions under a new envelope
     stale = "stale"  # too old a round or timestamp (gossip/inbox)
     peer_quota = "peer_quota"  # this peer has sent too much lately (gossip/inbox)
+    no_signal = "no_signal"  # every completion earns the same reward here: nothing to learn from it (intake)
 
 
 class Rejected(Exception):
@@ -92,10 +100,15 @@ def _check_plain_data(value: Any) -> Any:
 PlainMap = Annotated[dict[str, Any], AfterValidator(_check_plain_data)]
 
 
+# Known fields are validated strictly; unknown ones are skipped (the codec bounds their nesting
+# and the frame bounds their size), so an optional field added by a later release reads as absent.
+_WIRE = ConfigDict(extra="ignore", frozen=True, strict=True, allow_inf_nan=False)
+
+
 class WireProblemSpec(BaseModel):
     """The wire twin of `training.tasks.ProblemSpec`: the same fields, validated strictly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = _WIRE
 
     dataset: str = Field(min_length=1, description="ReasoningGYM dataset name")
     config: PlainMap = Field(description="dataset config overrides; checked by protocol.allowlist")
@@ -113,10 +126,10 @@ class WireProblemSpec(BaseModel):
 class BehaviorLogprobs(BaseModel):
     """How likely the sender's own policy found each token it sampled. A receiver with the same
     tokenizer can weigh the sender's completions by how likely its own policy finds them
-    (`--importance-weight`); any other receiver ignores this. Optional: absent unless the sender
-    shares it (`--share-logprobs`)."""
+    (`--importance-weight`); any other receiver ignores this. Shared only with `--share-logprobs`,
+    in a `SharedLogprobs` message."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = _WIRE
 
     tokenizer: str = Field(min_length=1, max_length=128, description="fingerprint of the sender's tokenizer")
     temperature: float = Field(gt=0, le=5, description="the temperature the completions were sampled at")
@@ -134,7 +147,7 @@ class BehaviorLogprobs(BaseModel):
 class RolloutGroup(BaseModel):
     """One question and G completions, as gossiped. Field order here is the documented order."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    model_config = _WIRE
 
     # A plain strict int pinned by bounds: Literal[1] would also accept True and 1.0.
     schema_version: int = Field(
@@ -155,8 +168,10 @@ class RolloutGroup(BaseModel):
         description="the sender's own scores; informational only, never used for training"
     )
     reasoning_gym_version: str = Field(min_length=1, description="sender's reasoning-gym release")
+    # Read, never written: release 0.2.0 put the shared log-probs here, under v1, and release 0.1.0
+    # refuses a frame that holds it. This release sends them as SharedLogprobs instead.
     behavior: BehaviorLogprobs | None = Field(
-        default=None, description="optional: the sender's own token log-probabilities (absent from the frame when None)"
+        default=None, description="optional, read only: the sender's token log-probabilities, as release 0.2.0 sent them"
     )
 
     @model_validator(mode="after")
@@ -179,7 +194,6 @@ def to_wire(
     model_id: str,
     created_at: float,
     reasoning_gym_version: str,
-    behavior: BehaviorLogprobs | None = None,
 ) -> RolloutGroup:
     """Package a local question group for gossip. Raises pydantic.ValidationError on bad input."""
     problem = group.problem
@@ -198,5 +212,31 @@ def to_wire(
         completions=list(group.completions),
         sender_rewards=[float(r) for r in group.rewards],
         reasoning_gym_version=reasoning_gym_version,
-        behavior=behavior,
     )
+
+
+class GroupLogprobs(BaseModel):
+    """The log-probs of one group, named by the group's digest (`codec.group_digest`)."""
+
+    model_config = _WIRE
+
+    group: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the group's author, problem and completions, hex")
+    behavior: BehaviorLogprobs
+
+
+class SharedLogprobs(BaseModel):
+    """A sender's log-probs for groups it published, on the topic `sapo/<swarm>/logprobs/1`.
+
+    Apart from its groups because a release-0.1.0 reader refuses any field it does not know, and
+    charges the sender for it: it never subscribes to this topic, so it never sees this. The
+    sender publishes it just before the groups it names; the receiver joins the two by digest."""
+
+    model_config = _WIRE
+
+    schema_version: int = Field(
+        ge=LOGPROBS_SCHEMA_VERSION, le=LOGPROBS_SCHEMA_VERSION, description="see LOGPROBS_SCHEMA_VERSION"
+    )
+    sender: str = Field(pattern=_BASE58, description="libp2p peer id of the author, base58; the groups' author too")
+    swarm: str = Field(min_length=1)
+    created_at: float = Field(ge=0, description="unix seconds when the sender built it")
+    groups: list[GroupLogprobs] = Field(min_length=1)

@@ -67,6 +67,14 @@ PENALTIES: dict[str, float] = {
     # a node with a newer allowlist or task table sends these honestly: cheap, like a rate overrun
     "config_out_of_range": 1.0,
     "unknown_dataset": 1.0,
+    # A group whose completions all score alike here cannot teach the receiver (intake: no_signal).
+    # Honest nodes send them all the time: a weak model's groups are mostly all wrong (the untrained
+    # tiny model's every group, ~5 a second), a strong one's all right. So it costs 1/50 of a point:
+    # at the 50/s rate limit, the most any peer can publish for long, a peer whose every group is
+    # flat loses what its score regains each second, so its score never drifts down; a burst of a
+    # full bucket (100) costs 2 points, back to 0 within 2 s. It refuses the flooder nothing it
+    # could use (the group takes no inbox room) and adds to its other offences.
+    "no_signal": 0.02,
 }
 
 

@@ -7,7 +7,8 @@ server saw that peer connect from (an unsigned hint: a wrong one costs a failed 
 impersonation, since Noise authenticates the peer id on every connection). Relayed addresses
 keep their relay and never take the hint.
 
-Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB).
+Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB; keys not named here are
+skipped, at most 16 keys in all).
     request   {"v": 1, "self": <envelope bytes>}
     response  {"v": 1, "self": <envelope bytes>, "peers": [[<envelope bytes>, <ip str or nil>], ...]}
 """
@@ -33,6 +34,9 @@ MAX_RECORD_BYTES = 2048
 MAX_ADDRS_PER_RECORD = 8
 RECORDS_PER_RESPONSE = 15
 MAX_FRAME_BYTES = 64 * 1024
+# Keys a later release adds to a frame are skipped (protocol/README.md, "Compatibility"); the
+# frame's byte and string limits bound them, and so does this.
+MAX_FRAME_KEYS = 16
 _HEADER = struct.Struct(">I")
 
 
@@ -167,15 +171,15 @@ def encode_response(own_record: bytes, peers: list[tuple[bytes, str | None]]) ->
 
 def decode_request(payload: bytes) -> bytes:
     obj = _unpack(payload)
-    if set(obj) != {"v", "self"}:
-        raise BadRecord("request must hold exactly 'v' and 'self'")
+    if not {"v", "self"} <= set(obj):
+        raise BadRecord("a request holds 'v' and 'self'")
     return _record_bytes(obj["self"])
 
 
 def decode_response(payload: bytes) -> tuple[bytes, list[tuple[bytes, str | None]]]:
     obj = _unpack(payload)
-    if set(obj) != {"v", "self", "peers"}:
-        raise BadRecord("response must hold exactly 'v', 'self' and 'peers'")
+    if not {"v", "self", "peers"} <= set(obj):
+        raise BadRecord("a response holds 'v', 'self' and 'peers'")
     peers = obj["peers"]
     if not isinstance(peers, list) or len(peers) > RECORDS_PER_RESPONSE:
         raise BadRecord(f"'peers' must be a list of at most {RECORDS_PER_RESPONSE}")
@@ -198,7 +202,7 @@ def _unpack(payload: bytes) -> dict:
     try:
         obj = msgpack.unpackb(
             payload, raw=False, strict_map_key=True, max_bin_len=MAX_RECORD_BYTES, max_str_len=64,
-            max_array_len=RECORDS_PER_RESPONSE, max_map_len=4, max_ext_len=0,
+            max_array_len=RECORDS_PER_RESPONSE, max_map_len=MAX_FRAME_KEYS, max_ext_len=0,
         )
     except Exception as error:  # noqa: BLE001 - msgpack raises several types on garbage
         raise BadRecord(f"not a bounded msgpack map ({type(error).__name__})") from None

@@ -23,6 +23,12 @@ def rollout_topic(swarm: str) -> str:
     return f"sapo/{swarm}/rollouts/1"
 
 
+def logprobs_topic(swarm: str) -> str:
+    """The GossipSub topic of the log-probs peers share for their groups (`SharedLogprobs`): only
+    nodes that weigh peers' completions by them subscribe."""
+    return f"sapo/{swarm}/logprobs/1"
+
+
 def check_multiaddr(address: str, what: str, example: str) -> multiaddr.Multiaddr:
     try:
         return multiaddr.Multiaddr(address)

@@ -63,8 +63,9 @@ class ExternalUse(BaseModel):
     )
     share_logprobs: bool = Field(
         default=False,
-        description="publish our own token log-probs with our groups (the optional `behavior` field): peers with "
-        "the same tokenizer can then weigh our completions (--importance-weight sequence)",
+        description="publish our own token log-probs for our groups, on their own topic (sapo/<swarm>/logprobs/1): "
+        "peers with the same tokenizer can then weigh our completions (--importance-weight sequence); the groups "
+        "themselves go out as before, so every release reads them",
     )
 
     @property

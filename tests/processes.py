@@ -20,8 +20,10 @@ TINY = [
     "--model", "tiny", "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--generations", "4",
     "--warm-start-steps", "0", "--torch-threads", "1",
 ]
-# The untrained tiny model mostly scores 0; the uniform sampler lets tests watch the plumbing.
-PLUMBING = ["--local", "2", "--external", "2", "--sampler", "uniform", "--rounds", "0"]
+# The untrained tiny model scores 0 on every completion, so its groups carry no signal and a
+# receiver refuses them (`no_signal`) unless it adds completions of its own to peers' questions
+# (--augment-external); with that and the uniform sampler, tests watch the plumbing.
+PLUMBING = ["--local", "2", "--external", "2", "--sampler", "uniform", "--augment-external", "1", "--rounds", "0"]
 
 
 def free_port() -> int:
@@ -31,14 +33,15 @@ def free_port() -> int:
 
 
 class NodeProcess:
-    """One node; `prefix` runs it under another command (e.g. `ip netns exec NS`)."""
+    """One node; `prefix` runs it under another command (e.g. `ip netns exec NS`), `python` is
+    the interpreter of the sapo release to run (this one by default; tests/releases.py)."""
 
     def __init__(self, data_dir: Path, args: list[str], *, prefix: list[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0",
-                 start_timeout: float = 120):
+                 start_timeout: float = 120, python: str | Path = sys.executable):
         self.data_dir = data_dir
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.log = self.log_path.open("a")
-        cmd = [*prefix, sys.executable, "-m", "sapo.node.cli", "start", *TINY, "--listen", listen,
+        cmd = [*prefix, str(python), "-m", "sapo.node.cli", "start", *TINY, "--listen", listen,
                "--data-dir", str(data_dir), *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         match = wait_for(self._listen_line, timeout=start_timeout, interval=0, what=f"{data_dir.name} to listen")

@@ -27,6 +27,8 @@ class NodeCounters:
     rejected: Counter = field(default_factory=Counter)
     transport: dict[str, int] = field(default_factory=dict)  # the gossip layer's own counts
     accepted_from: Counter = field(default_factory=Counter)  # verified groups per sending peer
+    # peers' shared log-probs: received (messages), joined (to their group), late, unmatched, mismatched
+    logprobs: Counter = field(default_factory=Counter)
 
     def all_rejections(self) -> dict[str, int]:
         """Refusals by reason, from the intake checks and from the gossip layer below them."""

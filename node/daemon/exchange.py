@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import trio
@@ -12,15 +13,36 @@ import trio
 from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.intake import Intake
 from sapo.node.daemon.settings import NodeSettings
-from sapo.protocol.codec import DecodeLimits, encode
+from sapo.protocol.codec import DecodeLimits, canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.gossip import GossipService, ReceivedMessage
-from sapo.protocol.messages import BehaviorLogprobs, to_wire
+from sapo.protocol.messages import (
+    LOGPROBS_SCHEMA_VERSION,
+    BehaviorLogprobs,
+    GroupLogprobs,
+    RolloutGroup,
+    SharedLogprobs,
+    to_wire,
+)
+from sapo.protocol.settings import logprobs_topic
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import Verifier
 from sapo.training.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
+
+# A round's shared log-probs go out in messages of about this size (more groups, more messages):
+# well under any max_message_bytes a receiver may set, and under yamux's 64 KiB frames.
+LOGPROBS_MESSAGE_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One round's frames, to publish in this order: the log-probs first, so that they are there
+    when the groups they name arrive."""
+
+    logprobs: list[bytes]
+    groups: list[bytes]
 
 
 class GroupEncoder:
@@ -47,7 +69,23 @@ class GroupEncoder:
         self.share_logprobs = share_logprobs
 
     def frame(self, group: QuestionGroup, round_index: int) -> bytes:
-        msg = to_wire(
+        return encode(self._message(group, round_index), compress=self.compress)
+
+    def frames(self, groups: list[QuestionGroup], round_index: int) -> Outgoing:
+        """A round's groups as frames, and (with share_logprobs) their log-probs as SharedLogprobs."""
+        messages = [self._message(group, round_index) for group in groups]
+        shared = [
+            GroupLogprobs(group=group_digest(msg).hex(), behavior=BehaviorLogprobs(**group.behavior.model_dump()))
+            for msg, group in zip(messages, groups)
+            if self.share_logprobs and group.behavior is not None
+        ]
+        return Outgoing(
+            logprobs=[encode_logprobs(m, compress=self.compress) for m in self._logprobs_messages(shared)],
+            groups=[encode(msg, compress=self.compress) for msg in messages],
+        )
+
+    def _message(self, group: QuestionGroup, round_index: int) -> RolloutGroup:
+        return to_wire(
             group,
             sender=self.peer_id,
             swarm=self.swarm,
@@ -55,9 +93,26 @@ class GroupEncoder:
             model_id=self.model_id,
             created_at=self.clock(),
             reasoning_gym_version=self.rg_version,
-            behavior=BehaviorLogprobs(**group.behavior.model_dump()) if self.share_logprobs and group.behavior else None,
         )
-        return encode(msg, compress=self.compress)
+
+    def _logprobs_messages(self, entries: list[GroupLogprobs]) -> list[SharedLogprobs]:
+        """Entries packed greedily into messages of about LOGPROBS_MESSAGE_BYTES (one alone may be more)."""
+        batches: list[list[GroupLogprobs]] = []
+        size = 0
+        for entry in entries:
+            entry_size = len(canonical_bytes(entry))
+            if not batches or size + entry_size > LOGPROBS_MESSAGE_BYTES:
+                batches.append([])
+                size = 0
+            batches[-1].append(entry)
+            size += entry_size
+        return [
+            SharedLogprobs(
+                schema_version=LOGPROBS_SCHEMA_VERSION, sender=self.peer_id, swarm=self.swarm,
+                created_at=self.clock(), groups=batch,
+            )
+            for batch in batches
+        ]
 
 
 def group_encoder(
@@ -95,6 +150,7 @@ def node_intake(
         max_age_seconds=settings.sampling.inbox_max_age_seconds,
         verifier=verifier,
         on_reject=on_reject,
+        keep_groups_without_signal=settings.external_use.keeps_groups_without_signal,
     )
 
 
@@ -106,8 +162,11 @@ class GossipExchange:
         self.counters = counters
 
     async def publish(self, groups: list[QuestionGroup], round_index: int) -> None:
-        for group in groups:
-            if await self.service.publish(self.encoder.frame(group, round_index)):
+        outgoing = self.encoder.frames(groups, round_index)
+        for frame in outgoing.logprobs:
+            await self.service.publish(frame, topic=logprobs_topic(self.encoder.swarm))
+        for frame in outgoing.groups:
+            if await self.service.publish(frame):
                 self.counters.published += 1
 
     def peers(self) -> list[str]:
@@ -117,7 +176,7 @@ class GossipExchange:
         """Checks run in a worker thread: regenerating and re-scoring a problem is CPU work
         that must not stall the libp2p heartbeats."""
         limiter = trio.CapacityLimiter(1)
+        shared = logprobs_topic(self.encoder.swarm)
         async for message in incoming:
-            await trio.to_thread.run_sync(
-                self.intake.accept, message.data, message.sender, message.received_at, limiter=limiter
-            )
+            accept = self.intake.accept_logprobs if message.topic == shared else self.intake.accept
+            await trio.to_thread.run_sync(accept, message.data, message.sender, message.received_at, limiter=limiter)

@@ -3,6 +3,13 @@
 Every refusal has a named reason, counted per reason; nothing a peer sends can raise past here.
 Each refusal is also reported to `on_reject(signer, reason)`, which the daemon wires to the
 gossip layer's peer score, so a peer that keeps sending junk ends up banned.
+
+Only a group that can teach this node takes inbox room: one whose completions all earn the same
+reward from this node's verifier has all-zero advantages, so it is refused (`no_signal`), unless
+the node adds completions of its own to external groups (`keep_groups_without_signal`).
+
+A peer's shared log-probs (`accept_logprobs`, their own message and topic) wait, briefly and
+bounded, for the group they name, and ride into the inbox with it.
 """
 
 from __future__ import annotations
@@ -14,17 +21,22 @@ from typing import Callable
 
 from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.refusal_log import RefusalLog
-from sapo.protocol.codec import DecodeLimits, canonical_json, decode
-from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
+from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
+from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.verify import VerifyPolicy, verify
 from sapo.sampling.inbox import Inbox
+from sapo.training.grpo import has_signal
 from sapo.training.rewards import Verifier, score_group
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.rollouts import Behavior, QuestionGroup
 
 log = logging.getLogger("sapo.intake")
 
 # Clocks disagree between machines; a message "from the future" beyond this is suspect.
 CLOCK_SKEW_SECONDS = 120.0
+# Shared log-probs wait for their group at most this long (the sender publishes them just before
+# it), and all of them together hold at most this many values (~32 bytes each in Python lists).
+LOGPROBS_WAIT_SECONDS = 60.0
+LOGPROBS_MAX_VALUES = 1_000_000
 
 
 class Intake:
@@ -42,6 +54,7 @@ class Intake:
         seen_capacity: int = 65_536,
         on_reject: Callable[[str, str], None] | None = None,
         verifier: Verifier = score_group,
+        keep_groups_without_signal: bool = False,
     ):
         self.inbox = inbox
         self.counters = counters
@@ -60,28 +73,54 @@ class Intake:
         self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
         self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
+        # A node that samples its own completions for each external question (augment) can learn
+        # from a group whose completions all score alike: the contrast comes from its own.
+        self.keep_groups_without_signal = keep_groups_without_signal
+        # (author, group digest) -> (log-probs, arrival time), oldest first; `_pending_values` bounds them
+        self._pending: OrderedDict[tuple[str, bytes], tuple[BehaviorLogprobs, float]] = OrderedDict()
+        self._pending_values = 0
 
     def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
         """Admit one frame from `signer` (the libp2p peer that signed it) or count why not."""
         self.counters.received += 1
         try:
             group = self._admit(frame, signer, now)
-        except Rejected as exc:
-            self.counters.rejected[exc.reason.value] += 1
-            if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality):
-                log.debug("rejected group from %s: %s", signer[:16], exc)  # routine: replays, other modalities
-            else:
-                self.refusals.refused(signer, exc.reason.value, exc.detail, now)
-            if self.on_reject is not None:
-                self.on_reject(signer, exc.reason.value)
-            return None
-        except Exception:  # noqa: BLE001 - a bug in a check must not take the node down
-            self.counters.rejected["internal_error"] += 1
-            log.exception("unexpected error while checking a group from %s", signer[:16])
+        except Exception as exc:  # noqa: BLE001 - Rejected, or a bug in a check: never past here
+            self._refused(exc, signer, "group", now)
             return None
         self.counters.accepted += 1
         self.counters.accepted_from[group.origin] += 1
         return group
+
+    def accept_logprobs(self, frame: bytes, signer: str, now: float) -> int:
+        """Hold a peer's shared log-probs until the groups they name arrive; how many were held."""
+        self.counters.logprobs["received"] += 1
+        try:
+            msg = decode_logprobs(frame, self.limits)
+            self._check_envelope(msg.sender, msg.swarm, msg.created_at, signer, now)
+        except Exception as exc:  # noqa: BLE001 - as in accept
+            self._refused(exc, signer, "log-probs", now)
+            return 0
+        for entry in msg.groups:
+            key = (signer, bytes.fromhex(entry.group))
+            if key[1] in self._contents:
+                self.counters.logprobs["late"] += 1  # its group is in already: a group is never changed after
+                continue
+            self._hold(key, entry.behavior, now)
+        return len(msg.groups)
+
+    def _refused(self, exc: Exception, signer: str, what: str, now: float) -> None:
+        if not isinstance(exc, Rejected):  # a bug in a check must not take the node down
+            self.counters.rejected["internal_error"] += 1
+            log.error("unexpected error while checking %s from %s", what, signer[:16], exc_info=exc)
+            return
+        self.counters.rejected[exc.reason.value] += 1
+        if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality):
+            log.debug("rejected %s from %s: %s", what, signer[:16], exc)  # routine: replays, other modalities
+        else:
+            self.refusals.refused(signer, exc.reason.value, exc.detail, now)
+        if self.on_reject is not None:
+            self.on_reject(signer, exc.reason.value)
 
     def _admit(self, frame: bytes, signer: str, now: float) -> QuestionGroup:
         digest = hashlib.sha256(frame).digest()
@@ -89,23 +128,59 @@ class Intake:
             raise Rejected(RejectReason.duplicate, "same frame seen before (a replay)")
         self._remember(self._seen, digest)
         msg = decode(frame, self.limits)
-        if msg.sender != signer:
-            raise Rejected(RejectReason.sender_mismatch, f"sender field {msg.sender[:16]} but signed by {signer[:16]}")
-        if msg.sender == self.local_peer_id:
-            raise Rejected(RejectReason.duplicate, "our own group came back")
-        if msg.swarm != self.swarm:
-            raise Rejected(RejectReason.bad_schema, f"swarm {msg.swarm!r} is not ours ({self.swarm!r})")
-        age = now - msg.created_at
-        if age > self.max_age_seconds or age < -CLOCK_SKEW_SECONDS:
-            raise Rejected(RejectReason.stale, f"created {age:.0f}s ago")
-        content = content_digest(msg)
+        self._check_envelope(msg.sender, msg.swarm, msg.created_at, signer, now)
+        content = group_digest(msg)
         if content in self._contents:
             raise Rejected(RejectReason.repeat, "this peer's question and completions again, in a new envelope")
         group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
+        logprobs = self._take((signer, content))
+        if not self.keep_groups_without_signal and not has_signal(group.rewards):
+            raise Rejected(RejectReason.no_signal, f"all {len(group.rewards)} completions score {group.rewards[0]:g} here")
+        group = self._with_logprobs(group, logprobs)
         if not self.inbox.add(group, now):
             raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
         self._remember(self._contents, content)  # only what got in: a refused group may be fixed and sent again
         return group
+
+    def _check_envelope(self, sender: str, swarm: str, created_at: float, signer: str, now: float) -> None:
+        if sender != signer:
+            raise Rejected(RejectReason.sender_mismatch, f"sender field {sender[:16]} but signed by {signer[:16]}")
+        if sender == self.local_peer_id:
+            raise Rejected(RejectReason.duplicate, "our own message came back")
+        if swarm != self.swarm:
+            raise Rejected(RejectReason.bad_schema, f"swarm {swarm!r} is not ours ({self.swarm!r})")
+        age = now - created_at
+        if age > self.max_age_seconds or age < -CLOCK_SKEW_SECONDS:
+            raise Rejected(RejectReason.stale, f"created {age:.0f}s ago")
+
+    def _hold(self, key: tuple[str, bytes], behavior: BehaviorLogprobs, now: float) -> None:
+        self._take(key)
+        self._pending[key] = (behavior, now)
+        self._pending_values += _values(behavior)
+        while self._pending and (
+            self._pending_values > LOGPROBS_MAX_VALUES or now - next(iter(self._pending.values()))[1] > LOGPROBS_WAIT_SECONDS
+        ):
+            _, (dropped, _) = self._pending.popitem(last=False)
+            self._pending_values -= _values(dropped)
+            self.counters.logprobs["unmatched"] += 1
+
+    def _take(self, key: tuple[str, bytes]) -> BehaviorLogprobs | None:
+        """The log-probs held for (author, group digest), no longer held."""
+        held = self._pending.pop(key, None)
+        if held is None:
+            return None
+        self._pending_values -= _values(held[0])
+        return held[0]
+
+    def _with_logprobs(self, group: QuestionGroup, behavior: BehaviorLogprobs | None) -> QuestionGroup:
+        """The group with its author's shared log-probs, if they came and fit its completions."""
+        if behavior is None:
+            return group
+        if len(behavior.token_logprobs) != len(group.completions):
+            self.counters.logprobs["mismatched"] += 1
+            return group
+        self.counters.logprobs["joined"] += 1
+        return group.model_copy(update={"behavior": Behavior(**behavior.model_dump())})
 
     def _remember(self, memory: OrderedDict[bytes, None], digest: bytes) -> None:
         memory[digest] = None
@@ -113,9 +188,5 @@ class Intake:
             memory.popitem(last=False)
 
 
-def content_digest(msg: RolloutGroup) -> bytes:
-    """What a group is: its author, its problem and its completions. Nothing of the envelope
-    (timestamp, round, model name, the sender's own rewards) takes part, so changing it makes
-    no new group."""
-    content = {"sender": msg.sender, "problem": msg.problem.model_dump(mode="json"), "completions": list(msg.completions)}
-    return hashlib.sha256(canonical_json(content)).digest()
+def _values(behavior: BehaviorLogprobs) -> int:
+    return sum(len(row) for row in behavior.token_logprobs) + 1

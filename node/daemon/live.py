@@ -26,6 +26,7 @@ from sapo.node.daemon.status import (
     read_records,
     write_status_file,
 )
+from sapo.protocol.release import sapo_version
 from sapo.training.warmstart import WarmStartProgress
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class LiveStatus:
             source="live",
             updated=time.time(),
             pid=os.getpid(),
+            version=sapo_version(),
             peer_id=self.peer_id,
             model=self.settings.model.model,
             data_dir=str(self.settings.run.data_dir),
@@ -121,6 +123,7 @@ class LiveStatus:
                 "received": counters.received,
                 "accepted": counters.accepted,
                 "rejected": counters.all_rejections(),
+                "logprobs": dict(counters.logprobs),
             }
             accepted_from = dict(counters.accepted_from)
         else:
@@ -131,7 +134,8 @@ class LiveStatus:
             bans = service.banned_peers()
             update |= {
                 "bans": bans,
-                "peers": peer_rows(service.connected_peers(), service.peer_addresses(), accepted_from, bans),
+                "peers": peer_rows(service.connected_peers(), service.peer_addresses(), accepted_from, bans,
+                                   service.peer_agents(), service.peer_scores()),
             }
         update |= self._history.fields()
         return status.model_copy(update=update)

@@ -35,6 +35,7 @@ class Member:
     counters: NodeCounters
     joins_at: int = 1  # the first round it takes part in: before it, it neither publishes nor receives
     pending: list[bytes] = field(default_factory=list)
+    pending_logprobs: list[bytes] = field(default_factory=list)  # delivered before the groups, as over gossip
 
 
 class MemoryHub:
@@ -69,7 +70,9 @@ class MemoryHub:
         return MemoryExchange(self, member)
 
     async def publish(self, member: Member, groups: list[QuestionGroup], round_index: int) -> None:
-        member.pending += [member.encoder.frame(group, round_index) for group in groups]
+        outgoing = member.encoder.frames(groups, round_index)
+        member.pending_logprobs += outgoing.logprobs
+        member.pending += outgoing.groups
         member.counters.published += len(groups)
         if not self.lockstep:
             self.deliver()
@@ -93,12 +96,17 @@ class MemoryHub:
         now = self.clock()
         receivers = [m for m in self.members if m.intake is not None and (round_index is None or m.joins_at <= round_index)]
         for sender in self.members:
+            for frame in sender.pending_logprobs:
+                for member in receivers:
+                    if member is not sender:
+                        member.intake.accept_logprobs(frame, sender.peer_id, now)
             for frame in sender.pending:
                 for member in receivers:
                     if member is not sender:
                         member.intake.accept(frame, sender.peer_id, now)
                         delivered += 1
             sender.pending.clear()
+            sender.pending_logprobs.clear()
         return delivered
 
 

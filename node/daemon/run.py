@@ -33,6 +33,7 @@ from sapo.node.judge.client import JudgeClient
 from sapo.protocol.gossip import GossipService, ReceivedMessage
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.peer_guard import PENALTIES
+from sapo.protocol.settings import logprobs_topic
 from sapo.training.devices import resolve_device
 from sapo.training.generation import GenerationInterrupted
 from sapo.training.tasks import reasoning_gym_version
@@ -118,7 +119,10 @@ async def open_network(
     """Start the libp2p service and print the addresses peers can dial. What it receives
     waits in the returned channel until the node can check it (start_intake)."""
     send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
-    service = GossipService(settings.network, key_pair, send, counters=counters)
+    # peers' shared log-probs only reach a node that weighs their completions by them
+    reads_logprobs = settings.external_use.importance_weight != "off"
+    extra = (logprobs_topic(settings.network.swarm),) if reads_logprobs else ()
+    service = GossipService(settings.network, key_pair, send, counters=counters, extra_topics=extra)
     await nursery.start(service.run)
     live.service = service
     live.listen = dialable_all(service.listen_addrs)

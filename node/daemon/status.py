@@ -30,6 +30,8 @@ class PeerRow(BaseModel):
     connected: bool
     accepted: int = Field(description="its groups that passed every check (accepted_from)")
     banned: bool = False
+    agent: str | None = Field(default=None, description="what its libp2p identify says it runs, e.g. sapo/0.3.0")
+    score: float | None = Field(default=None, description="its peer score here (0: nothing held against it; banned at -100)")
 
 
 class Progress(BaseModel):
@@ -62,6 +64,7 @@ class NodeStatus(BaseModel):
     source: Literal["live", "files"] = Field(description="a running node's own answer, or rebuilt from its data dir")
     updated: float = Field(description="when this was true (unix time)")
     pid: int | None = None
+    version: str | None = Field(default=None, description="this node's sapo release (its identify says sapo/<version>)")
     peer_id: str | None = None
     model: str | None = None
     data_dir: str | None = None
@@ -81,6 +84,9 @@ class NodeStatus(BaseModel):
     received: int = 0
     accepted: int = 0
     rejected: dict[str, int] = Field(default_factory=dict, description="refused groups by reason")
+    logprobs: dict[str, int] = Field(
+        default_factory=dict, description="peers' shared log-probs: received (messages), joined to their group, late, unmatched"
+    )
     waiting_while_loading: int = Field(default=0, description="received groups held until the model is loaded")
     dropped: int = Field(default=0, description="received groups dropped because the node could not keep up")
     bans: list[str] = Field(default_factory=list, description="peers banned right now")
@@ -124,16 +130,26 @@ def counters_of(record: RoundRecord) -> dict:
     }
 
 
-def peer_rows(connected: Iterable[str], addresses: dict[str, list[str]], accepted_from: dict[str, int], banned: list[str]) -> list[PeerRow]:
+def peer_rows(
+    connected: Iterable[str],
+    addresses: dict[str, list[str]],
+    accepted_from: dict[str, int],
+    banned: list[str],
+    agents: dict[str, str] | None = None,
+    scores: dict[str, float] | None = None,
+) -> list[PeerRow]:
     """Connected peers first, then peers we only hold groups from (relayed, or gone)."""
     connected = list(connected)
-    rows = [
-        PeerRow(peer_id=p, addresses=addresses.get(p, []), connected=True, accepted=accepted_from.get(p, 0), banned=p in banned)
-        for p in connected
-    ]
+    agents, scores = agents or {}, scores or {}
+
+    def row(p: str, is_connected: bool) -> PeerRow:
+        return PeerRow(
+            peer_id=p, addresses=addresses.get(p, []), connected=is_connected, accepted=accepted_from.get(p, 0),
+            banned=p in banned, agent=agents.get(p), score=scores.get(p),
+        )
+
     others = sorted(set(accepted_from) - set(connected), key=lambda p: -accepted_from[p])
-    rows += [PeerRow(peer_id=p, connected=False, accepted=accepted_from[p], banned=p in banned) for p in others]
-    return rows
+    return [row(p, True) for p in connected] + [row(p, False) for p in others]
 
 
 def read_records(data_dir: Path) -> list[RoundRecord]:
@@ -240,6 +256,7 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
         state += f"; status from files, written {_ago(now - status.updated)} ago"
     elif status.started:
         state += f", up {_ago(now - status.started)}"
+    state += f", sapo {status.version}" if status.version else ""
     lines.append(f"{who}: {state}")
     if status.progress is not None:
         p = status.progress
@@ -279,7 +296,8 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
     for peer in status.peers:
         where = ", ".join(peer.addresses) or ("connected" if peer.connected else "not connected")
         flags = " BANNED" if peer.banned else ""
-        lines.append(f"  {_short(peer.peer_id):<21} {peer.accepted:>6} accepted  {where}{flags}")
+        score = f"  score {peer.score:g}" if peer.score else ""
+        lines.append(f"  {_short(peer.peer_id):<21} {peer.agent or '?':<18} {peer.accepted:>6} accepted  {where}{flags}{score}")
     rejected = ", ".join(f"{reason} {count}" for reason, count in sorted(status.rejected.items(), key=lambda kv: -kv[1]))
     lines.append(
         f"inbox      {status.inbox_size} group(s); received {status.received}, accepted {status.accepted}, "

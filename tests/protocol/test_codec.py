@@ -22,7 +22,8 @@ from tests.protocol.strategies import (
     sample_message,
 )
 
-GOLDEN = pathlib.Path(__file__).parent / "golden" / "rollout_group_v1.bin"
+# written by release 0.1.0's own code (tests/protocol/golden/generate.py); every release decodes it
+GOLDEN = pathlib.Path(__file__).parent / "golden" / "0.1.0" / "rollout_group_v1.bin"
 LIMITS = DecodeLimits()
 
 
@@ -203,7 +204,6 @@ _DROP = object()
         {"sender": "0OIl not base58"},
         {"sender": ""},
         {"swarm": ""},
-        {"extra_field": 1},
         {"answer": _DROP},
         {"problem": "basic_arithmetic"},
         {"metadata": {"x": [1, 2]}, "sender_round": True},
@@ -214,7 +214,7 @@ def test_bad_schema(changes):
 
 
 def test_bad_schema_in_the_problem_spec():
-    for field, value in [("seed", -1), ("index", 2**31), ("dataset", 5), ("config", [1]), ("x", 1)]:
+    for field, value in [("seed", -1), ("index", 2**31), ("dataset", 5), ("config", [1])]:
         obj = message_dict()
         obj["problem"][field] = value
         assert reason_of(frame_of(obj)) == RejectReason.bad_schema, field
@@ -337,7 +337,8 @@ def test_decode_only_returns_a_message_or_rejected(frame):
     assert decode(encode(msg), LIMITS) == msg
 
 
-GOLDEN_BEHAVIOR = pathlib.Path(__file__).parent / "golden" / "rollout_group_v1_behavior.bin"
+# written by release 0.2.0's own code: the `behavior` field inside the group, read but no longer written
+GOLDEN_BEHAVIOR = pathlib.Path(__file__).parent / "golden" / "0.2.0" / "rollout_group_v1_behavior.bin"
 
 
 def golden_message_with_behavior() -> RolloutGroup:

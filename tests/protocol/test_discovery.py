@@ -126,13 +126,16 @@ def test_wire_round_trip_and_refusals():
         msgpack.packb([1, 2]),
         msgpack.packb({"v": 2, "self": own}),
         msgpack.packb({"v": True, "self": own}),
-        msgpack.packb({"v": 1, "self": own, "extra": 1}),
+        msgpack.packb({"v": 1, "selves": own}),
+        msgpack.packb({"v": 1, "self": own, **{f"k{i}": i for i in range(16)}}),  # over MAX_FRAME_KEYS
         msgpack.packb({"v": 1, "self": "a string"}),
         msgpack.packb({"v": 1, "self": b"x" * 3000}),
     ]
     for payload in bad:
         with pytest.raises(BadRecord):
             decode_request(payload)
+    # a key a later release adds is skipped (protocol/README.md, "Compatibility")
+    assert decode_request(msgpack.packb({"v": 1, "self": own, "later": {"x": [1]}})) == own
     too_many = msgpack.packb({"v": 1, "self": own, "peers": [[own, None]] * (RECORDS_PER_RESPONSE + 1)})
     for payload in (too_many, msgpack.packb({"v": 1, "self": own, "peers": [[own, 5]]})):
         with pytest.raises(BadRecord):

@@ -79,7 +79,6 @@ GOOD = request().model_dump(mode="json")
         (frame_of({**GOOD, "node_round": -1}), WireErrorReason.bad_schema),
         (frame_of({**GOOD, "node_round": 1.0}), WireErrorReason.bad_schema),
         (frame_of({**GOOD, "peer_id": "not/base58!"}), WireErrorReason.bad_schema),
-        (frame_of({**GOOD, "extra": 1}), WireErrorReason.bad_schema),
         (frame_of({**GOOD, "model_id": b"bytes"}), WireErrorReason.bad_msgpack),  # no bin type allowed
     ],
 )
@@ -88,6 +87,14 @@ def test_malformed_eval_requests_are_refused_with_a_named_reason(frame, reason):
         wire.decode(frame, EvalRequest)
     assert caught.value.reason is reason
     assert caught.value.detail
+
+
+def test_a_field_a_later_release_adds_is_skipped():
+    # protocol/README.md, "Compatibility": readers skip what they do not know, within the frame's bounds
+    assert wire.decode(frame_of({**GOOD, "later": {"x": [1, 2]}}), EvalRequest) == request()
+    with pytest.raises(JudgeWireError) as caught:
+        wire.decode(frame_of({**GOOD, "later": "x" * wire.MAX_FRAME_BYTES}), EvalRequest)
+    assert caught.value.reason is WireErrorReason.oversized
 
 
 def test_a_score_outside_zero_one_is_refused():

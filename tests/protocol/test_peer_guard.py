@@ -86,6 +86,29 @@ def test_honest_reasons_cost_nothing():
     assert guard.score(b"p") == 0.0
 
 
+def test_groups_without_signal_never_sink_an_honest_peer_at_any_rate_it_may_publish():
+    """A weak model's groups all score 0, a strong one's all 1: an honest node may send nothing
+    else. At the rate limit (50/s, bursts of 100) for an hour, its score stays within a burst's
+    charge (2 points) of 0 and never nears a ban; a slower node is back at 0 between rounds."""
+    clock = Clock()
+    guard = PeerGuard(rate=50.0, burst=100, ban_seconds=600, clock=clock)
+    lowest = 0.0
+    for _ in range(3600):  # a burst of 100 flat groups, then 50 a second, for an hour
+        for _ in range(100 if clock.now == 1000.0 else 50):
+            assert guard.admit(b"weak") is None
+            assert not guard.penalize(b"weak", "no_signal")
+            lowest = min(lowest, guard.score(b"weak"))
+        clock.now += 1.0
+    assert -2.0 - 1e-9 <= lowest < 0 and not guard.is_banned(b"weak")
+    clock.now += 2.0
+    assert guard.score(b"weak") == 0.0
+    for _ in range(8):  # the untrained tiny model's round: a few flat groups, every half second
+        guard.penalize(b"tiny", "no_signal")
+    assert abs(guard.score(b"tiny") + 0.16) < 1e-9
+    clock.now += 0.5
+    assert guard.score(b"tiny") == 0.0
+
+
 def test_tracking_is_bounded_and_keeps_bans():
     clock = Clock()
     guard = PeerGuard(rate=1.0, burst=1, ban_seconds=300, max_tracked=50, clock=clock)

@@ -152,6 +152,7 @@ function render(s) {
   phase.className = `phase ${s.phase.split(" ")[0]}`;
   $("round").textContent = `round ${s.round}${s.rounds_planned ? ` of ${s.rounds_planned}` : ""}`;
   $("model").textContent = s.model ?? "";
+  $("version").textContent = s.version ? `sapo ${s.version}` : "";
   $("uptime").textContent = s.started ? `up ${duration(s.updated - s.started)}` : "";
   $("updated").textContent = `updated ${new Date(s.updated * 1000).toLocaleTimeString()}`;
   document.title = `sapo ${s.phase} r${s.round}`;
@@ -211,9 +212,11 @@ function render(s) {
   const rows = s.peers.map((p) => {
     const tr = el("tr", { "data-peer": p.peer_id, class: p.banned ? "banned" : "" });
     tr.append(el("td", { class: "mono", title: p.peer_id }, short(p.peer_id) + (p.banned ? " (banned)" : "")),
+              el("td", { class: "mono", title: "what its libp2p identify says it runs" }, p.agent ?? "–"),
               el("td", { class: "mono" }, p.addresses.join(" ") || "–"),
               el("td", {}, p.connected ? "yes" : "no"),
-              el("td", {}, String(p.accepted)));
+              el("td", {}, String(p.accepted)),
+              el("td", {}, p.score == null ? "–" : fmt(p.score, 2)));
     return tr;
   });
   $("peers").tBodies[0].replaceChildren(...rows);

@@ -20,9 +20,12 @@ def used_external_from_both_others(node: NodeProcess, others: list[NodeProcess])
 
 
 def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nodes):
-    # The untrained tiny model mostly scores 0, so the zero-advantage filter would drop nearly
-    # every group; the uniform sampler lets this test watch the plumbing, not the learning.
-    extra = ["--local", "2", "--external", "2", "--sampler", "uniform", "--rounds", "0"]
+    # The untrained tiny model scores 0, so its groups carry no signal: receivers keep them only
+    # because they augment (tests/processes.py PLUMBING); the uniform sampler lets this test
+    # watch the plumbing, not the learning.
+    from tests.processes import PLUMBING
+
+    extra = list(PLUMBING)
     first = start_node(tmp_path / "n0", [], extra)
     nodes.append(first)
     nodes.append(start_node(tmp_path / "n1", [first.address], extra))

@@ -25,6 +25,8 @@ STUDY = [
     "--seeds", "1", "--no-progress", "--jobs", "1",
     "--tasks", "basic_arithmetic", "--sampler", "uniform", "--max-new-tokens", "6", "--generations", "4",
     "--warm-start-steps", "0",
+    # the untrained model's groups all score 0: kept only by a node that adds its own completions
+    "--augment-external", "1",
 ]
 
 

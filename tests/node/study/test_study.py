@@ -21,6 +21,8 @@ STUDY = [
     # node settings, passed through
     "--tasks", "basic_arithmetic", "--sampler", "uniform", "--max-new-tokens", "6", "--generations", "4",
     "--warm-start-steps", "0",
+    # the untrained model's groups all score 0: kept only by a node that adds its own completions
+    "--augment-external", "1",
 ]
 
 
@@ -178,6 +180,7 @@ def test_the_same_study_runs_over_real_libp2p_node_processes(tmp_path):
         "experiment", "--transport", "libp2p", "--nodes", "2", "--configs", "2/0,1/1", "--rounds", "2", "--seeds", "1",
         "--no-progress", "--out", str(out),
         "--generations", "4", "--max-new-tokens", "8", "--warm-start-steps", "0", "--sampler", "uniform",
+        "--augment-external", "1",
     ]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["study"]["transport"] == "libp2p" and set(summary["results"]) == {"2/0", "1/1"}

@@ -1,0 +1,85 @@
+"""The intake with the real codec, verifier and inbox: groups that cannot teach this node are
+refused (and charged), and a peer's shared log-probs ride into the inbox with the group they name,
+never with another author's."""
+
+from __future__ import annotations
+
+from sapo.node.daemon.counters import NodeCounters
+from sapo.node.daemon.exchange import GroupEncoder
+from sapo.node.daemon.intake import Intake
+from sapo.node.study.nodes import peer_id_for
+from sapo.protocol.codec import DecodeLimits
+from sapo.protocol.verify import VerifyPolicy
+from sapo.sampling.inbox import Inbox
+from sapo.training.rollouts import Behavior, QuestionGroup
+from sapo.training.tasks import reasoning_gym_version
+from tests.node.daemon.test_hostile_peer import honest_group
+
+NOW = 1_700_000_000.0
+ME, ALICE, MALLORY = peer_id_for(0, 0), peer_id_for(0, 1), peer_id_for(0, 2)
+
+
+def intake(keep: bool = False) -> tuple[Intake, list[tuple[str, str]]]:
+    charged: list[tuple[str, str]] = []
+    return Intake(
+        Inbox(64, 2**22, 600), NodeCounters(), swarm="t", local_peer_id=ME, rg_version=reasoning_gym_version(),
+        limits=DecodeLimits(), policy=VerifyPolicy(), max_age_seconds=600,
+        on_reject=lambda signer, reason: charged.append((signer, reason)), keep_groups_without_signal=keep,
+    ), charged
+
+
+def encoder(peer: str, share: bool = False) -> GroupEncoder:
+    return GroupEncoder(peer_id=peer, swarm="t", model_id="m", rg_version=reasoning_gym_version(),
+                        share_logprobs=share, clock=lambda: NOW)
+
+
+def flat(index: int) -> QuestionGroup:
+    return QuestionGroup(problem=honest_group(index).problem, completions=[""] * 4, rewards=[1.0] * 4)
+
+
+def test_a_group_whose_completions_all_score_alike_is_refused_counted_and_charged():
+    receiver, charged = intake()
+    frames = [encoder(ALICE).frame(flat(i), 1) for i in range(5)]
+    assert [receiver.accept(frame, ALICE, NOW) for frame in frames] == [None] * 5
+    assert receiver.counters.rejected["no_signal"] == 5 and len(receiver.inbox) == 0
+    assert charged == [(ALICE, "no_signal")] * 5
+    right = QuestionGroup(problem=honest_group(6).problem, completions=[f"<answer>{honest_group(6).problem.answer}</answer>"] * 2,
+                          rewards=[0.0, 0.0])  # all correct: nothing to learn either, whatever the sender claims
+    assert receiver.accept(encoder(ALICE).frame(right, 1), ALICE, NOW) is None
+    assert receiver.accept(encoder(ALICE).frame(honest_group(7), 1), ALICE, NOW) is not None
+    assert len(receiver.inbox) == 1 and receiver.counters.accepted_from == {ALICE: 1}
+
+
+def test_a_node_that_augments_keeps_them():
+    receiver, charged = intake(keep=True)
+    assert receiver.accept(encoder(ALICE).frame(flat(0), 1), ALICE, NOW) is not None
+    assert len(receiver.inbox) == 1 and not charged
+
+
+def test_shared_log_probs_join_their_group_by_digest_and_author():
+    receiver, _ = intake()
+    behavior = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-0.5, -0.25], [-1.0]])
+    groups = [honest_group(i).model_copy(update={"behavior": behavior}) for i in range(3)]
+    alice = encoder(ALICE, share=True).frames(groups, 1)
+    assert len(alice.logprobs) == 1  # one message for the round's three groups
+    # Mallory re-signs Alice's log-probs as her own: they name Alice's groups, but are not Alice's
+    forged = encoder(MALLORY, share=True).frames(groups, 1)
+    assert receiver.accept_logprobs(forged.logprobs[0], MALLORY, NOW) == 3
+    assert receiver.accept(alice.groups[0], ALICE, NOW).behavior is None
+    assert receiver.accept_logprobs(alice.logprobs[0], ALICE, NOW) == 3
+    assert receiver.accept(alice.groups[1], ALICE, NOW).behavior == behavior
+    assert receiver.accept(alice.groups[2], ALICE, NOW).behavior == behavior
+    assert receiver.counters.logprobs == {"received": 2, "late": 1, "joined": 2}  # group 0 was in already
+    # signed by one peer, naming another as the sender: refused and charged like a group
+    assert receiver.accept_logprobs(alice.logprobs[0], MALLORY, NOW) == 0
+    assert receiver.counters.rejected["sender_mismatch"] == 1
+
+
+def test_log_probs_are_split_into_messages_of_bounded_size():
+    behavior = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-0.123456789] * 2000, [-1.0] * 2000])
+    groups = [honest_group(i).model_copy(update={"behavior": behavior}) for i in range(8)]
+    out = encoder(ALICE, share=True).frames(groups, 1)
+    assert len(out.logprobs) > 1 and all(len(frame) < 64 * 1024 for frame in out.logprobs)
+    receiver, _ = intake()
+    assert sum(receiver.accept_logprobs(frame, ALICE, NOW) for frame in out.logprobs) == 8
+    assert all(receiver.accept(frame, ALICE, NOW).behavior == behavior for frame in out.groups)

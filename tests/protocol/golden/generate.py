@@ -1,0 +1,116 @@
+"""Write the golden frames of one release, with that release's own code.
+
+Run it with the Python of an installed release, e.g. for 0.1.0 (CHANGELOG.md names its commit):
+
+    git worktree add --detach /tmp/sapo-0.1.0 36e7e26
+    python -m venv /tmp/venv-0.1.0 && /tmp/venv-0.1.0/bin/pip install /tmp/sapo-0.1.0
+    /tmp/venv-0.1.0/bin/python tests/protocol/golden/generate.py tests/protocol/golden/0.1.0
+
+It writes every frame that release sends (it looks at what the release's modules offer, so the
+same script serves every release) and nothing else. The messages below are the golden ones:
+never edit them, add new ones. tests/protocol/test_compatibility.py decodes every file, of every
+release, with the code of today.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+SENDER = "12D3KooWGzh6X5bXvYJXyVWuXWoMf1Mhj6D6qVuYzjXfYqZ3nW9E"
+
+GROUP = {
+    "schema_version": 1,
+    "sender": SENDER,
+    "swarm": "sapo-golden",
+    "sender_round": 12,
+    "created_at": 1_735_689_600.5,
+    "modality": "text",
+    "problem": {
+        "dataset": "basic_arithmetic",
+        # deliberately out of key order: the encoder must sort map keys
+        "config": {"operators": ["+", "-"], "min_terms": 2, "max_terms": 2, "allow_negation": False},
+        "seed": 1234,
+        "index": 5,
+    },
+    "question": "Calculate 3 + 4 =",
+    "answer": "7",
+    "metadata": {"source_index": 5, "source_dataset": "basic_arithmetic", "difficulty": {"num_terms": [2, 2]}},
+    "model_id": "SmolLM2-135M-Instruct",
+    "completions": ["3 plus 4 is 7. <answer>7</answer>", "<answer>8</answer>", "Ünïcödé ✓ 🙂"],
+    "sender_rewards": [1.0, 0.0, 0.0],
+    "reasoning_gym_version": "0.1.25",
+}
+BEHAVIOR = {"tokenizer": "9f2c4e1a7b3d5f60", "temperature": 1.0, "token_logprobs": [[-0.5, -0.25, 0.0], [-1.5], [-2.0, -0.125]]}
+JUDGE_PEER = "12D3KooWNw6rsRXB6edCW9pgnkqhCwnuj8civPt8wWknGw4x6Ak2"
+JUDGE = {
+    "eval_request": {"peer_id": JUDGE_PEER, "model_id": "tiny", "node_round": 7, "swarm_peers_seen": 2, "external_groups": 3},
+    "question": {"id": "0123456789abcdef", "task": "basic_arithmetic", "question": "Calculate 3 + 4 =",
+                 "spec": GROUP["problem"]},
+    "answer": {"id": "0123456789abcdef", "text": "<answer>7</answer>"},
+    "score": {"id": "0123456789abcdef", "score": 1.0},
+    "error": {"reason": "bad_schema", "detail": "answer: field required"},
+}
+
+
+def rollout_frames() -> dict[str, bytes]:
+    from sapo.protocol import messages
+    from sapo.protocol.codec import encode
+
+    out = {"rollout_group_v1.bin": encode(messages.RolloutGroup.model_validate(GROUP), compress=False)}
+    if "behavior" in inspect.signature(messages.to_wire).parameters:  # 0.2.0 sent it inside the group
+        group = messages.RolloutGroup.model_validate({**GROUP, "behavior": BEHAVIOR})
+        out["rollout_group_v1_behavior.bin"] = encode(group, compress=False)
+    if hasattr(messages, "SharedLogprobs"):  # 0.3.0 on: its own message, on its own topic
+        from sapo.protocol.codec import encode_logprobs, group_digest
+
+        digest = group_digest(messages.RolloutGroup.model_validate(GROUP)).hex()
+        shared = messages.SharedLogprobs.model_validate({
+            "schema_version": 1, "sender": SENDER, "swarm": "sapo-golden", "created_at": 1_735_689_600.25,
+            "groups": [{"group": digest, "behavior": BEHAVIOR}],
+        })
+        out["shared_logprobs_v1.bin"] = encode_logprobs(shared, compress=False)
+    return out
+
+
+def discovery_frames() -> dict[str, bytes]:
+    """/sapo/peers/1: a request and a response, around a record sealed with a fixed key (seq 1)."""
+    import multiaddr
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.envelope import seal_record
+    from libp2p.peer.id import ID
+    from libp2p.peer.peer_record import PeerRecord
+
+    try:
+        from sapo.protocol.peer_records import encode_request, encode_response
+    except ImportError:  # 0.1.0 kept them in discovery.py
+        from sapo.protocol.discovery import encode_request, encode_response
+    key = create_new_key_pair(b"\x07" * 32)
+    record = PeerRecord(ID.from_pubkey(key.public_key), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/4001")], seq=1)
+    envelope = seal_record(record, key.private_key).marshal_envelope()
+    return {
+        "peers_request_v1.bin": encode_request(envelope),
+        "peers_response_v1.bin": encode_response(envelope, [(envelope, "10.0.0.1"), (envelope, None)]),
+    }
+
+
+def judge_frames() -> dict[str, bytes]:
+    from sapo.protocol import judge_wire
+
+    kinds = {"eval_request": judge_wire.EvalRequest, "question": judge_wire.Question, "answer": judge_wire.Answer,
+             "score": judge_wire.Score, "error": judge_wire.JudgeError}
+    return {f"judge_{kind}_v1.bin": judge_wire.encode(kinds[kind].model_validate(fields)) for kind, fields in JUDGE.items()}
+
+
+def main(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in {**rollout_frames(), **discovery_frames(), **judge_frames()}.items():
+        (out / name).write_bytes(frame)
+        print(f"{out / name}: {len(frame)} bytes")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/protocol/golden/generate.py OUT_DIR")
+    main(Path(sys.argv[1]))
