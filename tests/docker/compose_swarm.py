@@ -224,13 +224,13 @@ def stop_cleanly(compose: Compose) -> None:
     """`docker-compose stop`: SIGTERM, then SIGKILL (exit 137) after the service's stop timeout.
     Each sapo program's time from receiving SIGTERM to its exit, from its log and the engine."""
     containers = {service: compose.container_of(service) for service in SERVICES}
-    started = time.monotonic()
+    started, since = time.monotonic(), f"{time.time() - 5:.0f}"
     compose("stop")
     print(f"   docker-compose stop took {time.monotonic() - started:.1f}s")
     unclean = {}
     for service, container in containers.items():
         state = inspect(container)["State"]
-        logs = sh("docker", "logs", "--timestamps", "--tail", "200", container)
+        logs = sh("docker", "logs", "--timestamps", "--since", since, container)
         signalled = SIGTERM_LINE.findall(logs.stdout + logs.stderr)
         took = f"{(docker_time(state['FinishedAt']) - docker_time(signalled[-1])).total_seconds():.1f}s after SIGTERM" if signalled else ""
         print(f"   {service:<10} exit {state['ExitCode']} {took}")
