@@ -412,7 +412,8 @@ def print_table(
         + (" Flat-reward groups got forced 0/1 rewards (--force-signal)." if args.force_signal else "")
     )
     print(
-        f"memory bandwidth (torch copy on {args.device}, {args.threads} thread{'s' if args.threads > 1 else ''}): "
+        f"memory bandwidth (torch copy{'' if args.device == 'cpu' else ' on ' + args.device}, "
+        f"{args.threads} thread{'s' if args.threads > 1 else ''}): "
         f"{bandwidth_gbs:.1f} GB/s; 'bound tok/s' = decode batch x bandwidth / (weights + batch x KV per token x "
         f"context), context = padded prompt + max_new_tokens/2 (bench/bandwidth.py)"
     )
