@@ -90,7 +90,8 @@ class Setup:
 
     python: str
     env: dict[str, str]
-    work: Path
+    work: Path  # this run's files: logs, rows, the study; made afresh each run
+    site: Path  # the bundle's packages (kept between runs on one machine)
     models_dir: Path
     model: str  # for round, roofline and shared
     study_model: str | None  # None: no real weights for a study
@@ -266,14 +267,18 @@ def prepare(args, setup: Setup, log: Path) -> Outcome:
     started = time.perf_counter()
     bundle = args.bundle.resolve()
     manifest = json.loads((bundle / "manifest.json").read_text())
-    site, build = setup.work / "site", setup.work / "build"
+    site, build = setup.site, setup.site.parent / "build"
     wheels = sorted((bundle / manifest["wheels"]).glob("*.whl"))
     tools = [w for w in wheels if w.name.startswith("setuptools-")]  # only to build sapo; the box keeps its own
-    status = pip_install(setup.python, [w for w in wheels if w not in tools], site, log, setup.env)
-    if status != "ok":
-        return Outcome("prepare", "failed", time.perf_counter() - started, "installing the wheels failed", tail(log))
-    if tools:
-        pip_install(setup.python, tools, build, log, setup.env)
+    stamp, installed = site / ".bundle", "\n".join(w.name for w in wheels)
+    site.mkdir(parents=True, exist_ok=True)
+    if wheels and (not stamp.is_file() or stamp.read_text() != installed):  # a second run on one machine skips this
+        status = pip_install(setup.python, [w for w in wheels if w not in tools], site, log, setup.env)
+        if status != "ok":
+            return Outcome("prepare", "failed", time.perf_counter() - started, "installing the wheels failed", tail(log))
+        if tools:
+            pip_install(setup.python, tools, build, log, setup.env)
+        stamp.write_text(installed)
     env = {**setup.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(build), setup.env.get("PYTHONPATH")]))}
     status = pip_install(setup.python, [ROOT], site, log, env, ["--no-build-isolation"])
     if status != "ok":
@@ -282,7 +287,7 @@ def prepare(args, setup: Setup, log: Path) -> Outcome:
                            env=setup.env, timeout=60)
     unmet = json.loads(check.stdout) if check.returncode == 0 else [f"requirements check failed: {check.stderr[-300:]}"]
     setup.notes += [f"unmet requirement: {u}" for u in unmet]
-    gguf = site / GGUF_PACKAGE / manifest["gguf"]["file"]
+    gguf = site / GGUF_PACKAGE / manifest["gguf"]["file"]  # where sapo's gguf_path() finds it
     problem = None if gguf.is_file() and gguf.stat().st_size == manifest["gguf"]["bytes"] else \
         reassemble(manifest, [args.parts, bundle], gguf)
     if problem is None:
@@ -483,8 +488,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "this interpreter's sapo as it is")
     parser.add_argument("--parts", type=Path, default=Path("/var/tmp/sapo-gpu/parts"),
                         help="where the earlier transfers' commands left their GGUF parts")
-    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: /var/tmp/sapo-gpu/work, "
-                                                                "or a folder under --out's parent in a rehearsal)")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="scratch folder: the bundle's site, the converted model, this run's files in run/ "
+                             "(default: /var/tmp/sapo-gpu, or a folder beside --out in a rehearsal)")
     parser.add_argument("--only", default=",".join(PARTS[1:]), help=f"parts to run, of {', '.join(PARTS[1:])}")
     parser.add_argument("--task", default=STUDY_TASK, help="the study's ReasoningGYM task")
     parser.add_argument("--task-config", default=STUDY_TASK_CONFIG, help="its settings over the easy ones (JSON)")
@@ -510,15 +516,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     deadline = started + args.minutes * 60
     args.out.mkdir(parents=True, exist_ok=True)
-    work = args.work or (args.out.parent / f".{args.out.name}-work" if args.rehearsal else Path("/var/tmp/sapo-gpu/work"))
+    home = args.work or (args.out.parent / f".{args.out.name}-work" if args.rehearsal else Path("/var/tmp/sapo-gpu"))
+    work = home / "run"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
     if args.bundle is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(work / "site"), os.environ.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(home / "site"), os.environ.get("PYTHONPATH")]))
     tiny = args.rehearsal
-    setup = Setup(sys.executable, env, work, work / "models", "tiny" if tiny else "smollm2-135m",
+    setup = Setup(sys.executable, env, work, home / "site", home / "models", "tiny" if tiny else "smollm2-135m",
                   "tiny-micro" if tiny else "smollm2-135m")
     if args.bundle is None and not tiny:
         setup.models_dir = BENCH / ".cache" / "models"  # this interpreter's own SmolLM2 cache

@@ -118,3 +118,45 @@ def test_a_failing_part_is_recorded_and_the_next_part_runs(tmp_path):
     assert done.stdout.strip().splitlines()[-1].startswith("gpu_check cpu-rehearsal: tests failed | study ok | ")
     summary = json.loads((out / "summary.json").read_text())
     assert [(p["part"], p["status"]) for p in summary["parts"]] == [("tests", "failed"), ("study", "ok")]
+
+
+def test_prepare_without_a_gguf_part_installs_sapo_and_falls_back_to_random_weights_of_the_shape(tmp_path, monkeypatch):
+    # The bundle as the last transfer brings it, but transfer 1's part never reached this machine:
+    # sapo still installs into the site folder from the repo, and the speed parts get a model of
+    # the shape (here the tiny model's config and tokenizer) with random weights; no study.
+    import argparse
+    import tarfile
+
+    from sapo.training.tiny import build_tiny
+
+    gpu_check = load_gpu_check(monkeypatch)
+    bundle = tmp_path / ".gpu" / "t2"
+    (bundle / "wheels").mkdir(parents=True)
+    model, tokenizer = build_tiny("tiny", 0)
+    shape = tmp_path / "shape"
+    model.config.save_pretrained(shape)
+    tokenizer.save_pretrained(shape)
+    with tarfile.open(bundle / "shape.tar.xz", "w:xz") as archive:
+        for path in shape.iterdir():
+            archive.add(path, arcname=path.name)
+    (bundle / "smollm2.gguf.xz.part2").write_bytes(b"tail")
+    manifest = {"gguf": {"file": "model.gguf", "bytes": 10, "sha256": "0" * 64},
+                "parts": [{"name": "smollm2.gguf.xz.part1", "transfer": 1, "bytes": 6, "sha256": "1" * 64},
+                          {"name": "smollm2.gguf.xz.part2", "transfer": 2, "bytes": 4,
+                           "sha256": hashlib.sha256(b"tail").hexdigest()}],
+                "wheels": "wheels", "shape": "shape.tar.xz"}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    home = tmp_path / "box"
+    (home / "run").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(home / "site")}
+    setup = gpu_check.Setup(sys.executable, env, home / "run", home / "site", home / "models", "smollm2-135m",
+                            "smollm2-135m")
+    args = argparse.Namespace(bundle=bundle, parts=tmp_path / "parts", budget=gpu_check.REHEARSAL)
+    outcome = gpu_check.prepare(args, setup, home / "run" / "prepare.log")
+    assert outcome.status == "ok", (home / "run" / "prepare.log").read_text()[-3000:]
+    assert "NO SmolLM2 weights (part smollm2.gguf.xz.part1 (transfer 1) is not on this machine" in outcome.headline
+    assert (home / "site" / "sapo" / "node" / "cli.py").is_file()  # sapo itself, installed from the repo
+    assert setup.study_model is None and setup.model == str(home / "run" / "smollm2-random")
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(setup.model).hidden_size == model.config.hidden_size
