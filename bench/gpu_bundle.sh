@@ -87,7 +87,7 @@ download_closure() {
     for w in "$CACHE"/raw/*.whl; do
       case "$w" in
         *-none-any.whl) mv "$w" "$CACHE/built/" ;;
-        *) PATH=$tools/bin:$PATH "$tools/bin/auditwheel" repair -q "$w" -w "$CACHE/built" && rm "$w" ;;  # vendors its libraries (fastecdsa's libgmp)
+        *) PATH=$tools/bin:$PATH "$tools/bin/auditwheel" repair "$w" -w "$CACHE/built" >> "$CACHE/download.log" 2>&1 && rm "$w" ;;  # vendors its libraries (fastecdsa's libgmp)
       esac
     done
   done
