@@ -198,6 +198,14 @@ def gpu_used(handle) -> int:
     return pynvml.nvmlDeviceGetMemoryInfo(handle).used
 
 
+def nvml_works(index: int) -> bool:
+    try:
+        gpu_used(nvml_handle(index))
+        return True
+    except Exception:  # noqa: BLE001 - no NVML (a sandbox without it): torch's own figure stands in
+        return False
+
+
 def gpu_index(device: str) -> int | None:
     """The NVML index of a cuda device name, None for the CPU."""
     if not device.startswith("cuda"):
@@ -257,16 +265,17 @@ def main(argv: list[str] | None = None) -> int:
 
         load_smollm2(args.models_dir / "smollm2-135m")
     gpu = gpu_index(args.device)
-    baseline = gpu_used(nvml_handle(gpu)) if gpu is not None else 0  # what others hold on the card
+    sampled = gpu if gpu is not None and nvml_works(gpu) else None  # the card's memory, CUDA contexts included
+    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0  # what others hold on the card
     started = time.perf_counter()
     workers = [spawn(args, "separate", k) for k in range(args.nodes)]
-    with PeakMemory(workers, gpu, baseline) as separate_memory:
+    with PeakMemory(workers, sampled, baseline) as separate_memory:
         separate_rounds = swarm_rounds(args, workers)
         separate = [result_of(w) for w in workers]
     separate_wall = time.perf_counter() - started
-    baseline = gpu_used(nvml_handle(gpu)) if gpu is not None else 0
+    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0
     worker = spawn(args, "shared")
-    with PeakMemory([worker], gpu, baseline) as shared_memory:
+    with PeakMemory([worker], sampled, baseline) as shared_memory:
         shared = result_of(worker)
     # All N processes decode at once: a swarm-round ends when the slowest node's round does.
     separate_round = statistics.median(separate_rounds)
@@ -290,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{memory / separate_memory.peak:.2f}", f"{made:.0f}"])
     if gpu is not None:  # on a GPU the card's memory is what a swarm runs out of
         reserved = {"separate": sum(r["torch_reserved"] for r in separate), "shared": shared["torch_reserved"]}
+        if sampled is None:  # no NVML: the sum of what torch reserved in each process (no CUDA contexts)
+            separate_memory.gpu_peak, shared_memory.gpu_peak = reserved["separate"], reserved["shared"]
         memories = [separate_memory.gpu_peak, shared_memory.gpu_peak, shared_memory.gpu_peak]
         rows[0] += ["peak GPU memory", "/ separate", "torch reserved"]
         for row, memory, kind in zip(rows[1:], memories, ("separate", "shared", "shared")):
@@ -306,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                             "rss_vs_separate": memory / separate_memory.peak, "tokens_per_round": made,
                             "peak_gpu_bytes": (separate_memory if kind == "separate" else shared_memory).gpu_peak
                             if gpu is not None else None,
-                            "torch_reserved_bytes": reserved[kind] if gpu is not None else None})
+                            "torch_reserved_bytes": reserved[kind] if gpu is not None else None,
+                            "gpu_memory_source": None if gpu is None else "nvml" if sampled is not None else "torch reserved"})
         if gpu is not None:
             for record in records:
                 record["gpu_vs_separate"] = record["peak_gpu_bytes"] / max(separate_memory.gpu_peak, 1)
