@@ -60,26 +60,34 @@ def decode_bound_tokens_per_s(geometry: DecodeGeometry, batch: int, context: flo
     return batch * bandwidth_gbs * 1e9 / step_bytes
 
 
-def copy_bandwidth_gbs(size_mb: float = 256, repeats: int = 5, threads: int = 1) -> float:
+def copy_bandwidth_gbs(size_mb: float = 256, repeats: int = 5, threads: int = 1, device: str = "cpu") -> float:
     """Best-of-`repeats` GB/s of `dst.copy_(src)` on two `size_mb` fp32 tensors (2 x size moved).
 
     With one thread the copy is timed on the process's CPU clock, so time spent descheduled on
     a busy machine does not count (other jobs' memory traffic still does); with more, by wall clock.
+    On a GPU (`device` cuda...) it is the device's memory, timed by wall clock after a synchronize.
     """
     import torch
 
-    clock = time.process_time if threads == 1 else time.perf_counter
+    on_gpu = torch.device(device).type == "cuda"
+    clock = time.process_time if threads == 1 and not on_gpu else time.perf_counter
+
+    def synchronize() -> None:
+        if on_gpu:
+            torch.cuda.synchronize(device)
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        src = torch.ones(int(size_mb * 2**20) // 4, dtype=torch.float32)
+        src = torch.ones(int(size_mb * 2**20) // 4, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
         dst.copy_(src)  # fault every page in before timing
+        synchronize()
         best = float("inf")
         for _ in range(repeats):
             started = clock()
             dst.copy_(src)
+            synchronize()
             best = min(best, clock() - started)
         return 2 * src.numel() * 4 / best / 1e9
     finally:

@@ -26,11 +26,20 @@ machine hide little; the load average says how much they could):
     .venv/bin/python bench/roofline.py                       # smollm2-135m, about 5 minutes
     .venv/bin/python bench/roofline.py --batches 8,32 --no-hf
     .venv/bin/python bench/roofline.py --smoke               # tiny, seconds
+    python bench/roofline.py --device cuda --batches 32,256  # on a GPU (bench/gpu_check.py)
+
+On a GPU (`--device cuda`) every time is wall time after a synchronize, the matmuls are cuBLAS's
+(no oneDNN packing), `generate` runs on a bf16 copy of the model, and the card's own roof is
+printed beside the per-shape one: the FLOPs of a token at the rate of one large bf16 matrix
+product (8192 x 8192 x 8192, mean of 10 after 3 warm-ups), and the bandwidth bound at the
+device's copy bandwidth. At a small model's batch the per-shape rates already include each
+kernel's launch, which is what a decoding step pays too.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -47,6 +56,22 @@ from round import print_rows
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class Clock:
+    """On a CPU the process's CPU clock (other jobs hide little); on a GPU wall time after a
+    synchronize, so that queued kernels count."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.gpu = device.type == "cuda"
+        self.unit = "s" if self.gpu else "CPU s"
+
+    def __call__(self) -> float:
+        if self.gpu:
+            torch.cuda.synchronize(self.device)
+            return time.perf_counter()
+        return time.process_time()
 
 
 @dataclass(frozen=True)
@@ -79,38 +104,58 @@ def model_linears(config) -> list[Linear]:
     ]
 
 
-def streamed_weights(out: int, inp: int, dtype: torch.dtype, stream_bytes: float) -> list[torch.Tensor]:
+def streamed_weights(out: int, inp: int, dtype: torch.dtype, stream_bytes: float,
+                     device: torch.device = torch.device("cpu")) -> list[torch.Tensor]:
     """Distinct copies of an [out x in] weight, more bytes of them than the caches hold."""
     copies = max(1, math.ceil(stream_bytes / (out * inp * torch.tensor([], dtype=dtype).element_size())))
-    return [torch.randn(out, inp).mul_(0.02).to(dtype) for _ in range(copies)]
+    return [torch.randn(out, inp, device=device).mul_(0.02).to(dtype) for _ in range(copies)]
 
 
-def matmul_gflops(weights: list[torch.Tensor], batch: int, kernel: str, seconds: float) -> float:
+def kernels_on(device: torch.device) -> tuple[str, ...]:
+    """F.linear everywhere; oneDNN's packed matmul (LlamaDecoder's) on a CPU only."""
+    return ("F.linear", "packed") if device.type == "cpu" else ("F.linear",)
+
+
+def matmul_gflops(weights: list[torch.Tensor], batch: int, kernel: str, seconds: float, clock: Clock) -> float:
     """GFLOPS of [batch x in] @ [in x out], cycling through `weights` so that each call reads its
     weight from memory, as a decoding step does (best of 3 rounds); NaN without the kernel."""
     out, inp = weights[0].shape
-    x = torch.randn(batch, inp).to(weights[0].dtype)
+    x = torch.randn(batch, inp, device=weights[0].device).to(weights[0].dtype)
     linear = F.linear
     if kernel == "packed":  # training/decoding.py's kernel
         from sapo.training.llama_decoder import _onednn_linear, _onednn_packer
 
-        packer, linear = _onednn_packer(weights[0].dtype, torch.device("cpu"), batch), _onednn_linear
+        packer, linear = _onednn_packer(weights[0].dtype, weights[0].device, batch), _onednn_linear
         if packer is None:
             return float("nan")
         weights = [packer(w) for w in weights]
-    started = time.process_time()
+    started = clock()
     for w in weights:  # warm-up, and the time of one call
         linear(x, w)
-    per_call = (time.process_time() - started) / len(weights)
+    per_call = (clock() - started) / len(weights)
     flops = 2.0 * batch * out * inp
     calls = max(len(weights), int(seconds / max(per_call, 1e-7)))
     best = float("inf")
     for _ in range(3):
-        started = time.process_time()
+        started = clock()
         for i in range(calls):
             linear(x, weights[i % len(weights)])
-        best = min(best, time.process_time() - started)
+        best = min(best, clock() - started)
     return calls * flops / best / 1e9
+
+
+def peak_matmul_tflops(device: torch.device, size: int = 8192) -> float:
+    """The card's bf16 matrix rate: one large product on random data, mean of 10 after 3 warm-ups."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 10 * 2.0 * size**3 / (time.perf_counter() - started) / 1e12
 
 
 # --- decoding --------------------------------------------------------------------------------------
@@ -141,46 +186,49 @@ def layout(batch: int, prompts: list[str]) -> tuple[list[str], int]:
     return prompts[:4], batch // 4
 
 
-def ours_cpu_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype) -> float:
+def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype, clock: Clock) -> float:
     from sapo.training.decoding import decode_samples
 
     chosen, samples = layout(batch, prompts)
-    started = time.process_time()
+    started = clock()
     decode_samples(policy.model, _NoEndOfText(policy.tokenizer), chosen, samples_per_prompt=samples,
                    max_new_tokens=steps, temperature=1.0, seed=0, device=policy.device, weights_dtype=dtype)
-    return time.process_time() - started
+    return clock() - started
 
 
-def hf_cpu_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype) -> float:
+def hf_seconds(model, tokenizer, prompts: list[str], batch: int, steps: int, dtype: torch.dtype, clock: Clock) -> float:
+    """transformers' `generate` on `model` (fp32 under autocast to `dtype` on a CPU; on a GPU,
+    `model` is already the bf16 copy)."""
     chosen, samples = layout(batch, prompts)
-    tokenizer = policy.tokenizer
     tokenizer.padding_side = "left"
     enc = tokenizer([p for p in chosen for _ in range(samples)], return_tensors="pt", padding=True,
-                    add_special_tokens=False)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else torch.autocast("cpu", enabled=False)
+                    add_special_tokens=False).to(model.device)
+    device_type = model.device.type
+    cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
+    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if cpu_bf16 else torch.autocast(device_type, enabled=False)
     torch.manual_seed(0)
-    started = time.process_time()
+    started = clock()
     with torch.inference_mode(), autocast:
-        policy.model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=steps,
-                              min_new_tokens=steps, pad_token_id=tokenizer.pad_token_id)
-    return time.process_time() - started
+        model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=steps,
+                       min_new_tokens=steps, pad_token_id=tokenizer.pad_token_id)
+    return clock() - started
 
 
-def decode_tokens_per_cpu_s(measure, policy, prompts, batch: int, steps: int, dtype) -> float:
+def decode_tokens_per_s(measure, batch: int, steps: int) -> float:
     """Decoding alone: (steps - 1) tokens per row over the time a `steps` run takes beyond a 1-step
-    run (which is the prefill, the first token and the setup)."""
-    measure(policy, prompts, batch, 2, dtype)  # warm-up: first-call costs of this shape
-    full = measure(policy, prompts, batch, steps, dtype)
-    first = min(measure(policy, prompts, batch, 1, dtype) for _ in range(2))
+    run (which is the prefill, the first token and the setup). `measure(batch, steps)` -> seconds."""
+    measure(batch, 2)  # warm-up: first-call costs of this shape
+    full = measure(batch, steps)
+    first = min(measure(batch, 1) for _ in range(2))
     return batch * (steps - 1) / max(full - first, 1e-9)
 
 
-def real_round(policy, prompts: list[str], max_new_tokens: int) -> tuple[int, float]:
+def real_round(policy, prompts: list[str], max_new_tokens: int, clock: Clock) -> tuple[int, float]:
     from sapo.training.generation import sample_completions
 
-    started = time.process_time()
+    started = clock()
     _, tokens, _ = sample_completions(policy, prompts[:4], num_generations=8, max_new_tokens=max_new_tokens, seed=1)
-    return tokens, time.process_time() - started
+    return tokens, clock() - started
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -198,6 +246,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="bytes of distinct weight copies each matmul cycles through (above the L3 size: 32 MB here)")
     parser.add_argument("--bandwidth-mb", type=float, default=256, help="size of the copy that measures bandwidth")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N: wall time after a synchronize, cuBLAS, the card's roof")
+    parser.add_argument("--json", type=Path, default=None, help="also write one JSON row per batch size here")
     parser.add_argument("--smoke", action="store_true", help="tiny model, batches 1 and 8, few steps: a quick check it runs")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -218,35 +268,42 @@ def cpu_flags() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    from sapo.training.devices import resolve_device
     from sapo.training.policy import load_policy
     from sapo.training.tasks import TaskSampler, default_task_specs
 
+    device = resolve_device(args.device)
+    clock, kernels = Clock(device), kernels_on(device)
+    per = "second" if clock.gpu else "CPU second"
     args.models_dir.mkdir(parents=True, exist_ok=True)
-    policy = load_policy(args.model, device="cpu", seed=0, models_dir=args.models_dir, generation_precision="fp32")
+    policy = load_policy(args.model, device=str(device), seed=0, models_dir=args.models_dir, generation_precision="fp32")
     config = policy.model.config
     linears = model_linears(config)
-    print(f"roofline of decoding {args.model}: torch {torch.__version__}, {args.threads} thread(s), CPU clock")
+    where = f"{torch.cuda.get_device_name(device)}, wall clock after a synchronize" if clock.gpu else "CPU clock"
+    print(f"roofline of decoding {args.model} on {device}: torch {torch.__version__}, {args.threads} thread(s), {where}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu_flags()}), python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f} at the start (CONTENDED when above about 0.5)")
 
     # 1. matmul rates
     rates: dict[tuple[str, str, int, str], float] = {}
-    rows = [["shape", "out x in", "dtype"] + [f"B={b} F.linear / packed" for b in args.batch_list]]
+    rows = [["shape", "out x in", "dtype"] + [f"B={b} {' / '.join(kernels)}" for b in args.batch_list]]
     distinct = {}
     for linear in linears:
         distinct.setdefault((linear.out, linear.inp), linear.name)
     for (out, inp), name in distinct.items():
         for dtype_name, dtype in DTYPES.items():
             cells = []
-            weights = streamed_weights(out, inp, dtype, args.stream_mb * 2**20)
+            weights = streamed_weights(out, inp, dtype, args.stream_mb * 2**20, device)
             for b in args.batch_list:
-                for kernel in ("F.linear", "packed"):
-                    rates[(f"{out}x{inp}", dtype_name, b, kernel)] = matmul_gflops(weights, b, kernel, args.matmul_seconds)
-                cells.append(f"{rates[(f'{out}x{inp}', dtype_name, b, 'F.linear')]:.0f} / "
-                             f"{rates[(f'{out}x{inp}', dtype_name, b, 'packed')]:.0f}")
+                for kernel in kernels:
+                    rates[(f"{out}x{inp}", dtype_name, b, kernel)] = matmul_gflops(weights, b, kernel, args.matmul_seconds,
+                                                                                  clock)
+                cells.append(" / ".join(f"{rates[(f'{out}x{inp}', dtype_name, b, k)]:.0f}" for k in kernels))
             rows.append([name, f"{out} x {inp}", dtype_name] + cells)
+            del weights
     print()
-    print("matmul GFLOPS, weights streamed from memory (F.linear / oneDNN with the weight packed once)")
+    print("matmul GFLOPS, weights streamed from memory ("
+          + ("F.linear / oneDNN with the weight packed once" if len(kernels) > 1 else "F.linear, each call launched alone") + ")")
     print_rows(rows)
 
     # 2. FLOPs shares and bandwidth
@@ -255,10 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"FLOPs per token in linear layers: {total / 1e6:.1f} M (2 x {total / 2e6:.1f} M weights); share: "
           + ", ".join(f"{lin.name} {100 * lin.flops(1) / total:.1f}%" for lin in model_own))
-    bandwidth = copy_bandwidth_gbs(args.bandwidth_mb, repeats=3, threads=args.threads)
+    bandwidth = copy_bandwidth_gbs(args.bandwidth_mb, repeats=3, threads=args.threads, device=str(device))
     geometry = DecodeGeometry.of(policy.model)
+    peak_tflops = peak_matmul_tflops(device) if clock.gpu else None
     print(f"copy bandwidth: {bandwidth:.1f} GB/s; weights {geometry.weight_bytes / 1e6:.0f} MB in fp32; "
-          f"KV cache {geometry.kv_bytes_per_token / 1e3:.1f} kB per token in fp32")
+          f"KV cache {geometry.kv_bytes_per_token / 1e3:.1f} kB per token in fp32"
+          + (f"; bf16 matmul 8192^3: {peak_tflops:.0f} TFLOP/s" if peak_tflops else ""))
 
     # 3. decoding against the roofline
     tasks = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=0, rng_seed=0)
@@ -266,49 +325,82 @@ def main(argv: list[str] | None = None) -> int:
     prompt_tokens = max(len(ids) for ids in policy.tokenizer(prompts, add_special_tokens=False)["input_ids"])
     context = prompt_tokens + args.steps / 2
 
+    def bandwidth_bound(dtype_name: str, batch: int) -> float:
+        scale = 0.5 if dtype_name == "bf16" else 1.0
+        bytes_geometry = DecodeGeometry(int(geometry.weight_bytes * scale), int(geometry.kv_bytes_per_token * scale))
+        return decode_bound_tokens_per_s(bytes_geometry, batch, context, bandwidth)
+
     def roof(dtype_name: str, batch: int, decoder: bool) -> tuple[float, float]:
         used = [lin for lin in linears if (lin.decoder if decoder else lin not in linears[-2:])]
         seconds = sum(lin.flops(batch) / 1e9 / max(rates[(f"{lin.out}x{lin.inp}", dtype_name, batch, kernel)]
-                                                    for kernel in (("F.linear", "packed") if decoder else ("F.linear",)))
+                                                    for kernel in (kernels if decoder else ("F.linear",)))
                       for lin in used)
-        scale = 0.5 if dtype_name == "bf16" else 1.0
-        bytes_geometry = DecodeGeometry(int(geometry.weight_bytes * scale), int(geometry.kv_bytes_per_token * scale))
-        return batch / seconds, decode_bound_tokens_per_s(bytes_geometry, batch, context, bandwidth)
+        return batch / seconds, bandwidth_bound(dtype_name, batch)
 
+    # generate: fp32 on a CPU (bf16 is emulated on most), a bf16 copy of the model on a GPU
+    hf_dtype = "bf16" if clock.gpu else "fp32"
+    hf_model = None
+    if args.hf:  # a copy: the policy stays fp32 for our decoder, which makes its own bf16 weights
+        import copy
+
+        hf_model = copy.deepcopy(policy.model).to(DTYPES[hf_dtype]) if clock.gpu else policy.model
     print()
-    print(f"decoding, tokens per CPU second ({args.steps} steps per row, prefill excluded; context {prompt_tokens} "
+    print(f"decoding, tokens per {per} ({args.steps} steps per row, prefill excluded; context {prompt_tokens} "
           f"prompt + {args.steps // 2} mean generated tokens). roof = min(compute bound at the best measured kernel "
-          f"per shape, bandwidth bound); 'F.linear roof' = compute bound with F.linear alone (what generate multiplies with)")
+          f"per shape, bandwidth bound); 'F.linear roof' = compute bound with F.linear alone (what generate multiplies with)"
+          + ("; card roof = min(token FLOPs at the 8192^3 bf16 rate, bf16 bandwidth bound)" if clock.gpu else ""))
     header = ["B", "fp32 compute / bandwidth roof", "ours fp32", "% of roof", "bf16 compute / bandwidth roof",
               "ours bf16", "% of roof", "% of fp32 roof"]
+    if clock.gpu:
+        header += ["card bf16 roof", "ours bf16 % of it"]
     if args.hf:
-        header += ["F.linear fp32 roof", "generate fp32", "% of it"]
-    table = [header]
+        header += [f"F.linear {hf_dtype} roof", f"generate {hf_dtype}", "% of it"]
+    table, records = [header], []
     for batch in args.batch_list:
         fp32_compute, fp32_bw = roof("fp32", batch, True)
         bf16_compute, bf16_bw = roof("bf16", batch, True)
-        ours32 = decode_tokens_per_cpu_s(ours_cpu_seconds, policy, prompts, batch, args.steps, torch.float32)
-        ours16 = decode_tokens_per_cpu_s(ours_cpu_seconds, policy, prompts, batch, args.steps, torch.bfloat16)
+
+        def ours(dtype):
+            return lambda b, steps: ours_seconds(policy, prompts, b, steps, dtype, clock)
+
+        ours32 = decode_tokens_per_s(ours(torch.float32), batch, args.steps)
+        ours16 = decode_tokens_per_s(ours(torch.bfloat16), batch, args.steps)
         fp32_roof, bf16_roof = min(fp32_compute, fp32_bw), min(bf16_compute, bf16_bw)
         row = [str(batch), f"{fp32_compute:.0f} / {fp32_bw:.0f}", f"{ours32:.1f}", f"{100 * ours32 / fp32_roof:.0f}%",
                f"{bf16_compute:.0f} / {bf16_bw:.0f}", f"{ours16:.1f}", f"{100 * ours16 / bf16_roof:.0f}%",
                f"{100 * ours16 / fp32_roof:.0f}%"]
+        record = {"model": args.model, "device": str(device), "batch": batch, "steps": args.steps, "context": context,
+                  "unit": f"tokens per {per}", "bandwidth_gbs": bandwidth, "peak_bf16_tflops": peak_tflops,
+                  "fp32_roof": fp32_roof, "fp32_compute_roof": fp32_compute, "fp32_bandwidth_roof": fp32_bw,
+                  "ours_fp32": ours32, "bf16_roof": bf16_roof, "bf16_compute_roof": bf16_compute,
+                  "bf16_bandwidth_roof": bf16_bw, "ours_bf16": ours16}
+        if clock.gpu:
+            card = min(peak_tflops * 1e12 / total, bf16_bw)
+            row += [f"{card:.0f}", f"{100 * ours16 / card:.1f}%"]
+            record |= {"card_bf16_roof": card, "card_bf16_compute_roof": peak_tflops * 1e12 / total}
         if args.hf:
-            hf_roof = min(roof("fp32", batch, False)[0], fp32_bw)
-            hf = decode_tokens_per_cpu_s(hf_cpu_seconds, policy, prompts, batch, args.steps, torch.float32)
+            hf_roof = min(roof(hf_dtype, batch, False)[0], bandwidth_bound(hf_dtype, batch))
+            hf = decode_tokens_per_s(lambda b, steps: hf_seconds(hf_model, policy.tokenizer, prompts, b, steps,
+                                                                  DTYPES[hf_dtype], clock), batch, args.steps)
             row += [f"{hf_roof:.0f}", f"{hf:.1f}", f"{100 * hf / hf_roof:.0f}%"]
+            record |= {"hf_dtype": hf_dtype, "hf_roof": hf_roof, "hf_generate": hf}
         table.append(row)
+        records.append(record)
         print(f"  B={batch} done, load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
     print_rows(table)
 
     # 4. a real round
     for name in ("fp32", "bf16"):
         policy.generation_bf16 = name == "bf16"
-        tokens, seconds = real_round(policy, prompts, args.steps)
+        tokens, seconds = real_round(policy, prompts, args.steps, clock)
         print(f"real round, sample_completions 4 x 8 up to {args.steps} tokens with early stops, {name}: {tokens} tokens "
-              f"in {seconds:.2f} CPU s = {tokens / seconds:.1f} tokens per CPU second (prefill, weight packing and "
+              f"in {seconds:.2f} {clock.unit} = {tokens / seconds:.1f} tokens per {per} (prefill, weight packing and "
               f"the shrinking batch included)")
+        records.append({"model": args.model, "device": str(device), "real_round": name, "tokens": tokens,
+                        "seconds": seconds, "unit": clock.unit})
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    if args.json:
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in records))
     return 0
 
 

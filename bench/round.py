@@ -95,6 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minibatches", type=int, default=2, help="sapo's optimizer steps per pass (node default 2)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="sapo's update precision (--precision of a node; auto is fp32 on a CPU); the peers run fp32")
+    parser.add_argument("--device", default="cpu", help="sapo's device: cpu, cuda, cuda:N (the peers run on the CPU)")
+    parser.add_argument("--hf-generate", action="store_true",
+                        help="also time plain transformers generate on the last round's batch (same prompts x G, cap, "
+                             "stop tag and precision), beside sapo's generate step")
+    parser.add_argument("--json", type=Path, default=None, help="also write each result row as a JSON line here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
     args = parser.parse_args(argv)
     if args.smoke:
@@ -146,7 +151,7 @@ def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier):
     from sapo.node.study.nodes import peer_id_for
 
     settings = load_settings({
-        "model": model, "lora": args.lora, "device": "cpu", "models_dir": args.models_dir, "warm_start_steps": 0,
+        "model": model, "lora": args.lora, "device": args.device, "models_dir": args.models_dir, "warm_start_steps": 0,
         "tasks": [TASK], "local": args.questions, "external": 0, "generations": args.generations,
         "max_new_tokens": args.max_new_tokens, "updates_per_batch": args.updates_per_batch,
         "minibatches": args.minibatches, "torch_threads": args.threads, "seed": args.seed,
@@ -223,6 +228,7 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
         )
     settings, rank = node.training, node.settings.model.lora_rank
     shutil.rmtree(data_dir, ignore_errors=True)
+    plain = hf_generate(policy, batches[-1]["prompts"], args) if args.hf_generate else None
     summary = summarize(rounds)
     timed = rounds[-summary["timed_rounds"] :]
     geometry = DecodeGeometry.of(policy.model)
@@ -235,6 +241,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
         "load_s": load_seconds,
         "load_peak_rss_mb": load_peak,
         "round_peak_rss_mb": peak_rss_mb(),
+        "device": str(policy.device),
+        "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if policy.device.type == "cuda" else None,
+        "hf_generate": plain,
         "peak_is_round_only": peak_is_round_only,
         "skipped_updates": sum(r["update_skipped"] for r in timed),
         "optimizer_steps": max(r["optimizer_steps"] for r in timed),
@@ -261,6 +270,47 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
             "peer_micro_batch": args.peer_micro_batch,
         },
     }
+
+
+def hf_generate(policy, prompts: list[str], args: argparse.Namespace) -> dict:
+    """Plain transformers `generate` on a round's batch: the same prompts x G samples, cap and
+    `</answer>` stop, temperature 1 and no top-k, on a merged copy of the policy in the precision
+    sapo's sampling runs in (its bf16 copy of the weights where chosen). One warm-up call first."""
+    import copy
+
+    import torch
+
+    from sapo.training.generation import ANSWER_CLOSE
+
+    model = copy.deepcopy(policy.model)
+    if policy.lora:
+        model = model.merge_and_unload()
+    model = model.to(policy.generation_dtype).eval()
+    tokenizer = policy.tokenizer
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(policy.device)
+    options = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=args.generations,
+                   stop_strings=[ANSWER_CLOSE], tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
+
+    def synchronize() -> None:
+        if policy.device.type == "cuda":
+            torch.cuda.synchronize(policy.device)
+
+    torch.manual_seed(args.seed)
+    with torch.inference_mode():
+        model.generate(**enc, max_new_tokens=2, **options)  # first-call costs of these shapes
+        synchronize()
+        started = time.perf_counter()
+        out = model.generate(**enc, max_new_tokens=args.max_new_tokens, **options)
+        synchronize()
+        seconds = time.perf_counter() - started
+    ended = {tokenizer.pad_token_id, tokenizer.eos_token_id}
+    tokens = 0
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():  # a row ends at its first EOS or pad
+        tokens += next((i for i, t in enumerate(row) if t in ended), len(row))
+    del model
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rows": len(out),
+            "dtype": str(policy.generation_dtype).removeprefix("torch.")}
 
 
 def export_for_peers(model: str, args: argparse.Namespace) -> str | None:
@@ -364,7 +414,8 @@ def print_table(
         + (" Flat-reward groups got forced 0/1 rewards (--force-signal)." if args.force_signal else "")
     )
     print(
-        f"memory bandwidth (torch copy, {args.threads} thread{'s' if args.threads > 1 else ''}): "
+        f"memory bandwidth (torch copy{'' if args.device == 'cpu' else ' on ' + args.device}, "
+        f"{args.threads} thread{'s' if args.threads > 1 else ''}): "
         f"{bandwidth_gbs:.1f} GB/s; 'bound tok/s' = decode batch x bandwidth / (weights + batch x KV per token x "
         f"context), context = padded prompt + max_new_tokens/2 (bench/bandwidth.py)"
     )
@@ -424,6 +475,15 @@ def print_table(
         print(f"{framework}: {ran[0]['version']}" + (f"; update changed the trainable weights: {changed}" if changed else ""))
     for peer, model, reason in missing:
         print(f"{peer} ({model}) has no row: {reason}")
+    for r in results:
+        if r.get("hf_generate"):
+            hf = r["hf_generate"]
+            print(f"{r['model']} on {r['device']}: plain transformers generate ({hf['dtype']}, merged weights) of the last "
+                  f"round's {hf['rows']} rows: {hf['tokens']} tokens in {hf['seconds']:.2f} s = {hf['tokens_per_s']:.0f} "
+                  f"tok/s; sapo's generate step: {r['tokens']:.0f} tokens in {r['generate_s']:.2f} s = "
+                  f"{r['tokens_per_s']:.0f} tok/s ({r['tokens_per_s'] / hf['tokens_per_s']:.2f}x HF's tok/s)")
+        if r.get("gpu_peak_mb"):
+            print(f"{r['model']} on {r['device']}: peak GPU memory allocated {r['gpu_peak_mb']:.0f} MB")
 
 
 def print_ratios(results: list[dict]) -> None:
@@ -458,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(RESULT_MARKER + json.dumps(result), flush=True)
         return 0
     args.load_at_start = load_average()
-    bandwidth = copy_bandwidth_gbs(args.bandwidth_mb, repeats=3, threads=args.threads)
+    bandwidth = copy_bandwidth_gbs(args.bandwidth_mb, repeats=3, threads=args.threads, device=args.device)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     results, missing = [], []
     for model in models:
@@ -475,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
             add_decode_bound(outcome, sapo, bandwidth)
             results.append(outcome)
     print_table(args, results, missing, bandwidth)
+    if args.json:
+        rows = [{key: value for key, value in r.items() if key != "peer_job"} | {"bandwidth_gbs": bandwidth} for r in results]
+        args.json.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return 0
 
 

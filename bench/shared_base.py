@@ -11,10 +11,13 @@ its own ReasoningGYM questions, chat prompts, its own sampling seed), with LoRA 
 - `shared, mixed batch`: the same process, all N rounds as one batch through the base weights,
   each row with its node's adapter (decoding.decode_mixed).
 
-Memory is the peak of the summed resident set of the processes of a mode, sampled every 50 ms.
+Memory is the peak of the summed resident set of the processes of a mode, sampled every 50 ms;
+on a GPU (`--device cuda`) it is the device's memory in use (NVML, the CUDA contexts included)
+above what was in use before the mode started, and each process's own peak reserved by torch.
 
     .venv/bin/python bench/shared_base.py                      # 8 x smollm2-135m, about 10 minutes on 2 cores
     .venv/bin/python bench/shared_base.py --smoke                # 2 x tiny
+    python bench/shared_base.py --device cuda                    # on a GPU (bench/gpu_check.py)
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of the shared process")
     parser.add_argument("--generation-precision", default="auto", choices=("auto", "fp32", "bf16"))
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every process decodes")
+    parser.add_argument("--json", type=Path, default=None, help="also write one JSON row per mode here")
     parser.add_argument("--smoke", action="store_true", help="one short round per mode")
     parser.add_argument("--worker", choices=("separate", "shared"), help=argparse.SUPPRESS)
     parser.add_argument("--node", type=int, default=0, help=argparse.SUPPRESS)
@@ -82,7 +87,7 @@ def run_separate(args) -> dict:
 
     torch.set_num_threads(1)
     # seed 0: the base the shared process builds (a tiny model is made from its seed)
-    policy = load_policy(args.model, device="cpu", lora=LoraOptions(16, 32), seed=0, models_dir=args.models_dir,
+    policy = load_policy(args.model, device=args.device, lora=LoraOptions(16, 32), seed=0, models_dir=args.models_dir,
                          generation_precision=args.generation_precision)
     seconds, tokens = [], 0
     for round_index in range(args.rounds + 1):
@@ -91,10 +96,11 @@ def run_separate(args) -> dict:
         sys.stdin.readline()  # every node starts the round at once, as a swarm's do
         started = time.perf_counter()
         batch = decode_samples(policy.model, policy.tokenizer, prompts, seed=round_index, **decode_options(args, policy))
+        synchronize(policy.device)
         seconds.append(time.perf_counter() - started)
         tokens += batch.new_tokens if round_index else 0
         print("DONE", flush=True)
-    return {"seconds": seconds[1:], "tokens": tokens}
+    return {"seconds": seconds[1:], "tokens": tokens, "torch_reserved": torch_reserved(policy.device)}
 
 
 def run_shared(args) -> dict:
@@ -107,7 +113,7 @@ def run_shared(args) -> dict:
 
     torch.set_num_threads(args.threads)
     shared = SharedLoraBase(args.model, args.nodes, lora=LoraOptions(16, 32), seeds=list(range(args.nodes)),
-                            models_dir=args.models_dir, device="cpu", generation_precision=args.generation_precision)
+                            models_dir=args.models_dir, device=args.device, generation_precision=args.generation_precision)
     policies = [shared.policy(k) for k in range(args.nodes)]
     one_by_one, mixed, tokens = [], [], {"one_by_one": 0, "mixed": 0}
     for round_index in range(args.rounds + 1):
@@ -115,23 +121,45 @@ def run_shared(args) -> dict:
         options = decode_options(args, policies[0])
         started = time.perf_counter()
         alone = [decode_samples(p.model, p.tokenizer, prompts[k], seed=round_index, **options) for k, p in enumerate(policies)]
+        synchronize(policies[0].device)
         one_by_one.append(time.perf_counter() - started)
         started = time.perf_counter()
         together = decode_mixed(shared.model, shared.tokenizer, prompts, [v.name for v in shared.views],
                                 seeds=[round_index] * args.nodes, **options)
+        synchronize(policies[0].device)
         mixed.append(time.perf_counter() - started)
         if round_index:
             tokens["one_by_one"] += sum(b.new_tokens for b in alone)
             tokens["mixed"] += sum(b.new_tokens for b in together)
-    return {"one_by_one": one_by_one[1:], "mixed": mixed[1:], "tokens": tokens}
+    return {"one_by_one": one_by_one[1:], "mixed": mixed[1:], "tokens": tokens,
+            "torch_reserved": torch_reserved(policies[0].device)}
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work, so that a wall-clock reading includes it."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def torch_reserved(device) -> int | None:
+    """The most device memory torch's allocator held in this process (no CUDA context), or None on a CPU."""
+    import torch
+
+    return torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None
 
 
 class PeakMemory:
-    """The peak of the summed RSS of some processes (and their children), sampled every 50 ms."""
+    """The peak of the summed RSS of some processes (and their children), sampled every 50 ms;
+    with `gpu` (an NVML device index), also the peak of the device's memory in use above `gpu_baseline`."""
 
-    def __init__(self, processes: list[subprocess.Popen]):
+    def __init__(self, processes: list[subprocess.Popen], gpu: int | None = None, gpu_baseline: int = 0):
         self.processes = [psutil.Process(p.pid) for p in processes]
         self.peak = 0
+        self.gpu_peak = 0
+        self.gpu = None if gpu is None else nvml_handle(gpu)
+        self.gpu_baseline = gpu_baseline
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -144,6 +172,8 @@ class PeakMemory:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            if self.gpu is not None:
+                self.gpu_peak = max(self.gpu_peak, gpu_used(self.gpu) - self.gpu_baseline)
             time.sleep(0.05)
 
     def __enter__(self):
@@ -155,11 +185,40 @@ class PeakMemory:
         self.thread.join()
 
 
+def nvml_handle(index: int):
+    import pynvml  # nvidia-ml-py: comes with torch's CUDA builds
+
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def gpu_used(handle) -> int:
+    import pynvml
+
+    return pynvml.nvmlDeviceGetMemoryInfo(handle).used
+
+
+def nvml_works(index: int) -> bool:
+    try:
+        gpu_used(nvml_handle(index))
+        return True
+    except Exception:  # noqa: BLE001 - no NVML (a sandbox without it): torch's own figure stands in
+        return False
+
+
+def gpu_index(device: str) -> int | None:
+    """The NVML index of a cuda device name, None for the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    return int(device.partition(":")[2] or 0)
+
+
 def spawn(args, worker: str, node: int = 0) -> subprocess.Popen:
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", worker, "--node", str(node), "--model", args.model,
             "--nodes", str(args.nodes), "--questions", str(args.questions), "--generations", str(args.generations),
             "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(args.rounds), "--threads", str(args.threads),
-            "--generation-precision", args.generation_precision, "--models-dir", str(args.models_dir)]
+            "--generation-precision", args.generation_precision, "--models-dir", str(args.models_dir),
+            "--device", args.device]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=BENCH)
 
 
@@ -205,14 +264,18 @@ def main(argv: list[str] | None = None) -> int:
         from sapo.training.smollm2 import load_smollm2
 
         load_smollm2(args.models_dir / "smollm2-135m")
+    gpu = gpu_index(args.device)
+    sampled = gpu if gpu is not None and nvml_works(gpu) else None  # the card's memory, CUDA contexts included
+    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0  # what others hold on the card
     started = time.perf_counter()
     workers = [spawn(args, "separate", k) for k in range(args.nodes)]
-    with PeakMemory(workers) as separate_memory:
+    with PeakMemory(workers, sampled, baseline) as separate_memory:
         separate_rounds = swarm_rounds(args, workers)
         separate = [result_of(w) for w in workers]
     separate_wall = time.perf_counter() - started
+    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0
     worker = spawn(args, "shared")
-    with PeakMemory([worker]) as shared_memory:
+    with PeakMemory([worker], sampled, baseline) as shared_memory:
         shared = result_of(worker)
     # All N processes decode at once: a swarm-round ends when the slowest node's round does.
     separate_round = statistics.median(separate_rounds)
@@ -234,7 +297,32 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds, memory, made in modes:
         rows.append([name, f"{seconds:.2f}", f"{separate_round / seconds:.2f}", f"{memory / 2**30:.2f} GiB",
                      f"{memory / separate_memory.peak:.2f}", f"{made:.0f}"])
+    if gpu is not None:  # on a GPU the card's memory is what a swarm runs out of
+        reserved = {"separate": sum(r["torch_reserved"] for r in separate), "shared": shared["torch_reserved"]}
+        if sampled is None:  # no NVML: the sum of what torch reserved in each process (no CUDA contexts)
+            separate_memory.gpu_peak, shared_memory.gpu_peak = reserved["separate"], reserved["shared"]
+        memories = [separate_memory.gpu_peak, shared_memory.gpu_peak, shared_memory.gpu_peak]
+        rows[0] += ["peak GPU memory", "/ separate", "torch reserved"]
+        for row, memory, kind in zip(rows[1:], memories, ("separate", "shared", "shared")):
+            row += [f"{memory / 2**30:.2f} GiB", f"{memory / max(separate_memory.gpu_peak, 1):.2f}",
+                    f"{reserved[kind] / 2**30:.2f} GiB"]
     print_rows(rows)
+    if args.json:
+        records = []
+        for (name, seconds, memory, made), mode in zip(modes, ("separate", "shared_one_by_one", "shared_mixed")):
+            kind = "separate" if mode == "separate" else "shared"
+            records.append({"mode": mode, "label": name, "model": args.model, "device": args.device, "nodes": args.nodes,
+                            "rows_per_round": rows_per_round, "seconds_per_round": seconds,
+                            "speedup_vs_separate": separate_round / seconds, "peak_rss_bytes": memory,
+                            "rss_vs_separate": memory / separate_memory.peak, "tokens_per_round": made,
+                            "peak_gpu_bytes": (separate_memory if kind == "separate" else shared_memory).gpu_peak
+                            if gpu is not None else None,
+                            "torch_reserved_bytes": reserved[kind] if gpu is not None else None,
+                            "gpu_memory_source": None if gpu is None else "nvml" if sampled is not None else "torch reserved"})
+        if gpu is not None:
+            for record in records:
+                record["gpu_vs_separate"] = record["peak_gpu_bytes"] / max(separate_memory.gpu_peak, 1)
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in records))
     return 0
 
 

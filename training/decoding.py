@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sapo.training.hf_cache import CACHE
 from sapo.training.llama_decoder import LlamaDecoder
 
 
@@ -135,7 +136,7 @@ class _ModelDecoding:
         with autocast():
             out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                         logits_to_keep=1)
-        self.cache = out.cache
+        self.cache = getattr(out, CACHE)
         if samples_per_prompt > 1:
             self.cache.batch_repeat_interleave(samples_per_prompt)
         self.first_logits = out.logits[:, -1, :].float().repeat_interleave(samples_per_prompt, dim=0)
@@ -150,8 +151,8 @@ class _ModelDecoding:
         self.attention = torch.cat([self.attention, self.attention.new_ones((self.attention.shape[0], 1))], dim=-1)
         with self.autocast():
             out = self.model(input_ids=tokens[:, None], attention_mask=self.attention, position_ids=self.next_position,
-                             cache=self.cache, use_cache=True)
-        self.cache = out.cache
+                             use_cache=True, **{CACHE: self.cache})
+        self.cache = getattr(out, CACHE)
         self.next_position = self.next_position + 1
         return out.logits[:, -1, :].float()
 

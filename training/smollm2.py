@@ -37,6 +37,7 @@ MANIFEST = "sapo-cache.json"
 # Bump when the conversion changes, so old caches are rebuilt rather than trusted.
 CACHE_FORMAT = 1
 
+CHATML_END = "<|im_end|>"
 # SmolLM2-Instruct's own ChatML template; the GGUF normally carries it, this is the fallback.
 SMOLLM2_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -143,8 +144,9 @@ def _load_gguf(path: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     if not tokenizer.chat_template:
         tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    # The GGUF's eos and padding ids are 2, <|im_end|>, where a ChatML turn ends; transformers
+    # 5.17 (a GPU image's) reads both as 1, <|im_start|>, so say it outright.
+    tokenizer.eos_token = tokenizer.pad_token = CHATML_END
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id

@@ -11,6 +11,7 @@ import torch
 
 from sapo.training.config import TrainingSettings
 from sapo.training.grpo import clipped_policy_loss
+from sapo.training.hf_cache import CACHE
 from sapo.training.policy import Policy
 from sapo.training.rollouts import TrainingRows
 from sapo.training.generation import ANSWER_CLOSE
@@ -174,12 +175,13 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) 
     rows, width = completions.shape
     prompt_ids = torch.tensor([prompt], device=device)
     out = model(input_ids=prompt_ids, use_cache=True, logits_to_keep=1)
-    cache = out.cache
+    cache = getattr(out, CACHE)
     cache.batch_repeat_interleave(rows)
     attention = torch.ones((rows, len(prompt) + width), dtype=torch.long, device=device)
     positions = torch.arange(len(prompt), len(prompt) + width, device=device).expand(rows, width)
     # Padding sits after each completion, so causal attention keeps it out of the real tokens.
-    tail = model(input_ids=completions, attention_mask=attention, position_ids=positions, cache=cache, use_cache=True)
+    tail = model(input_ids=completions, attention_mask=attention, position_ids=positions, use_cache=True,
+                 **{CACHE: cache})
     logits = torch.cat([out.logits[:, -1:, :].expand(rows, 1, -1), tail.logits[:, :-1, :]], dim=1).float()
     picked = logits.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
