@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function  # labels the update's phases for bench/update_profile.py
 
 from sapo.training.config import TrainingSettings
 from sapo.training.grpo import clipped_policy_loss
@@ -231,7 +232,8 @@ def grpo_update(
 ) -> UpdateStats:
     """`updates_per_batch` passes of `minibatches` clipped steps each, from old log-probs taken once."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    batch = encode_rows(policy, rows, settings.max_new_tokens)
+    with record_function("update: encode"):
+        batch = encode_rows(policy, rows, settings.max_new_tokens)
     if batch is None:
         return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started)
     device = policy.device
@@ -247,7 +249,7 @@ def grpo_update(
     weights = torch.ones(len(batch.completions), device=device)
     first_step = set(plan[0])
     later = [r for r in range(len(batch.completions)) if r not in first_step]
-    with torch.no_grad():
+    with torch.no_grad(), record_function("update: old log-probs"):
         for piece in layout.pieces(later):
             settle_old_logprobs(batch, old_logprobs, weights, piece, layout.logprobs(policy, piece)[0])
 
@@ -260,7 +262,8 @@ def grpo_update(
         # its share of the step's tokens, so the gradient equals the whole step's token-mean
         # and only peak memory depends on the micro-batch size.
         for piece in layout.pieces(step_rows):
-            logprobs, mask = layout.logprobs(policy, piece)
+            with record_function("update: forward"):
+                logprobs, mask = layout.logprobs(policy, piece)
             width = logprobs.shape[1]
             if step == 0:
                 settle_old_logprobs(batch, old_logprobs, weights, piece, logprobs.detach())
@@ -269,11 +272,13 @@ def grpo_update(
                 settings.eps_high,
             )
             share = float(mask.sum()) / step_tokens
-            (loss * share).backward()
+            with record_function("update: backward"):
+                (loss * share).backward()
             step_loss += stats["loss"] * share
             step_clipped += stats["clip_fraction"] * share
-        torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
-        optimizer.step()
+        with record_function("update: optimizer"):
+            torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
+            optimizer.step()
         losses.append(step_loss)
         clips.append(step_clipped)
     return UpdateStats(
