@@ -8,9 +8,12 @@ node's default 2 x 2 clipped steps). Each seed runs once per tree, in its own pr
     git worktree add /tmp/sapo-before <commit>          # the tree to compare against
     .venv/bin/python bench/equivalence.py --before /tmp/sapo-before --seeds 4
     .venv/bin/python bench/equivalence.py --before /tmp/sapo-before --generation-precision bf16
+    .venv/bin/python bench/equivalence.py --before /tmp/sapo-before --after-precision bf16
 
 `--generation-precision` is given to the trees whose `load_policy` takes it (the decoding
 precision, training/policy.py); an older tree without it samples in fp32, and says so.
+`--precision` is the update's precision in both trees, `--after-precision` in the tree under
+test alone (a bf16 update against the fp32 one before it).
 
 Sampling draws from a different random stream when the decoding loop changes, so single runs
 differ token by token; what must agree is the learning, seed-paired: the mean sampled reward over
@@ -35,7 +38,7 @@ PACKAGES = ("node", "protocol", "sampling", "training")
 HERE = Path(__file__).resolve().parent.parent
 
 
-def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
+def run_worker(seed: int, rounds: int, generation_precision: str, precision: str) -> dict:
     import inspect
     import random
 
@@ -62,7 +65,7 @@ def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
     torch.set_num_threads(1)
     (spec,) = default_task_specs(["basic_arithmetic"])
     tasks = [spec.model_copy(update={"config": {**spec.config, "operators": ["+"]}})]
-    options = {}
+    options = {"precision": precision}
     if "generation_precision" in inspect.signature(load_policy).parameters:
         options["generation_precision"] = generation_precision
     with tempfile.TemporaryDirectory() as models:
@@ -83,7 +86,7 @@ def run_worker(seed: int, rounds: int, generation_precision: str) -> dict:
         grpo_update(policy, optimizer, trained(generation.groups), settings, rng)
     after = heldout_accuracy(policy, heldout, max_new_tokens=24)["basic_arithmetic"]
     return {"seed": seed, "sampled_mean": statistics.fmean(rewards), "greedy_before": before, "greedy_after": after,
-            "generation": sampled_in}
+            "generation": sampled_in, "update": "bf16" if policy.bf16 else "fp32"}
 
 
 def tree_path(tree: Path) -> Path:
@@ -95,10 +98,10 @@ def tree_path(tree: Path) -> Path:
     return root
 
 
-def run_tree(tree: Path, seed: int, rounds: int, generation_precision: str) -> dict:
+def run_tree(tree: Path, seed: int, rounds: int, generation_precision: str, precision: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree_path(tree)))
     command = [sys.executable, __file__, "--worker", str(seed), "--rounds", str(rounds),
-               "--generation-precision", generation_precision]
+               "--generation-precision", generation_precision, "--precision", precision]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     for line in done.stdout.splitlines():
         if line.startswith(RESULT_MARKER):
@@ -114,22 +117,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--generation-precision", choices=("auto", "fp32", "bf16"), default="fp32",
                         help="decoding precision, for trees that have the setting (default fp32: the code alone differs)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="fp32",
+                        help="the update's precision in both trees (default fp32: the code alone differs)")
+    parser.add_argument("--after-precision", choices=("auto", "fp32", "bf16"), default=None,
+                        help="the update's precision in the tree under test (default: --precision)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         import sapo.training
 
         assert sapo.training.__path__, "sapo not importable"
-        print(RESULT_MARKER + json.dumps(run_worker(args.worker, args.rounds, args.generation_precision) | {"tree": str(Path(sapo.training.__path__[0]).resolve().parent)}), flush=True)
+        print(RESULT_MARKER + json.dumps(run_worker(args.worker, args.rounds, args.generation_precision, args.precision) | {"tree": str(Path(sapo.training.__path__[0]).resolve().parent)}), flush=True)
         return 0
     if args.before is None:
         parser.error("--before TREE is required")
     rows = []
     for seed in range(args.seeds):
-        before = run_tree(args.before, seed, args.rounds, args.generation_precision)
-        after = run_tree(args.after, seed, args.rounds, args.generation_precision)
+        before = run_tree(args.before, seed, args.rounds, args.generation_precision, args.precision)
+        after = run_tree(args.after, seed, args.rounds, args.generation_precision, args.after_precision or args.precision)
         if seed == 0:
-            print(f"sampling precision: {before['generation']} (before), {after['generation']} (after)", flush=True)
+            print(f"sampling precision: {before['generation']} (before), {after['generation']} (after); update "
+                  f"precision: {before['update']} (before), {after['update']} (after)", flush=True)
         rows.append((seed, before, after))
         print(f"seed {seed}: sampled mean {before['sampled_mean']:.3f} -> {after['sampled_mean']:.3f}   "
               f"greedy {before['greedy_before']:.3f}->{before['greedy_after']:.3f} (before)  "

@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time plain transformers generate on the last round's batch (same prompts x G, cap, "
                              "stop tag and precision), beside sapo's generate step")
     parser.add_argument("--json", type=Path, default=None, help="also write each result row as a JSON line here")
+    parser.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure this thread's matmul rates and print the update against its compute bound")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
     args = parser.parse_args(argv)
     if args.smoke:
@@ -213,6 +215,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
                 "tokens": generation.new_tokens,
                 "update_skipped": update.skipped,
                 "update_tokens": update.tokens,
+                # each trained group's prompt, once: what the update's compute bound counts
+                "update_prompt_tokens": sum(len(ids) for ids in policy.tokenizer(
+                    [policy.prompt(p) for p in result.training_set.rows.problems], add_special_tokens=False)["input_ids"]),
                 "real_reward_mean": real_mean,
                 "real_signal_groups": real_signal,
                 "optimizer_steps": update.optimizer_steps,
@@ -227,6 +232,7 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
             flush=True,
         )
     settings, rank = node.training, node.settings.model.lora_rank
+    bound = update_bound(args, policy, rounds)
     shutil.rmtree(data_dir, ignore_errors=True)
     plain = hf_generate(policy, batches[-1]["prompts"], args) if args.hf_generate else None
     summary = summarize(rounds)
@@ -250,6 +256,8 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
         **summary,
         "decode_batch": args.questions * args.generations,  # one generate call for all Q x G
         "geometry": {"weight_bytes": geometry.weight_bytes, "kv_bytes_per_token": geometry.kv_bytes_per_token},
+        "update_bound": bound,
+        "update_precision": "bf16" if policy.bf16 else "fp32",
         # mean context of a decoding step if the batch runs max_new_tokens steps
         "decode_context": sum(b["padded_prompt"] for b in batches[-len(timed):]) / len(timed) + args.max_new_tokens / 2,
         "peer_job": {
@@ -311,6 +319,28 @@ def hf_generate(policy, prompts: list[str], args: argparse.Namespace) -> dict:
     del model
     return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rows": len(out),
             "dtype": str(policy.generation_dtype).removeprefix("torch.")}
+
+
+def update_bound(args: argparse.Namespace, policy, rounds: list[dict]) -> dict | None:
+    """The timed rounds' update against its compute bound (bench/update_bound.py): the matmul
+    FLOPs of its forward and input-gradient passes, at this thread's measured fp32 and bf16 rates."""
+    from update_bound import UpdateWork, bound_seconds, matmul_rates, update_flops
+
+    if not args.bound:
+        return None
+    timed = rounds[1:] if len(rounds) > 1 else rounds
+    config = (policy.model.get_base_model() if hasattr(policy.model, "get_base_model") else policy.model).config
+    rates = matmul_rates(config)
+    seconds, total = {"fp32": 0.0, "bf16": 0.0}, 0.0
+    for r in timed:
+        work = UpdateWork(r["update_prompt_tokens"], r["update_tokens"], args.updates_per_batch, args.minibatches,
+                          weight_gradients=not args.lora)
+        flops = update_flops(config, work)
+        total += sum(flops.values()) / len(timed)
+        for dtype in seconds:
+            seconds[dtype] += bound_seconds(flops, rates[dtype]) / len(timed)
+    return {"tflop": total / 1e12, "seconds": seconds,
+            "gflops": {d: total / 1e9 / seconds[d] for d in seconds}}
 
 
 def export_for_peers(model: str, args: argparse.Namespace) -> str | None:
@@ -467,6 +497,7 @@ def print_table(
     if any(r["model"].startswith("tiny") for r in results):
         print("note: a tiny model's weights fit in the CPU caches, so its bandwidth bound means little")
     print_ratios(results)
+    print_bounds(results)
     print()
     for framework in dict.fromkeys(r["framework"] for r in results):
         ran = [r for r in results if r["framework"] == framework]
@@ -499,6 +530,29 @@ def print_ratios(results: list[dict]) -> None:
         return
     print()
     print("seconds per round, sapo / peer (below 1: sapo is faster)")
+    print_rows(rows)
+
+
+def print_bounds(results: list[dict]) -> None:
+    """sapo's update against its compute bound at each precision (bench/update_bound.py)."""
+    rows = [["model", "update precision", "update CPU s", "TFLOP", "fp32 bound s", "of fp32 bound", "bf16 bound s",
+             "of bf16 bound"]]
+    for r in results:
+        bound = r.get("update_bound")
+        if r["framework"] != "sapo" or not bound or r["update_cpu_s"] <= 0:
+            continue
+        cells = [r["model"], r["update_precision"], f"{r['update_cpu_s']:.2f}", f"{bound['tflop']:.3f}"]
+        for dtype in ("fp32", "bf16"):
+            seconds = bound["seconds"][dtype]
+            cells += [f"{seconds:.2f} ({bound['gflops'][dtype]:.0f} GFLOPS)", f"{100 * seconds / r['update_cpu_s']:.0f}%"]
+        rows.append(cells)
+    if len(rows) == 1:
+        return
+    print()
+    print("sapo's update against its compute bound: the matmul FLOPs of its forward and input-gradient passes over "
+          "its tokens (each group's prompt once a pass, lm_head on completion tokens; bench/update_bound.py) at the "
+          "fp32 and bf16 rates this thread measured at 256 rows (best of F.linear and oneDNN packed); "
+          "'of bound' = bound s / update CPU s")
     print_rows(rows)
 
 

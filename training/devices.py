@@ -107,9 +107,37 @@ def configure_torch_threads(setting: int) -> int:
     """Set torch's CPU threads for this process, once, where the process starts (torch's thread
     pool is process-wide): the `torch_threads` setting if given, else one per core this process
     may use. Torch's own default counts the machine's cores, so a container limited to 2 CPUs on
-    a 64-core host would run 64 threads on 2 CPUs."""
+    a 64-core host would run 64 threads on 2 CPUs. Also has the allocator keep freed memory
+    (retain_freed_memory), the other process-wide setting a round's CPU time depends on."""
     import torch
 
     threads = setting if setting > 0 else owned_cpus()
     torch.set_num_threads(threads)
+    retain_freed_memory()
     return threads
+
+
+def retain_freed_memory() -> bool:
+    """Have glibc keep freed memory for the process's next allocations instead of handing it back
+    to the OS (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2 GiB); True where that was applied.
+
+    Every round allocates and frees the same large tensors (decoding's copy of the weights, the
+    update's activations and logits). By default glibc maps each block over its threshold afresh
+    and unmaps it when freed, so every round pays page faults on all of it again: measured on
+    SmolLM2's one-step LoRA update, about a million faults and 1.4 s of system time in a 13 s
+    update (docs/bench/update-profile.md). The cost: the process keeps its peak memory between
+    rounds, which it reaches again every round anyway.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False  # not glibc (musl has no mallopt)
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))

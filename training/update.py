@@ -8,10 +8,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function  # labels the update's phases for bench/update_profile.py
 
 from sapo.training.config import TrainingSettings
 from sapo.training.grpo import clipped_policy_loss
 from sapo.training.hf_cache import CACHE
+from sapo.training.packed_forward import PackedForward, fits, pack_rows, unpack
 from sapo.training.policy import Policy
 from sapo.training.rollouts import TrainingRows
 from sapo.training.generation import ANSWER_CLOSE
@@ -203,17 +205,24 @@ def settle_old_logprobs(
             weights[row] = min(1.0, math.exp(gap))
 
 
-def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: float = 2 * 2**30) -> int:
-    """Rows per forward/backward pass that keep activations near the budget.
+ACTIVATION_BUDGET_BYTES = 2 * 2**30
 
-    Per token, a decoder layer keeps roughly 16 hidden-size and 4 MLP-size fp32 values for its
-    backward pass; each completion position adds its vocabulary logits (kept three times: the
-    logits, their fp32 copy and the log-softmax). Small models fit a round in one pass.
-    """
-    config = model.config
-    per_token = 4 * config.num_hidden_layers * (16 * config.hidden_size + 4 * config.intermediate_size)
+
+def activation_bytes(config) -> tuple[int, int]:
+    """Bytes a forward pass keeps for its backward: per token, and per completion position's logits.
+
+    Per token, a decoder layer keeps roughly 16 hidden-size and 4 MLP-size fp32 values; each
+    completion position adds its vocabulary logits (kept three times: the logits, their fp32
+    copy and the log-softmax)."""
+    return 4 * config.num_hidden_layers * (16 * config.hidden_size + 4 * config.intermediate_size), 12 * config.vocab_size
+
+
+def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: float = ACTIVATION_BUDGET_BYTES) -> int:
+    """Rows per forward/backward pass, padded to the round's longest, that keep activations near
+    the budget. Small models fit a round in one pass."""
+    per_token, per_logit = activation_bytes(model.config)
     width = batch.completion_length
-    per_row = per_token * (max(len(p) for p in batch.prompts) + width) + 12 * config.vocab_size * width
+    per_row = per_token * (max(len(p) for p in batch.prompts) + width) + per_logit * width
     return max(1, int(activation_budget_bytes // per_row))
 
 
@@ -233,13 +242,14 @@ def grpo_update(
 ) -> UpdateStats:
     """`updates_per_batch` passes of `minibatches` clipped steps each, from old log-probs taken once."""
     started, cpu_started = time.perf_counter(), time.process_time()
-    batch = encode_rows(policy, rows, settings.max_new_tokens)
+    with record_function("update: encode"):
+        batch = encode_rows(policy, rows, settings.max_new_tokens)
     if batch is None:
         return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started)
     device = policy.device
     policy.model.eval()  # no dropout: old and new log-probs must come from the same function
     advantages = batch.advantages.to(device)
-    layout = PassLayout(batch, settings.micro_batch_size or auto_micro_batch_size(policy.model, batch), batch.shared_prompt_saves())
+    layout = pass_layout(policy, batch, settings)
     plan = step_plan(batch, settings, rng)
 
     # Old log-probs: the first step runs on unchanged weights, so its own forward pass gives
@@ -249,7 +259,7 @@ def grpo_update(
     weights = torch.ones(len(batch.completions), device=device)
     first_step = set(plan[0])
     later = [r for r in range(len(batch.completions)) if r not in first_step]
-    with torch.no_grad():
+    with torch.no_grad(), record_function("update: old log-probs"):
         for piece in layout.pieces(later):
             settle_old_logprobs(batch, old_logprobs, weights, piece, layout.logprobs(policy, piece)[0])
 
@@ -262,7 +272,8 @@ def grpo_update(
         # its share of the step's tokens, so the gradient equals the whole step's token-mean
         # and only peak memory depends on the micro-batch size.
         for piece in layout.pieces(step_rows):
-            logprobs, mask = layout.logprobs(policy, piece)
+            with record_function("update: forward"):
+                logprobs, mask = layout.logprobs(policy, piece)
             width = logprobs.shape[1]
             if step == 0:
                 settle_old_logprobs(batch, old_logprobs, weights, piece, logprobs.detach())
@@ -271,11 +282,13 @@ def grpo_update(
                 settings.eps_high,
             )
             share = float(mask.sum()) / step_tokens
-            (loss * share).backward()
+            with record_function("update: backward"):
+                (loss * share).backward()
             step_loss += stats["loss"] * share
             step_clipped += stats["clip_fraction"] * share
-        torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
-        optimizer.step()
+        with record_function("update: optimizer"):
+            torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), settings.max_grad_norm)
+            optimizer.step()
         losses.append(step_loss)
         clips.append(step_clipped)
     return UpdateStats(
@@ -288,6 +301,15 @@ def grpo_update(
         optimizer_steps=len(plan),
         cpu_seconds=time.process_time() - cpu_started,
     )
+
+
+def pass_layout(policy: Policy, batch: EncodedBatch, settings: TrainingSettings) -> PassLayout:
+    """Packed rows where the model fits training/packed_forward.py, else its own forward's layout."""
+    if fits(policy.model):
+        forward = PackedForward(policy.model, torch.bfloat16 if policy.bf16 else torch.float32)
+        return PassLayout(batch, settings.micro_batch_size or len(batch.completions), False, forward)
+    return PassLayout(batch, settings.micro_batch_size or auto_micro_batch_size(policy.model, batch),
+                      batch.shared_prompt_saves())
 
 
 def step_plan(batch: EncodedBatch, settings: TrainingSettings, rng: random.Random) -> list[list[int]]:
@@ -310,29 +332,60 @@ def step_plan(batch: EncodedBatch, settings: TrainingSettings, rng: random.Rando
 
 @dataclass(frozen=True)
 class PassLayout:
-    """How rows go through forward passes: at most `micro` rows a pass, and with a shared
-    prompt (when it saves work) only rows of one group."""
+    """How rows go through forward passes.
+
+    A Llama-family model runs on `packed` (training/packed_forward.py): a pass holds whole
+    groups' rows end to end, no padding, each group's prompt once, up to `budget` bytes of
+    activations. Any other model runs through its own forward: at most `micro` rows a pass, and
+    with a shared prompt (when it saves work) only rows of one group, padded to the pass's
+    longest row."""
 
     batch: EncodedBatch
     micro: int
     shared: bool
+    packed: PackedForward | None = None
+    budget: float = ACTIVATION_BUDGET_BYTES
 
     def pieces(self, rows: list[int]) -> list[list[int]]:
-        # Not sorted by length, though a piece is padded to its longest row: a group's
-        # advantages cancel on the tokens its rows share only up to float rounding, and Adam
-        # turns that rounding into full-size steps; reordering rows within a pass changed it
-        # enough to move the closing tag (tests/training/test_off_policy_rows.py, own-all).
+        # Never sorted by length: a group's advantages cancel on the tokens its rows share only
+        # up to float rounding, and Adam turns that rounding into full-size steps; reordering rows
+        # within a pass changed it enough to move the closing tag (tests/training/test_off_policy_rows.py, own-all).
         micro = self.micro
-        if not self.shared:
-            return [rows[i : i + micro] for i in range(0, len(rows), micro)]
         by_group: dict[int, list[int]] = {}
         for row in rows:
             by_group.setdefault(self.batch.group_of[row], []).append(row)
+        if self.packed is not None:
+            return self._packed_pieces(list(by_group.values()))
+        if not self.shared:
+            return [rows[i : i + micro] for i in range(0, len(rows), micro)]
         return [part[i : i + micro] for part in by_group.values() for i in range(0, len(part), micro)]
+
+    def _packed_pieces(self, groups: list[list[int]]) -> list[list[int]]:
+        """Groups' rows in order, a new pass whenever the next row would pass the budget (or `micro` rows)."""
+        per_token, per_logit = activation_bytes(self.packed.config)
+        pieces: list[list[int]] = [[]]
+        used = 0.0
+        for members in groups:
+            prompt = len(self.batch.prompts[self.batch.group_of[members[0]]])
+            opened = False
+            for row in members:
+                length = len(self.batch.completions[row])
+                cost = length * (per_token + per_logit) + (0 if opened else prompt * per_token)
+                if pieces[-1] and (used + cost > self.budget or len(pieces[-1]) >= self.micro):
+                    pieces.append([])
+                    used, opened = 0.0, False
+                    cost = length * (per_token + per_logit) + prompt * per_token
+                pieces[-1].append(row)
+                used += cost
+                opened = True
+        return [p for p in pieces if p]
 
     def logprobs(self, policy: Policy, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows' completion log-probs under the policy now, and their mask: [rows, w]."""
         device, batch = policy.device, self.batch
+        if self.packed is not None:
+            packed = pack_rows(batch.prompts, batch.completions, batch.group_of, rows)
+            return unpack(self.packed.logprobs(packed, device), packed.lengths)
         with policy.autocast():
             if self.shared:
                 ids, mask = batch.completion_rows(rows)

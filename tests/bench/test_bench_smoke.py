@@ -29,14 +29,17 @@ def test_round_benchmark_smoke(tmp_path):
     out = done.stdout
     assert "GRPO round benchmark" in out
     assert "memory bandwidth (torch copy, 1 thread):" in out
-    times, details = [line for line in out.splitlines() if line.startswith("model ")]
+    times, details, bound = [line for line in out.splitlines() if line.startswith("model ")]
     for column in ("framework", "generate s", "score s", "enc+update s", "total s", "total CPU s", "skipped"):
         assert column in times, times
     for column in ("tok/s", "tok/CPU s", "bound tok/s", "of bound", "peak RSS MB (round)"):
         assert column in details, details
+    for column in ("update CPU s", "TFLOP", "fp32 bound s", "of fp32 bound", "bf16 bound s", "of bf16 bound"):
+        assert column in bound, bound
     rows = [line for line in out.splitlines() if line.startswith("tiny ")]
-    assert len(rows) == 2 and all(row.split()[1] == "sapo" for row in rows), rows  # no peer row without a peer
+    assert len(rows) == 3 and all(row.split()[1] == "sapo" for row in rows[:2]), rows  # no peer row without a peer
     assert rows[0].split()[-1] == "0", f"the smoke round's update was skipped: {rows[0]}"
+    assert re.search(r"GFLOPS\) +\d+%", rows[2]), rows[2]  # the update's share of its compute bound
     for peer in ("genrl", "genrl-0.3", "trl"):
         line = next(line for line in out.splitlines() if line.startswith(f"{peer} (tiny) has no row: "))
         assert "not installed" in line and "setup.sh" in line, line
@@ -284,3 +287,13 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
     assert results[("round time", "node-0")] is False and results[("round time", "node-1")] is True
     assert results[("cpu/token", "node-0")] is False and results[("cpu/token", "node-1")] is True
     assert results[("data dir", "node-1")] is True
+
+
+def test_update_profile_smoke():
+    done = run_script("update_profile.py", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for setting in ("1x1", "2x2"):
+        assert f"{setting} (updates_per_batch x minibatches)" in done.stdout, done.stdout
+    for bucket in ("base linears", "attention", "optimizer", "outside torch ops"):
+        assert bucket in done.stdout, done.stdout
+    assert "frozen weights with a gradient: 0" in done.stdout
