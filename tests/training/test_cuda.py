@@ -18,7 +18,8 @@ from sapo.training.rollouts import QuestionGroup
 from sapo.training.shared_base import SharedLoraBase
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.tiny import build_tiny
-from sapo.training.update import completion_logprobs, encode_groups, grpo_update, make_optimizer
+from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
+from tests.training.rows import encode_groups, rows_of
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -96,7 +97,7 @@ def test_bf16_update_on_cuda_runs_its_forward_in_bf16_and_trains_fp32_weights(tm
     assert (low[mask] - reference[mask]).abs().max() < 0.1  # bf16 keeps about 3 significant digits
     before = [p.detach().clone() for p in bf16.trainable_parameters()]
     settings = TrainingSettings(lr=1e-3)
-    stats = grpo_update(bf16, make_optimizer(bf16, settings), [group], settings, random.Random(0))
+    stats = grpo_update(bf16, make_optimizer(bf16, settings), rows_of(bf16, [group]), settings, random.Random(0))
     assert not stats.skipped and torch.isfinite(torch.tensor(stats.loss))
     assert any(not torch.equal(b, p) for b, p in zip(before, bf16.trainable_parameters()))
     assert all(p.dtype == torch.float32 and p.device == CUDA for p in bf16.model.parameters())
