@@ -20,36 +20,29 @@ import trio
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.addresses import parse_peer_address
 from sapo.protocol.agents import PeerAgents
 from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
 from sapo.protocol.discovery import PeerDiscovery
-from sapo.protocol.hosts import new_noise_host, open_peers
+from sapo.protocol.hosts import connection_addresses, new_noise_host, open_peers, peer_str
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
 from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
-from sapo.protocol.pubsub_guards import GuardedPubsub, cut_connections
+from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
+from sapo.protocol.pubsub_guards import cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService
-from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.relay import RelayService
 from sapo.protocol.relayed_links import RelayedLinks
 from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger("sapo.gossip")
 
-# Room for the RPC envelope around one message: protobuf tags, from/seqno/topic, the 64-byte
-# signature, the 36-byte key and the sender's signed peer record that py-libp2p attaches.
-RPC_OVERHEAD_BYTES = 16 * 1024
-# A pubsub RPC may batch a few messages (mcache replays, IWANT answers): allow two full ones.
-RPC_MESSAGES_PER_FRAME = 2
 # How many message ids we remember to drop replays; a rejoining peer is replayed 4-50 old ones.
 SEEN_IDS = 65_536
 # Bound on one publish (signing + handing the message to the per-peer queues).
 PUBLISH_TIMEOUT_SECONDS = 5.0
-# How long GossipSub keeps a message for a peer that has connected but not yet subscribed.
-PENDING_SECONDS = 2.0
 # Bound on waiting for the pubsub service's internal tasks to start.
 START_TIMEOUT_SECONDS = 10.0
 
@@ -146,16 +139,12 @@ class GossipService:
         self.penalize(peer_id, reason)
 
     def banned_peers(self) -> list[str]:
-        return sorted(_peer_str(peer) for peer in self.guard.banned())
+        return sorted(peer_str(peer) for peer in self.guard.banned())
 
     def _on_ban(self, peer_id: ID, reason: str) -> None:
         self._count("peers_banned")
-        logger.warning(
-            "banned peer %s for %.0f s: score fell below the threshold (last offence: %s)",
-            peer_id,
-            self.settings.ban_seconds,
-            reason,
-        )
+        logger.warning("banned peer %s for %.0f s: score fell below the threshold (last offence: %s)",
+                       peer_id, self.settings.ban_seconds, reason)
         if self._discovery is not None:
             self._discovery.forget(peer_id)
         if self._nursery is not None:
@@ -244,21 +233,7 @@ class GossipService:
 
     def peer_addresses(self) -> dict[str, list[str]]:
         """The transport address of each open connection, per connected peer (for the status page)."""
-        if self._host is None:
-            return {}
-        network = self._host.get_network()
-        found: dict[str, list[str]] = {}
-        for peer in open_peers(self._host):
-            addresses = []
-            for connection in network.get_connections(peer):
-                if connection.is_closed:
-                    continue
-                try:
-                    addresses += [str(a) for a in connection.get_transport_addresses()]
-                except Exception:  # noqa: BLE001 - a connection closing under us
-                    continue
-            found[peer.to_base58()] = sorted(set(addresses))
-        return found
+        return connection_addresses(self._host) if self._host is not None else {}
 
     async def publish(self, data: bytes, topic: str | None = None) -> bool:
         """Sign and gossip `data` on `topic` (the rollouts topic by default; we need not read a
@@ -296,40 +271,8 @@ class GossipService:
         host = new_noise_host(self.key_pair, [listen], psk=settings.psk, addrs_factory=self._host_addrs)
         protocols = self.protocols = PeerProtocols(host, self._count)
 
-        router = GossipSub(
-            # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
-            # doubled CPU per message in measurements; 1.3+ adds nothing we use.
-            protocols=[PROTOCOL_ID_V11],
-            # D=6, D_low=4, D_high=12 (the defaults) are the GossipSub spec's: with 3 nodes every
-            # peer is in the mesh, with 32 each node keeps 4-12 mesh links (log-depth spread).
-            degree=settings.mesh_degree,
-            degree_low=settings.mesh_degree_low,
-            degree_high=settings.mesh_degree_high,
-            heartbeat_interval=settings.heartbeat_seconds,  # type: ignore[arg-type]
-            # The default limit of 10 msg/s per (forwarder, topic) also throttles our own
-            # publishes and silently drops the rest; a node publishes a burst of rollouts
-            # per round, so allow 50/s (about the measured per-process ceiling).
-            max_messages_per_topic_per_second=50.0,
-            # "Adaptive gossip" stretches the heartbeat to 30-60 s when the mesh is smaller
-            # than D, i.e. always in a swarm of 3-6 nodes. Keep the heartbeat we asked for.
-            adaptive_gossip_enabled=False,
-            # Messages wait here for a connected peer whose subscription has not arrived yet, for
-            # the moment between its connecting and subscribing. A peer that never subscribes (a
-            # relay or bootstrap that gossips another topic) kept 100 of them for 30 s, and each
-            # message past that logged a WARNING (370 in two minutes in test_relay_limits.py).
-            pending_messages_ttl=PENDING_SECONDS,
-        )
-        pubsub = GuardedPubsub(
-            host,
-            router,
-            service=self,
-            strict_signing=True,  # every message is Ed25519-signed and verified on every hop
-            # Inbound frames bigger than this reset the stream before parsing. Leave room for
-            # a couple of max-size messages plus envelope so the topic validator, not the
-            # frame limit, rejects a merely oversized message (and counts it).
-            max_inbound_rpc_size=RPC_MESSAGES_PER_FRAME * settings.max_message_bytes
-            + RPC_OVERHEAD_BYTES,
-        )
+        router = gossip_router(settings)
+        pubsub = guarded_pubsub(host, router, self, settings)
 
         try:
             # quiet_refusals: a peer without an optional protocol is not an ERROR
@@ -343,32 +286,12 @@ class GossipService:
                             with trio.fail_after(START_TIMEOUT_SECONDS):
                                 await pubsub.subscribe(topic)
                         self._host, self._pubsub = host, pubsub
-                        reachability = self._reachability = ReachabilityService(
-                            host,
-                            mode=settings.reachability,
-                            interval=settings.reachability_check_seconds,
-                            may_use=self._may_use,
-                            count=self._count,
-                            on_change=self._on_reachability,
-                            protocols=protocols,
-                        )
-                        reachability.attach()  # answer dial-back requests whatever our own status
-                        relay = self._relay = RelayService(
-                            host,
-                            relay=settings.relay,
-                            limits=relay_limits(
-                                reservations=settings.relay_max_reservations,
-                                circuits_per_peer=settings.relay_max_circuits_per_peer,
-                                circuit_bytes=settings.relay_max_circuit_bytes,
-                                circuit_seconds=settings.relay_max_circuit_seconds,
-                            ),
-                            relays_to_reserve=settings.relays_to_reserve,
-                            hole_punching=settings.hole_punching,
+                        reachability, relay = nat_services(
+                            host, settings, protocols, may_use=self._may_use, count=self._count,
+                            on_reachability=self._on_reachability, on_addrs_changed=self._readvertise,
                             preferred_relays=lambda: sorted(self._bootstrap_ids, key=str),
-                            may_use=self._may_use,
-                            count=self._count,
-                            on_addrs_changed=self._readvertise,
                         )
+                        self._reachability, self._relay = reachability, relay
                         discovery = self._discovery = PeerDiscovery(
                             self.key_pair,
                             target=settings.discover_peers,
@@ -384,12 +307,8 @@ class GossipService:
                         links = RelayedLinks(host, relay, dial=self._dial_discovered, known_addrs=discovery.addrs_of,
                                              refused=lambda peer: self.refusal(peer) is not None, count=self._count)
                         agents = self._agents = PeerAgents(host, lambda: open_peers(host), self._may_use)
-                        logger.info(
-                            "gossip up: peer %s listening on %s, topic %s",
-                            self.peer_id,
-                            ", ".join(self.listen_addrs),
-                            settings.topic,
-                        )
+                        logger.info("gossip up: peer %s listening on %s, topic %s",
+                                    self.peer_id, ", ".join(self.listen_addrs), settings.topic)
                         async with trio.open_nursery() as nursery:
                             self._nursery = nursery
                             await nursery.start(relay.run)
@@ -430,13 +349,8 @@ class GossipService:
             self._count("oversized")
             if msg.from_id != self._my_id.to_bytes():  # signature already checked: the author pays
                 self.penalize(ID(msg.from_id), "oversized")
-            logger.warning(
-                "rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
-                len(msg.data),
-                _peer_str(msg.from_id),
-                forwarder,
-                self.settings.max_message_bytes,
-            )
+            logger.warning("rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
+                           len(msg.data), peer_str(msg.from_id), forwarder, self.settings.max_message_bytes)
             return False
         return True
 
@@ -456,7 +370,7 @@ class GossipService:
             self._seen.popitem(last=False)
         self._count("received")
         received = ReceivedMessage(
-            sender=_peer_str(msg.from_id),
+            sender=peer_str(msg.from_id),
             data=bytes(msg.data),
             message_id=message_id,
             received_at=time.time(),
@@ -481,13 +395,6 @@ class GossipService:
 
     def _count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount
-
-
-def _peer_str(peer_id_bytes: bytes) -> str:
-    try:
-        return ID(peer_id_bytes).to_base58()
-    except Exception:
-        return peer_id_bytes.hex()
 
 
 __all__ = ["GossipService", "NetworkSettings", "ReceivedMessage"]

@@ -121,3 +121,28 @@ def direct_peers(host: Any) -> list[ID]:
         for peer in host.get_connected_peers()
         if any(not c.is_closed and not is_relayed(c) for c in network.get_connections(peer))
     ]
+
+
+def connection_addresses(host: Any) -> dict[str, list[str]]:
+    """The transport address of each open connection, per connected peer (base58)."""
+    network = host.get_network()
+    found: dict[str, list[str]] = {}
+    for peer in open_peers(host):
+        addresses = []
+        for connection in network.get_connections(peer):
+            if connection.is_closed:
+                continue
+            try:
+                addresses += [str(a) for a in connection.get_transport_addresses()]
+            except Exception:  # noqa: BLE001 - a connection closing under us
+                continue
+        found[peer.to_base58()] = sorted(set(addresses))
+    return found
+
+
+def peer_str(peer_id_bytes: bytes) -> str:
+    """A raw peer id as base58, or as hex if it is not one (a malformed frame's `from`)."""
+    try:
+        return ID(peer_id_bytes).to_base58()
+    except Exception:  # noqa: BLE001 - any bytes may arrive here
+        return peer_id_bytes.hex()

@@ -1,0 +1,104 @@
+"""How the gossip service's libp2p parts are built: the GossipSub router and its guarded pubsub,
+and the NAT traversal services (AutoNAT-style reachability, circuit relay). One job: turn
+`NetworkSettings` into configured py-libp2p 0.8.1 objects; `gossip.py` runs them."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+
+from sapo.protocol.peer_protocols import PeerProtocols
+from sapo.protocol.pubsub_guards import GuardedPubsub
+from sapo.protocol.reachability import Reachability, ReachabilityService
+from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.settings import NetworkSettings
+
+# Room for the RPC envelope around one message: protobuf tags, from/seqno/topic, the 64-byte
+# signature, the 36-byte key and the sender's signed peer record that py-libp2p attaches.
+RPC_OVERHEAD_BYTES = 16 * 1024
+# A pubsub RPC may batch a few messages (mcache replays, IWANT answers): allow two full ones.
+RPC_MESSAGES_PER_FRAME = 2
+# How long GossipSub keeps a message for a peer that has connected but not yet subscribed.
+PENDING_SECONDS = 2.0
+
+
+def gossip_router(settings: NetworkSettings) -> GossipSub:
+    return GossipSub(
+        # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
+        # doubled CPU per message in measurements; 1.3+ adds nothing we use.
+        protocols=[PROTOCOL_ID_V11],
+        # D=6, D_low=4, D_high=12 (the defaults) are the GossipSub spec's: with 3 nodes every
+        # peer is in the mesh, with 32 each node keeps 4-12 mesh links (log-depth spread).
+        degree=settings.mesh_degree,
+        degree_low=settings.mesh_degree_low,
+        degree_high=settings.mesh_degree_high,
+        heartbeat_interval=settings.heartbeat_seconds,  # type: ignore[arg-type]
+        # The default limit of 10 msg/s per (forwarder, topic) also throttles our own
+        # publishes and silently drops the rest; a node publishes a burst of rollouts
+        # per round, so allow 50/s (about the measured per-process ceiling).
+        max_messages_per_topic_per_second=50.0,
+        # "Adaptive gossip" stretches the heartbeat to 30-60 s when the mesh is smaller
+        # than D, i.e. always in a swarm of 3-6 nodes. Keep the heartbeat we asked for.
+        adaptive_gossip_enabled=False,
+        # Messages wait here for a connected peer whose subscription has not arrived yet, for
+        # the moment between its connecting and subscribing. A peer that never subscribes (a
+        # relay or bootstrap that gossips another topic) kept 100 of them for 30 s, and each
+        # message past that logged a WARNING (370 in two minutes in test_relay_limits.py).
+        pending_messages_ttl=PENDING_SECONDS,
+    )
+
+
+def guarded_pubsub(host: Any, router: GossipSub, service: Any, settings: NetworkSettings) -> GuardedPubsub:
+    """`service` is the GossipService whose peer guard, allowlist and delivery the pubsub calls."""
+    return GuardedPubsub(
+        host,
+        router,
+        service=service,
+        strict_signing=True,  # every message is Ed25519-signed and verified on every hop
+        # Inbound frames bigger than this reset the stream before parsing. Leave room for
+        # a couple of max-size messages plus envelope so the topic validator, not the
+        # frame limit, rejects a merely oversized message (and counts it).
+        max_inbound_rpc_size=RPC_MESSAGES_PER_FRAME * settings.max_message_bytes + RPC_OVERHEAD_BYTES,
+    )
+
+
+def nat_services(
+    host: Any,
+    settings: NetworkSettings,
+    protocols: PeerProtocols,
+    *,
+    may_use: Callable[[ID], bool],
+    count: Callable[..., None],
+    on_reachability: Callable[[Reachability], None],
+    on_addrs_changed: Callable[[], None],
+    preferred_relays: Callable[[], list[ID]],
+) -> tuple[ReachabilityService, RelayService]:
+    reachability = ReachabilityService(
+        host,
+        mode=settings.reachability,
+        interval=settings.reachability_check_seconds,
+        may_use=may_use,
+        count=count,
+        on_change=on_reachability,
+        protocols=protocols,
+    )
+    reachability.attach()  # answer dial-back requests whatever our own status
+    relay = RelayService(
+        host,
+        relay=settings.relay,
+        limits=relay_limits(
+            reservations=settings.relay_max_reservations,
+            circuits_per_peer=settings.relay_max_circuits_per_peer,
+            circuit_bytes=settings.relay_max_circuit_bytes,
+            circuit_seconds=settings.relay_max_circuit_seconds,
+        ),
+        relays_to_reserve=settings.relays_to_reserve,
+        hole_punching=settings.hole_punching,
+        preferred_relays=preferred_relays,
+        may_use=may_use,
+        count=count,
+        on_addrs_changed=on_addrs_changed,
+    )
+    return reachability, relay
