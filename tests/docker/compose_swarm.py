@@ -100,7 +100,7 @@ def wait_for_swarm(layout: Layout) -> dict[str, dict]:
             connected = [row for row in status["peers"] if row["connected"]]
             lacking = [other for other, peer_id in ids.items() if other != service and peer_id not in accepted]
             if not connected or lacking:
-                missing[service] = f"round {status['round']}, {len(connected)} connected, nothing accepted yet from {lacking}"
+                missing[service] = f"round {status['round']}, {len(connected)} connected, nothing accepted yet from {lacking}, refused: {status['rejected']}"
         return not missing, (statuses if not missing else missing)
 
     statuses = wait_until("every node accepts groups from every other node", trading, SWARM_TIMEOUT)
@@ -257,9 +257,12 @@ def run(out: Path) -> None:
         with clock.phase("images (docker build)"):
             print(f"   staged: {engine.stage_build_inputs()}")
             engine.build_images()
-        before = snapshot()
         file, dropped = merged_compose_file(out)
         compose = Compose(file)
+        # A run killed before its `down` leaves its containers, and their restart policy brings
+        # them back with dockerd, holding the swarm's ports and the old volumes: clear them first.
+        compose("down", "-v", "--remove-orphans", check=False)
+        before = snapshot()
         try:
             with clock.phase("compose up"):
                 bring_up(compose, layout, dropped)

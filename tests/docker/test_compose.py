@@ -135,8 +135,8 @@ def test_every_file_the_dockerfile_copies_is_in_the_build_context():
 
 
 # The compose test's override may change these flags (ports and hosts for the host network,
-# the tiny model), nothing else of a service's command.
-HOST_NETWORK_FLAGS = {"--metrics-port", "--metrics-host", "--listen", "--model", "--max-new-tokens"}
+# the tiny model, and augmenting its groups, which carry no signal alone), nothing else of a service's command.
+HOST_NETWORK_FLAGS = {"--metrics-port", "--metrics-host", "--listen", "--model", "--max-new-tokens", "--augment-external"}
 OVERRIDE = yaml.safe_load((ROOT / "tests" / "docker" / "compose.host-network.yml").read_text())["services"]
 
 
