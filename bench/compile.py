@@ -60,7 +60,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from roofline import DEFAULT_MODELS_DIR, DTYPES, hf_cpu_seconds, layout, _NoEndOfText
+from roofline import DEFAULT_MODELS_DIR, DTYPES, Clock, hf_seconds, layout, _NoEndOfText
 from round import print_rows
 
 VARIANTS = ("layer/F.linear", "layer/oneDNN op", "step/F.linear", "step/oneDNN op", "hf static")
@@ -228,7 +228,7 @@ def static_generate(policy, prompts: list[str], batch: int, steps: int, dtype) -
     """transformers' generate with a static cache, B rows for `steps` tokens (roofline.py's call)."""
     policy.model.generation_config.cache_implementation = "static"
     try:
-        hf_cpu_seconds(policy, prompts, batch, steps, dtype)
+        hf_seconds(policy.model, policy.tokenizer, prompts, batch, steps, dtype, Clock(policy.device))
     finally:
         policy.model.generation_config.cache_implementation = None
     return batch * steps, []

@@ -70,13 +70,14 @@ def update_flops(config, work: UpdateWork) -> dict[str, float]:
 
 def matmul_rates(config, rows: int = 256, seconds: float = 0.1, stream_mb: float = 64) -> dict[str, dict[str, float]]:
     """GFLOPS per shape and dtype ('fp32', 'bf16'), the better of F.linear and the packed kernel."""
-    from roofline import matmul_gflops, streamed_weights  # lazily: roofline imports round
+    from roofline import Clock, matmul_gflops, streamed_weights  # lazily: roofline imports round
 
+    clock = Clock(torch.device("cpu"))  # the bound is this CPU thread's: its CPU clock
     rates: dict[str, dict[str, float]] = {"fp32": {}, "bf16": {}}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for name, (out, inp, _) in linear_shapes(config).items():
             weights = streamed_weights(out, inp, dtype, stream_mb * 2**20)
-            best = max(matmul_gflops(weights, rows, kernel, seconds) for kernel in ("F.linear", "packed"))
+            best = max(matmul_gflops(weights, rows, kernel, seconds, clock) for kernel in ("F.linear", "packed"))
             rates[dtype_name][name] = best
             del weights
     return rates

@@ -90,7 +90,7 @@ def round_rows(args: argparse.Namespace):
     bench = argparse.Namespace(lora=args.lora, models_dir=args.models_dir, questions=args.questions,
                                generations=args.generations, max_new_tokens=args.max_new_tokens,
                                updates_per_batch=1, minibatches=1, threads=args.threads, seed=args.seed,
-                               precision=args.precision)
+                               precision=args.precision, device="cpu")  # the profile is of the CPU update
     args.models_dir.mkdir(parents=True, exist_ok=True)
     node = bench_node(bench, args.model, Path(tempfile.mkdtemp(prefix="bench-profile-")), SignalForcingVerifier(True))
     taken = []
