@@ -114,7 +114,7 @@ def test_the_daemon_hands_the_gil_over_every_millisecond(monkeypatch, tmp_path):
 
     seen = []
 
-    async def fake_run_node(settings):  # stands in for the whole daemon: only the process setup is tested
+    async def fake_run_node(settings, parent=None):  # stands in for the whole daemon: only the process setup is tested
         seen.append(sys.getswitchinterval())
 
     monkeypatch.setattr(run, "run_node", fake_run_node)
