@@ -28,7 +28,6 @@ from typing import Any
 
 import trio
 
-from sapo.node.daemon.children import end_with_parent
 from sapo.node.daemon.metrics import RoundRecord
 from sapo.node.daemon.round import RoundResult, run_round
 from sapo.node.daemon.settings import NodeSettings
@@ -175,6 +174,18 @@ def job_count(study: ExperimentSettings, runs: int) -> int:
     return min(study.jobs or os.cpu_count() or 1, runs)
 
 
+def _die_with_parent(parent: int) -> None:
+    """A worker's initializer: on Linux, end this worker when the study's process dies, however
+    it dies (a SIGKILL'd parent otherwise leaves its workers training for the rest of the run)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died while this worker was starting
+            os._exit(1)
+
+
 def _run_in_worker(study, base, config, seed, queue, deadline) -> dict[str, Any]:
     from sapo.training.devices import configure_torch_threads
 
@@ -202,9 +213,9 @@ def _run_all(
 
     context = multiprocessing.get_context("spawn")  # no forked torch or tokenizer thread state
     manager = SyncManager(ctx=context)  # the progress queue's server, a process of its own
-    manager.start(end_with_parent, (os.getpid(),))
+    manager.start(_die_with_parent, (os.getpid(),))
     with manager, ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=end_with_parent, initargs=(os.getpid(),)
+        max_workers=jobs, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
     ) as pool:
         updates = manager.Queue()
         futures = {pool.submit(_run_in_worker, study, base, c, s, updates, deadline): (c.name, s) for c, s in plan}

@@ -12,19 +12,9 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from sapo.protocol.discovery import PROTOCOL_ID as DISCOVERY
 from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.peer_protocols import REMEMBER_SECONDS, PeerProtocols, quiet_refusals, refused_protocol
+from tests.protocol.test_reachability import _run_host
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
-
-
-async def _run_host(host, *, task_status=trio.TASK_STATUS_IGNORED):
-    async with host.run([LOOPBACK]):
-        task_status.started()
-        try:
-            await trio.sleep_forever()
-        finally:
-            with trio.move_on_after(2) as scope:
-                scope.shield = True
-                await host.close()
 
 
 async def connected_pair(nursery):
