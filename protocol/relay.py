@@ -197,6 +197,8 @@ class RelayService:
         for relay in gone:
             logger.info("lost the relay slot on %s", relay)
             del self.reservations[relay]
+        # A node that runs for months meets many relays: forget the refusals that have run out.
+        self._refused_until = {relay: until for relay, until in self._refused_until.items() if until > now}
         return bool(gone)
 
     async def _reserve_more(self, wanted: int) -> bool:

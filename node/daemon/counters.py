@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+# Groups accepted are counted per peer for this many peers, the most recently counted: a node that
+# runs for months meets peers without end, and its round records, page and metrics carry one
+# entry per peer (the sampler remembers as many).
+MAX_PEERS_COUNTED = 1024
+
 # Gossip-layer counters that are refusals of a peer's message (the rest are our own sends).
 TRANSPORT_REJECTIONS = (
     "malformed_frame",
@@ -19,6 +24,21 @@ TRANSPORT_REJECTIONS = (
 )
 
 
+class RecentPeerCounts(Counter):
+    """A Counter of at most `limit` peers: counting a peer makes it the newest, and counting one
+    more than `limit` forgets the one counted longest ago."""
+
+    def __init__(self, limit: int = MAX_PEERS_COUNTED) -> None:
+        self.limit = limit
+        super().__init__()
+
+    def __setitem__(self, peer: str, count: int) -> None:
+        super().pop(peer, None)  # dicts keep insertion order: newest last
+        super().__setitem__(peer, count)
+        if len(self) > self.limit:
+            del self[next(iter(self))]
+
+
 @dataclass
 class NodeCounters:
     received: int = 0
@@ -26,7 +46,7 @@ class NodeCounters:
     published: int = 0
     rejected: Counter = field(default_factory=Counter)
     transport: dict[str, int] = field(default_factory=dict)  # the gossip layer's own counts
-    accepted_from: Counter = field(default_factory=Counter)  # verified groups per sending peer
+    accepted_from: RecentPeerCounts = field(default_factory=RecentPeerCounts)  # verified groups per sending peer
     # peers' shared log-probs: received (messages), joined (to their group), late, unmatched, mismatched
     logprobs: Counter = field(default_factory=Counter)
 

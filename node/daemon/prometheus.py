@@ -56,6 +56,7 @@ class NodeMetrics:
         self.info = Gauge("sapo_node_info", "always 1; its labels name the node behind a scrape address", ["peer_id", "model"], registry=r)
         self._window: deque[float] = deque(maxlen=ma_window)
         self._seen: dict[str, float] = {}
+        self._peers_exported: set[str] = set()  # the peers with an accepted_from series now
 
     def observe(self, record: RoundRecord) -> None:
         self._window.append(record.reward_mean)
@@ -85,6 +86,10 @@ class NodeMetrics:
         self._advance(self.accepted, "accepted", record.accepted)
         for peer, count in record.accepted_from.items():
             self._advance(self.accepted_from.labels(peer=peer), f"accepted_from:{peer}", count)
+        for peer in self._peers_exported - record.accepted_from.keys():  # forgotten by the node's counters
+            self.accepted_from.remove(peer)
+            del self._seen[f"accepted_from:{peer}"]
+        self._peers_exported = set(record.accepted_from)
 
     def observe_status(self, status: NodeStatus) -> None:
         """What changes between rounds, as the page sees it now."""

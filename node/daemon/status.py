@@ -13,7 +13,7 @@ import os
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Iterator, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -103,13 +103,14 @@ class NodeStatus(BaseModel):
 # --- building it ---------------------------------------------------------------------------
 
 
-def from_records(records: list[RoundRecord], base: NodeStatus) -> NodeStatus:
+def from_records(records: Iterable[RoundRecord], base: NodeStatus) -> NodeStatus:
     """`base` with everything the round records say filled in; live fields in `base`
     (counters, peers) win over the last record's copies of them."""
-    if not records:
+    history = RoundHistory(records)
+    last = history.last
+    if last is None:
         return base
-    last = records[-1]
-    update: dict = {"round": last.round, "cumulative_reward": last.cumulative_reward, **RoundHistory(records).fields()}
+    update: dict = {"round": last.round, "cumulative_reward": last.cumulative_reward, **history.fields()}
     if base.source == "files" and not base.peers and not base.received:
         update.update(counters_of(last))
     return base.model_copy(update=update)
@@ -152,17 +153,18 @@ def peer_rows(
     return [row(p, True) for p in connected] + [row(p, False) for p in others]
 
 
-def read_records(data_dir: Path) -> list[RoundRecord]:
+def read_records(data_dir: Path) -> Iterator[RoundRecord]:
+    """The node's round records, oldest first, read one line at a time: a node that has run for
+    months has hundreds of thousands, and whoever reads them keeps only what it bins."""
     path = data_dir / "metrics.jsonl"
     if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(RoundRecord.model_validate_json(line))
-        except ValidationError:
-            continue  # a torn last line from a crash mid-write
-    return records
+        return
+    with path.open() as lines:
+        for line in lines:
+            try:
+                yield RoundRecord.model_validate_json(line)
+            except ValidationError:
+                continue  # a torn last line from a crash mid-write
 
 
 def write_status_file(data_dir: Path, status: NodeStatus) -> None:
@@ -177,7 +179,6 @@ def status_from_data_dir(data_dir: Path) -> NodeStatus:
     """The node's status from its files: the last snapshot it wrote, and all its rounds."""
     if not data_dir.is_dir():
         raise ValueError(f"{data_dir} is not a node's data directory (no such directory); pass the --data-dir the node ran with")
-    records = read_records(data_dir)
     path = data_dir / STATUS_FILE
     base = NodeStatus(source="files", updated=time.time(), data_dir=str(data_dir))
     if path.exists():
@@ -185,11 +186,11 @@ def status_from_data_dir(data_dir: Path) -> NodeStatus:
             base = NodeStatus.model_validate_json(path.read_text()).model_copy(update={"source": "files"})
         except ValidationError:
             pass  # from another release of sapo: the round records still tell most of it
-    elif not records:
+    elif not (data_dir / "metrics.jsonl").exists():
         raise ValueError(f"{data_dir} holds neither {STATUS_FILE} nor metrics.jsonl: has a node run with --data-dir {data_dir}?")
     if base.phase not in ("stopped", "finished") and base.pid is not None and not _alive(base.pid):
         base = base.model_copy(update={"phase": "stopped"})  # killed without a last word
-    return from_records(records, base)
+    return from_records(read_records(data_dir), base)
 
 
 def status_from_url(url: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> NodeStatus:

@@ -76,11 +76,13 @@ def bring_up(compose: Compose, layout: Layout, dropped: dict[str, list]) -> None
 
 
 def check_containers(compose: Compose) -> None:
-    """Host network only, the non-root user, the node as PID 1 (docker stop's SIGTERM reaches it)."""
+    """Host network only, a bounded log, the non-root user, the node as PID 1 (docker stop's SIGTERM reaches it)."""
     for service in SAPO_SERVICES:
         container = compose.container_of(service)
         facts = inspect(container)
         assert facts["HostConfig"]["NetworkMode"] == "host", f"{service}: network {facts['HostConfig']['NetworkMode']}"
+        log = facts["HostConfig"]["LogConfig"]
+        assert log["Type"] == "json-file" and log["Config"].get("max-size") == "10m", f"{service}: unbounded log {log}"
         uid = sh("docker", "exec", container, "id", "-u").stdout.strip()
         assert uid == str(UID), f"{service} runs as uid {uid}, not the image's sapo user ({UID})"
         pid1 = sh("docker", "exec", container, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")

@@ -86,6 +86,11 @@ def test_dns4_addresses_name_a_compose_service_and_its_seeded_id(variable, servi
     NetworkSettings(peers=[expected])
 
 
+def test_every_service_keeps_a_bounded_log():
+    for name, service in SERVICES.items():
+        assert service["logging"] == {"driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}, name
+
+
 def test_nodes_keep_their_data_in_their_own_volumes_and_peers_scale():
     assert "bootstrap-data:/data" in SERVICES["bootstrap"]["volumes"]
     assert "judge-data:/data" in SERVICES["judge"]["volumes"]

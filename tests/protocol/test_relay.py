@@ -138,6 +138,26 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
     assert asked == [refused]  # refused before any connection was attempted (the host is not even running)
 
 
+async def test_a_relays_refusal_is_forgotten_once_its_backoff_has_run_out():
+    from sapo.protocol.relay import RESERVE_REFUSED_BACKOFF_SECONDS
+
+    now = [1000.0]
+    host = new_noise_host(create_new_key_pair(), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")])
+    service = RelayService(host, relay="off", limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1,
+                                                                  circuit_seconds=1),
+                           relays_to_reserve=1, hole_punching=False, preferred_relays=list, may_use=lambda peer: True,
+                           count=lambda name: None, on_addrs_changed=lambda: None, clock=lambda: now[0])
+    refusers = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3)]
+    for i, relay in enumerate(refusers):  # as _reserve_more notes a refusal, a minute apart
+        service._refused_until[relay] = now[0] + 60 * i + RESERVE_REFUSED_BACKOFF_SECONDS
+    now[0] += RESERVE_REFUSED_BACKOFF_SECONDS + 1
+    service._prune()
+    assert set(service._refused_until) == set(refusers[1:])
+    now[0] += 120
+    service._prune()
+    assert service._refused_until == {}
+
+
 async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
     # With a swarm key (pnet), both ends of a circuit must protect it: 0.8.1 does so only for
     # the inbound end of a relayed connection (RelayService dials through ProtectedCircuits).

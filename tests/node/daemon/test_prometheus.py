@@ -45,3 +45,31 @@ def _metrics_url(proc):
     line = proc.stdout.readline()
     match = re.search(r"metrics on (http://\S+/metrics)", line)
     return match.group(1) if match else None
+
+
+def test_the_accepted_from_series_follow_the_peers_the_node_still_counts():
+    from sapo.node.daemon.counters import NodeCounters, RecentPeerCounts
+    from sapo.node.daemon.prometheus import NodeMetrics
+    from tests.node.daemon.test_status import record
+
+    counters = NodeCounters(accepted_from=RecentPeerCounts(limit=2))
+    metrics = NodeMetrics()
+    exported = []
+    for peer in ("alice", "bob", "alice", "carol"):  # carol makes bob the one counted longest ago
+        counters.accepted_from[peer] += 1
+        metrics.observe(record(1, accepted_from=dict(counters.accepted_from)))
+        exported.append(sorted(re.findall(r'sapo_accepted_groups_from_total\{peer="(\w+)"\} (\S+)', metrics.render().decode())))
+    assert exported == [[("alice", "1.0")], [("alice", "1.0"), ("bob", "1.0")], [("alice", "2.0"), ("bob", "1.0")],
+                        [("alice", "2.0"), ("carol", "1.0")]]
+
+
+def test_a_node_counts_groups_for_the_1024_peers_it_counted_last():
+    from sapo.node.daemon.counters import MAX_PEERS_COUNTED, NodeCounters
+
+    counters = NodeCounters()
+    for n in range(3 * MAX_PEERS_COUNTED):
+        counters.accepted_from["first"] += 1  # a peer that keeps sending is never forgotten
+        counters.accepted_from[f"peer-{n}"] += 1
+    assert len(counters.accepted_from) == MAX_PEERS_COUNTED
+    assert counters.accepted_from["first"] == 3 * MAX_PEERS_COUNTED
+    assert f"peer-{3 * MAX_PEERS_COUNTED - 1}" in counters.accepted_from and "peer-0" not in counters.accepted_from

@@ -120,6 +120,23 @@ def test_a_live_node_holds_the_same_memory_after_16000_rounds_as_after_8000(tmp_
     assert len(rounds) == MAX_POINTS and rounds[-1].round == 16000
 
 
+def test_reading_a_long_runs_files_holds_the_same_memory_at_8000_rounds_as_at_4000(tmp_path):
+    """`sapo-node status` and a restarting node's page read metrics.jsonl a line at a time: all of
+    a months-long run's records at once would be 5.6 KB a round."""
+    base = record(1)
+    peaks = []
+    for start in (1, 4001):
+        write_rounds(tmp_path, (base.model_copy(update={"round": n, "time": 1000.0 + n}) for n in range(start, start + 4000)))
+        tracemalloc.start()
+        try:
+            status = status_from_data_dir(tmp_path)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert status.round == start + 3999
+    assert peaks[1] - peaks[0] < 1_000_000, f"{(peaks[1] - peaks[0]) / 4000:.0f} bytes more per round"
+
+
 def test_sparkline_runs_from_zero_to_the_largest_value():
     assert sparkline([0, 0.5, 1]) == "▁▅█"
     assert sparkline([0, 0.1, 0.2]) == "▁▅█"
