@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-# Groups accepted are counted per peer for this many peers, the most recently counted: a node that
-# runs for months meets peers without end, and its round records, page and metrics carry one
-# entry per peer (the sampler remembers as many).
-MAX_PEERS_COUNTED = 1024
+from sapo.sampling.strategies import PEER_LIMIT
 
 # Gossip-layer counters that are refusals of a peer's message (the rest are our own sends).
 TRANSPORT_REJECTIONS = (
@@ -26,9 +23,11 @@ TRANSPORT_REJECTIONS = (
 
 class RecentPeerCounts(Counter):
     """A Counter of at most `limit` peers: counting a peer makes it the newest, and counting one
-    more than `limit` forgets the one counted longest ago."""
+    more than `limit` forgets the one counted longest ago. A node that runs for months meets peers
+    without end, and its round records, page and metrics carry one entry per counted peer; by
+    default it counts as many peers as the sampler keeps state for."""
 
-    def __init__(self, limit: int = MAX_PEERS_COUNTED) -> None:
+    def __init__(self, limit: int = PEER_LIMIT) -> None:
         self.limit = limit
         super().__init__()
 

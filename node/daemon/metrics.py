@@ -8,6 +8,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+METRICS_FILE = "metrics.jsonl"  # in the node's data dir
+
 
 class RoundRecord(BaseModel):
     round: int

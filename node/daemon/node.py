@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.loading import load_node_policy
-from sapo.node.daemon.metrics import MetricsLog, RoundRecord
+from sapo.node.daemon.metrics import METRICS_FILE, MetricsLog, RoundRecord
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.daemon.state import NodeState, restore_state
 from sapo.sampling.balance import RoundPlan
@@ -65,7 +65,7 @@ class Node:
         run = settings.run
         self.data_dir = run.data_dir
         self.checkpoints_dir = self.data_dir / "checkpoints"
-        self.metrics = MetricsLog(self.data_dir / "metrics.jsonl")
+        self.metrics = MetricsLog(self.data_dir / METRICS_FILE)
         self.counters = NodeCounters()
         # Set on shutdown: generation (the longest step) stops at its next token.
         self.stop_requested = threading.Event()

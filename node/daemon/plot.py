@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sapo.node.daemon.metrics import METRICS_FILE
+
 
 def moving_average(values: list[float], window: int) -> list[float]:
     """Trailing mean over up to `window` values (shorter at the start, so no curve is empty)."""
@@ -18,7 +20,7 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def load_rounds(data_dir: Path) -> list[dict]:
-    path = data_dir / "metrics.jsonl"
+    path = data_dir / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; give node data directories (each holds a metrics.jsonl)")
     rows = []

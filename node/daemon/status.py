@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from sapo.node.daemon.curves import MAX_POINTS, CurvePoint, RoundHistory, curve_point  # noqa: F401 - the page's schema
-from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.daemon.metrics import METRICS_FILE, RoundRecord
 
 STATUS_FILE = "status.json"
 FETCH_TIMEOUT_SECONDS = 10.0
@@ -156,7 +156,7 @@ def peer_rows(
 def read_records(data_dir: Path) -> Iterator[RoundRecord]:
     """The node's round records, oldest first, read one line at a time: a node that has run for
     months has hundreds of thousands, and whoever reads them keeps only what it bins."""
-    path = data_dir / "metrics.jsonl"
+    path = data_dir / METRICS_FILE
     if not path.exists():
         return
     with path.open() as lines:
@@ -186,7 +186,7 @@ def status_from_data_dir(data_dir: Path) -> NodeStatus:
             base = NodeStatus.model_validate_json(path.read_text()).model_copy(update={"source": "files"})
         except ValidationError:
             pass  # from another release of sapo: the round records still tell most of it
-    elif not (data_dir / "metrics.jsonl").exists():
+    elif not (data_dir / METRICS_FILE).exists():
         raise ValueError(f"{data_dir} holds neither {STATUS_FILE} nor metrics.jsonl: has a node run with --data-dir {data_dir}?")
     if base.phase not in ("stopped", "finished") and base.pid is not None and not _alive(base.pid):
         base = base.model_copy(update={"phase": "stopped"})  # killed without a last word

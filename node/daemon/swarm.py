@@ -28,6 +28,7 @@ from pathlib import Path
 
 import trio
 
+from sapo.node.daemon.metrics import METRICS_FILE
 from sapo.node.daemon.settings import SettingsError
 
 log = logging.getLogger("sapo.swarm")
@@ -133,7 +134,7 @@ def node_command(
 def latest_metrics(data_dir: Path) -> dict | None:
     """The last whole round record. Only the file's tail is read: metrics.jsonl grows a line a
     round, and the progress line reads it every few seconds for as long as the swarm runs."""
-    path = data_dir / "metrics.jsonl"
+    path = data_dir / METRICS_FILE
     try:
         with path.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - METRICS_TAIL_BYTES))

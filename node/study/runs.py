@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.daemon.metrics import METRICS_FILE, RoundRecord
 from sapo.node.daemon.round import RoundResult, run_round
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.study.nodes import Learner, StudyRun, build_run
@@ -155,7 +155,7 @@ def run_over_libp2p(
         raise RuntimeError(f"{config.name} seed {seed}: {failed} node(s) failed; see {run_dir}/node-*/node.log")
     with (run_dir / "raw.jsonl").open("w") as raw:
         for k in range(study.nodes):
-            for line in (run_dir / f"node-{k}" / "metrics.jsonl").read_text().splitlines():
+            for line in (run_dir / f"node-{k}" / METRICS_FILE).read_text().splitlines():
                 row = round_row(config, seed, k, base.model.model, RoundRecord.model_validate_json(line))
                 raw.write(json.dumps(row | {"transport": "libp2p"}) + "\n")
     if progress is not None:

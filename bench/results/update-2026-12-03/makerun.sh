@@ -1,16 +1,20 @@
 #!/bin/bash
-# make run from a fresh clone, before (main before the perf merge) and after (main now), one after
-# the other on the same machine, each for MINUTES minutes; the nodes' metrics.jsonl kept.
-MINUTES=${MINUTES:-7}
+# make run from a fresh clone, before (main before the perf merge) and after, one after the other
+# on the same machine, each for MINUTES minutes. Writes OUT/starts.txt and each arm's node
+# metrics to OUT/makerun-ARM/; `python3 makerun_summary.py OUT` prints makerun.txt from them.
+#   MINUTES=6 AFTER=96845ae bash bench/results/update-2026-12-03/makerun.sh
+set -u
+REPO=${REPO:-$(git rev-parse --show-toplevel)}
+OUT=$(cd "${OUT:-$(dirname "$0")}" && pwd)
+MINUTES=${MINUTES:-6}
+: > "$OUT/starts.txt"
 for arm in "before c5f1391" "after ${AFTER:-HEAD}"; do
   set -- $arm; name=$1; commit=$2
-  dir=/tmp/mr-$name; rm -rf $dir
-  git clone -q /work/main $dir && cd $dir && git checkout -q $commit
-  echo "$name $(git log --oneline -1) start $(date -u +%T)"
-  start=$(date +%s)
-  timeout -s INT $((MINUTES * 60)) make run > /work/b24/makerun-$name.log 2>&1
-  echo "$name stopped after $(( $(date +%s) - start )) s"
-  mkdir -p /work/b24/makerun-$name
-  for n in sapo-swarm/node-*; do cp $n/metrics.jsonl /work/b24/makerun-$name/$(basename $n).jsonl 2>/dev/null; done
+  dir=$(mktemp -d)
+  git clone -q "$REPO" "$dir" && cd "$dir" && git checkout -q "$commit"
+  echo "$name $(git rev-parse --short HEAD) $(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$OUT/starts.txt"
+  timeout -s INT $((MINUTES * 60)) make run > "$OUT/makerun-$name.log" 2>&1
+  mkdir -p "$OUT/makerun-$name"
+  for n in sapo-swarm/node-*; do cp "$n/metrics.jsonl" "$OUT/makerun-$name/$(basename "$n").jsonl"; done
   sleep 20
 done

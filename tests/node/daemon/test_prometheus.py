@@ -64,12 +64,13 @@ def test_the_accepted_from_series_follow_the_peers_the_node_still_counts():
 
 
 def test_a_node_counts_groups_for_the_1024_peers_it_counted_last():
-    from sapo.node.daemon.counters import MAX_PEERS_COUNTED, NodeCounters
+    from sapo.node.daemon.counters import NodeCounters
+    from sapo.sampling.strategies import PEER_LIMIT
 
     counters = NodeCounters()
-    for n in range(3 * MAX_PEERS_COUNTED):
+    for n in range(3 * PEER_LIMIT):
         counters.accepted_from["first"] += 1  # a peer that keeps sending is never forgotten
         counters.accepted_from[f"peer-{n}"] += 1
-    assert len(counters.accepted_from) == MAX_PEERS_COUNTED
-    assert counters.accepted_from["first"] == 3 * MAX_PEERS_COUNTED
-    assert f"peer-{3 * MAX_PEERS_COUNTED - 1}" in counters.accepted_from and "peer-0" not in counters.accepted_from
+    assert len(counters.accepted_from) == PEER_LIMIT
+    assert counters.accepted_from["first"] == 3 * PEER_LIMIT
+    assert f"peer-{3 * PEER_LIMIT - 1}" in counters.accepted_from and "peer-0" not in counters.accepted_from
