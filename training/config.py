@@ -25,7 +25,8 @@ class ModelSettings(BaseModel):
     lora: bool = Field(default=False, description="train a LoRA adapter instead of the full model")
     precision: Literal["auto", "fp32", "bf16"] = Field(
         default="auto",
-        description="forward-pass precision: auto = bf16 autocast on CUDA GPUs that support it, fp32 on CPU and MPS; "
+        description="the update's precision: auto = bf16 on CUDA GPUs that support it and, for Llama-family models, "
+        "on CPUs with AVX512-BF16 or AMX (the base's matmuls; LoRA, logits and log-softmax stay fp32), else fp32; "
         "weights and optimizer state stay fp32",
     )
     generation_precision: Literal["auto", "fp32", "bf16"] = Field(

@@ -12,8 +12,8 @@ multiplied in `dtype` from a copy made once per update (q|k|v and gate|up stacke
 matmul each), and its backward is the input gradient alone. LoRA factors, and any weight that
 trains (full fine-tuning), take part in fp32 with autograd, from the modules themselves. The
 residual stream, norms, rotary embeddings, the vocabulary projection and the log-softmax stay
-fp32 in either precision: in bf16 only the base's matmuls and attention round to bf16, the
-numerics of bf16 autocast without its per-call casts of the weights and with fp32 logits.
+fp32 in either precision, and so does attention (its q, k and v come out of the projections
+widened to fp32): in bf16 only the base's matmuls round to bf16, with fp32 accumulation.
 
 Which models fit is LlamaDecoder's test (training/llama_decoder.py); any other runs through its
 own forward (training/update.py).

@@ -177,7 +177,9 @@ async def load_node(settings: NodeSettings, peer_id: str, live: LiveStatus) -> t
 
     node, state = await trio.to_thread.run_sync(build)
     live.node_ready(node, state)
-    print(f"model loaded in {time.perf_counter() - started:.1f}s", flush=True)
+    policy = node.policy
+    precisions = f"sampling {'bf16' if policy.generation_bf16 else 'fp32'}, update {'bf16' if policy.bf16 else 'fp32'}"
+    print(f"model loaded in {time.perf_counter() - started:.1f}s ({policy.device.type}; {precisions})", flush=True)
     return node, state
 
 

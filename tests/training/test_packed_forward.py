@@ -37,7 +37,8 @@ def groups_of(problems) -> list[QuestionGroup]:
 
 
 def policy_of(name: str, lora: bool, tmp_path: Path):
-    policy = load_policy(name, device="cpu", seed=0, models_dir=tmp_path, lora=LoraOptions() if lora else None)
+    policy = load_policy(name, device="cpu", seed=0, models_dir=tmp_path, lora=LoraOptions() if lora else None,
+                         precision="fp32")  # exactness against the model's own fp32 forward
     if lora:  # B starts at zero; give the adapter an effect, so that its part of the forward shows
         with torch.no_grad(), torch.random.fork_rng():
             torch.manual_seed(1)

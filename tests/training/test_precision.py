@@ -13,11 +13,24 @@ from sapo.training.update import completion_logprobs, grpo_update, make_optimize
 from tests.training.rows import encode_groups, rows_of
 
 
-def test_auto_precision_is_fp32_on_cpu_and_explicit_choices_are_kept():
+def test_auto_update_precision_is_bf16_only_on_native_bf16_cpus_with_the_packed_forward(monkeypatch):
     cpu = torch.device("cpu")
-    assert use_bf16("auto", cpu) is False and use_bf16("bf16", cpu) is True and use_bf16("fp32", cpu) is False
+    assert use_bf16("bf16", cpu) is True and use_bf16("fp32", cpu, packed=True) is False
     with pytest.raises(ValueError, match="precision"):
         use_bf16("fp16", cpu)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert use_bf16("auto", cpu, packed=True) is True
+    assert use_bf16("auto", cpu, packed=False) is False  # autocast through the model's own forward: fp32
+    assert use_bf16("auto", torch.device("mps"), packed=True) is False
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert use_bf16("auto", cpu, packed=True) is False  # an AVX2-only CPU emulates bf16: slower than fp32
+
+
+def test_a_llama_family_policy_updates_in_bf16_where_the_cpu_has_it(tmp_path):
+    cpu = torch.device("cpu")
+    assert load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path).bf16 is has_native_bf16(cpu)
+    assert load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, precision="fp32").bf16 is False
 
 
 def test_bf16_policy_runs_its_forward_in_bf16_and_keeps_fp32_weights(tmp_path):
@@ -61,8 +74,8 @@ def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_p
     from sapo.training import decoding
     from sapo.training.generation import sample_completions
 
-    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, generation_precision="bf16")
-    assert policy.generation_dtype == torch.bfloat16 and not policy.bf16  # the update stays fp32
+    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, generation_precision="bf16", precision="fp32")
+    assert policy.generation_dtype == torch.bfloat16 and not policy.bf16  # the update keeps its own precision
     built, real_of = [], decoding.LlamaDecoder.of
 
     def recording_of(model, dtype, rows=32, adapters=None):

@@ -1,14 +1,16 @@
 #!/bin/bash
-# make run from a fresh clone, before (main before the perf merge) and after, one after the other
-# on the same machine, each for MINUTES minutes. Writes OUT/starts.txt and each arm's node
-# metrics to OUT/makerun-ARM/; `python3 makerun_summary.py OUT` prints makerun.txt from them.
+# make run from a fresh clone, before (BEFORE: by default c5f1391, main before the perf merge)
+# and after, one after the other on the same machine, each for MINUTES minutes. Writes
+# OUT/starts.txt and each arm's node metrics to OUT/makerun-ARM/; `python3 makerun_summary.py OUT`
+# prints makerun.txt from them.
 #   MINUTES=6 AFTER=96845ae bash bench/results/update-2026-12-03/makerun.sh
+#   OUT=bench/results/update-2026-12-03/bf16 MINUTES=8 BEFORE=68863e4 AFTER=<commit> bash bench/results/update-2026-12-03/makerun.sh
 set -u
 REPO=${REPO:-$(git rev-parse --show-toplevel)}
-OUT=$(cd "${OUT:-$(dirname "$0")}" && pwd)
+OUT=$(mkdir -p "${OUT:-$(dirname "$0")}" && cd "${OUT:-$(dirname "$0")}" && pwd)
 MINUTES=${MINUTES:-6}
 : > "$OUT/starts.txt"
-for arm in "before c5f1391" "after ${AFTER:-HEAD}"; do
+for arm in "before ${BEFORE:-c5f1391}" "after ${AFTER:-HEAD}"; do
   set -- $arm; name=$1; commit=$2
   dir=$(mktemp -d)
   git clone -q "$REPO" "$dir" && cd "$dir" && git checkout -q "$commit"

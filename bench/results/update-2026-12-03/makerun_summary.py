@@ -23,6 +23,8 @@ for line in (here / "starts.txt").read_text().splitlines():
           f"after each node's first round: median round {st.median(r['round_seconds'] for r in later):.1f} s, "
           f"mean {st.mean(r['round_seconds'] for r in later):.1f} s over {len(later)} rounds; "
           f"median update {st.median(r['train_seconds'] for r in trained):.1f} s over {len(trained)} rounds that trained "
-          f"(groups {st.mean(r['local_groups'] + r['external_groups'] for r in trained):.2f}); "
+          f"(groups {st.mean(r['local_groups'] + r['external_groups'] for r in trained):.2f}; "
+          f"{sum(r['train_seconds'] for r in trained) / sum(r['update_tokens'] for r in trained) * 1000:.0f} ms "
+          f"of update a completion token trained); "
           f"median generate {st.median(r['generate_seconds'] for r in later):.1f} s; {tokens} tokens generated, "
           f"{sum(r['generate_seconds'] for r in later) / max(tokens, 1) * 1000:.1f} ms a token")
