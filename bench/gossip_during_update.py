@@ -66,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=False,
                         help="train a LoRA adapter (r=16) rather than the full model")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: what a node sharing a CPU uses)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help="the update's precision")
     parser.add_argument("--questions", type=int, default=2, help="questions in the round that is trained on")
     parser.add_argument("--generations", type=int, default=4, help="G: completions per question")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="generation cap per completion")
@@ -193,7 +194,7 @@ class Trainer:
         torch.set_num_threads(args.threads)
         args.models_dir.mkdir(parents=True, exist_ok=True)
         policy = load_policy(args.model, device="cpu", lora=LoraOptions() if args.lora else None, seed=args.seed,
-                             models_dir=args.models_dir)
+                             models_dir=args.models_dir, precision=args.precision)
         settings = TrainingSettings(generations=args.generations, max_new_tokens=args.max_new_tokens,
                                     lr=default_learning_rate(args.model, args.lora))
         return cls(policy, make_optimizer(policy, settings), settings, [], random.Random(args.seed))
@@ -372,7 +373,7 @@ def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sen
         f"trio.to_thread.run_sync) and sender B (own OS process) on 127.0.0.1, {args.rate:g} RolloutGroup frames/s"
     )
     print(
-        f"model {args.model}, {'LoRA r=16' if args.lora else 'full fine-tuning'}, torch threads {args.threads}, "
+        f"model {args.model}, {'LoRA r=16' if args.lora else 'full fine-tuning'}, update precision {args.precision}, torch threads {args.threads}, "
         f"round {args.questions} questions x {args.generations} generations, max_new_tokens {args.max_new_tokens}, "
         f"{args.cycles} x ({args.idle_seconds:g} s idle + {args.busy_seconds:g} s of {args.busy.replace('generate', 'generation')}s), "
         f"GIL switch interval {1e3 * sys.getswitchinterval():g} ms"
