@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.lora, args.seconds, args.cycles, args.max_new_tokens = "tiny", False, 1.0, 1, 16
-    args.force_signal = False  # Trainer.generate's option; nothing is trained here
+    args.force_signal, args.precision = False, "auto"  # Trainer's update options; nothing is trained here
     return args
 
 
