@@ -13,7 +13,7 @@ import torch
 
 from sapo.training.devices import resolve_device
 from sapo.training.errors import ModelSourceError
-from sapo.training.llama_decoder import LlamaDecoder
+from sapo.training.packed_forward import fits
 from sapo.training.prompts import PromptStyle, render_prompt
 from sapo.training.sources import check_model_source, is_tiny, looks_local
 from sapo.training.tasks import Problem
@@ -150,9 +150,8 @@ def load_policy(
         if lora is not None:
             model = _wrap_lora(model, lora, adapter_from)
     model.to(torch_device)
-    packed = LlamaDecoder.unsupported(model) is None  # the update's packed forward fits (training/update.py)
     return Policy(model, tokenizer, torch_device, source, style, one_shot, lora is not None,
-                  use_bf16(precision, torch_device, packed),
+                  use_bf16(precision, torch_device, packed=fits(model)),
                   use_bf16_generation(generation_precision, torch_device))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from sapo.training.llama_decoder import LlamaDecoder
+from sapo.training.packed_forward import fits
 from sapo.training.policy import LoraOptions, Policy, _load_base, use_bf16, use_bf16_generation
 from sapo.training.devices import resolve_device
 from sapo.training.prompts import PromptStyle
@@ -123,7 +123,7 @@ class SharedLoraBase:
         self.source = source
         self.style: PromptStyle = ("plain" if is_tiny(source) else "chat") if prompt_style == "auto" else prompt_style  # type: ignore[assignment]
         self.one_shot = one_shot
-        self.bf16 = use_bf16(precision, self.device, LlamaDecoder.unsupported(self.model) is None)
+        self.bf16 = use_bf16(precision, self.device, packed=fits(self.model))
         self.generation_bf16 = use_bf16_generation(generation_precision, self.device)
         self.views = [AdapterView(self.model, adapter_name(k)) for k in range(nodes)]
 

@@ -15,7 +15,7 @@ for arm in "before ${BEFORE:-c5f1391}" "after ${AFTER:-HEAD}"; do
   dir=$(mktemp -d)
   git clone -q "$REPO" "$dir" && cd "$dir" && git checkout -q "$commit"
   echo "$name $(git rev-parse --short HEAD) $(date -u +%Y-%m-%dT%H:%M:%SZ)" >> "$OUT/starts.txt"
-  timeout -s INT $((MINUTES * 60)) make run > "$OUT/makerun-$name.log" 2>&1
+  timeout -s INT $((MINUTES * 60)) make run > "$dir/makerun.log" 2>&1  # the console, left in the clone
   mkdir -p "$OUT/makerun-$name"
   for n in sapo-swarm/node-*; do cp "$n/metrics.jsonl" "$OUT/makerun-$name/$(basename "$n").jsonl"; done
   sleep 20
