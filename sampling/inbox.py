@@ -1,4 +1,10 @@
-"""A bounded store of external question groups: caps on count, bytes, age and per-peer share."""
+"""A bounded store of external question groups: caps on count, bytes, age and per-peer share.
+
+With a `Standing` (sampling/standing.py), a full inbox makes room by evicting from the author
+holding the most groups for its weight, so slots go to authors in proportion to their standing:
+fresh keys, however many, churn among themselves in the newcomers' share and never push out the
+groups of authors who earned theirs. A group whose author would be that victim itself is not
+stored (`crowded_out`). Without one, the oldest group goes, whoever sent it."""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from sapo.sampling.standing import Standing
+from sapo.training.grpo import has_signal
 from sapo.training.rollouts import QuestionGroup
 
 
@@ -25,7 +33,10 @@ class Inbox:
     """Oldest-first eviction. One peer may hold at most `peer_share` of the slots: past that,
     its own oldest group makes way, so a flooder only churns its own share."""
 
-    def __init__(self, max_groups: int, max_bytes: int, max_age_seconds: float, peer_share: float = 1.0):
+    def __init__(
+        self, max_groups: int, max_bytes: int, max_age_seconds: float, peer_share: float = 1.0,
+        standing: Standing | None = None,
+    ):
         if max_groups < 1 or max_bytes < 1 or max_age_seconds <= 0:
             raise ValueError("inbox bounds must be positive")
         self.max_groups = max_groups
@@ -37,6 +48,8 @@ class Inbox:
         self._bytes = 0
         self._per_peer: dict[str, int] = {}
         self.evicted = 0
+        self.standing = standing
+        self.crowded_out = 0  # groups not stored: their author stood lowest for what it already held
         # Verified groups arrive from the network's worker thread while the round loop samples.
         self._lock = threading.RLock()
 
@@ -48,16 +61,24 @@ class Inbox:
         return self._bytes
 
     def add(self, group: QuestionGroup, now: float) -> bool:
-        """Store a verified group; False if it alone exceeds the byte cap."""
+        """Store a verified group (its author earns standing if it carries signal); False if it
+        alone exceeds the byte cap. A group crowded out by authors of more standing counts in
+        `crowded_out` and is not stored."""
         with self._lock:
             size = group_size_bytes(group)
             if size > self.max_bytes:
                 return False
             self.prune(now)
+            if self.standing is not None and has_signal(group.rewards):
+                self.standing.credit(group.origin, now)
             if self._per_peer.get(group.origin, 0) >= self.per_peer_max:
-                self._evict(next(k for k, e in self._entries.items() if e.group.origin == group.origin))
+                self._evict(self._oldest_of(group.origin))
             while len(self._entries) >= self.max_groups or self._bytes + size > self.max_bytes:
-                self._evict(next(iter(self._entries)))
+                victim = self._crowded(group.origin)
+                if victim is None:
+                    self.crowded_out += 1
+                    return True
+                self._evict(victim)
             self._entries[self._next_id] = InboxEntry(group, size, now)
             self._next_id += 1
             self._bytes += size
@@ -83,6 +104,23 @@ class Inbox:
             chosen = {id(g) for g in groups}
             for key in [k for k, e in self._entries.items() if id(e.group) in chosen]:
                 self._evict(key, count=False)
+
+    def _crowded(self, newcomer: str) -> int | None:
+        """The entry to evict to make room for a group of `newcomer`'s: the oldest overall, or with
+        standing, the oldest of the author holding the most for its weight (counting the new group);
+        None when that author is `newcomer` holding nothing yet, so the new group is what goes."""
+        if self.standing is None:
+            return next(iter(self._entries))
+        held = dict(self._per_peer)
+        held[newcomer] = held.get(newcomer, 0) + 1
+        weights = self.standing.weights(held)
+        victim = max(held, key=lambda author: held[author] / weights[author])
+        if victim == newcomer and held[newcomer] == 1:
+            return None
+        return self._oldest_of(victim)
+
+    def _oldest_of(self, author: str) -> int:
+        return next(k for k, e in self._entries.items() if e.group.origin == author)
 
     def peers(self) -> list[str]:
         return sorted(self._per_peer)

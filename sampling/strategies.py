@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Callable
+from collections import Counter
+from typing import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,7 +19,8 @@ from sapo.sampling.training_set import has_full_credit
 from sapo.training.grpo import has_signal
 from sapo.training.rollouts import QuestionGroup
 
-Sampler = Callable[[list[QuestionGroup], int, random.Random], list[QuestionGroup]]
+# (candidates newest first, J, rng, author weights or None) -> chosen
+Sampler = Callable[[list[QuestionGroup], int, random.Random, Mapping[str, float] | None], list[QuestionGroup]]
 
 # How much a peer-weighted sampler remembers. A group is offered again every round while it
 # stays in the inbox, and is counted once: remembering the last few thousand groups covers an
@@ -32,34 +34,52 @@ def drop_zero_advantage(groups: list[QuestionGroup]) -> list[QuestionGroup]:
     return [g for g in groups if has_signal(g.rewards)]
 
 
-def uniform(candidates: list[QuestionGroup], count: int, rng: random.Random) -> list[QuestionGroup]:
-    """Uniformly without replacement; fewer than `count` candidates means take them all."""
+def uniform(
+    candidates: list[QuestionGroup], count: int, rng: random.Random, weights: Mapping[str, float] | None = None
+) -> list[QuestionGroup]:
+    """Without replacement; fewer than `count` candidates means take them all. Uniformly over
+    groups, or with `weights` (author -> weight: its standing, sampling/standing.py) each draw
+    picks an author by weight, then one of its groups uniformly: an author's share of what this
+    node trains on follows its standing, not how many groups (or keys) it sends."""
     if count <= 0 or not candidates:
         return []
     if len(candidates) <= count:
         return list(candidates)
-    return rng.sample(candidates, count)
+    if weights is None:
+        return rng.sample(candidates, count)
+    by_author: dict[str, list[QuestionGroup]] = {}
+    for group in candidates:
+        by_author.setdefault(group.origin, []).append(group)
+    chosen: list[QuestionGroup] = []
+    while len(chosen) < count:
+        authors = list(by_author)
+        author = rng.choices(authors, weights=[weights.get(a, 0.0) + 1e-12 for a in authors], k=1)[0]
+        pool = by_author[author]
+        chosen.append(pool.pop(rng.randrange(len(pool))))
+        if not pool:
+            del by_author[author]
+    return chosen
 
 
-def nonzero_uniform(candidates: list[QuestionGroup], count: int, rng: random.Random) -> list[QuestionGroup]:
+def nonzero_uniform(candidates: list[QuestionGroup], count: int, rng: random.Random, weights=None) -> list[QuestionGroup]:
     """The paper's controlled run: drop zero-advantage groups, then sample uniformly."""
-    return uniform(drop_zero_advantage(candidates), count, rng)
+    return uniform(drop_zero_advantage(candidates), count, rng, weights)
 
 
-def has_correct(candidates: list[QuestionGroup], count: int, rng: random.Random) -> list[QuestionGroup]:
+def has_correct(candidates: list[QuestionGroup], count: int, rng: random.Random, weights=None) -> list[QuestionGroup]:
     """Only mixed groups in which some completion earns full marks from our own verifier.
 
     A correct outside answer is the knowledge worth importing; groups whose best answer is
     partial-credit junk ("18" for "8") are what made positive-only filtering backfire.
     """
-    return uniform([g for g in drop_zero_advantage(candidates) if has_full_credit(g)], count, rng)
+    return uniform([g for g in drop_zero_advantage(candidates) if has_full_credit(g)], count, rng, weights)
 
 
-def any_correct(candidates: list[QuestionGroup], count: int, rng: random.Random) -> list[QuestionGroup]:
+def any_correct(candidates: list[QuestionGroup], count: int, rng: random.Random, weights=None) -> list[QuestionGroup]:
     """Groups holding a fully correct answer, all-correct ones included: the sampler for
     receiver-augmented groups (--augment-external), where this node's own failures supply the
     contrast that an all-correct group lacks."""
-    return uniform([g for g in candidates if has_full_credit(g)], count, rng)
+    return uniform([g for g in candidates if has_full_credit(g)], count, rng, weights)
 
 
 SAMPLERS: dict[str, Sampler] = {
@@ -109,12 +129,15 @@ class PeerWeighted:
 
     @classmethod
     def choose(
-        cls, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState
+        cls, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState,
+        standing: Mapping[str, float] | None = None,
     ) -> list[QuestionGroup]:
         pool = drop_zero_advantage(candidates)
         chosen: list[QuestionGroup] = []
         while pool and len(chosen) < count:
-            weights = [cls.floor + state.usefulness.get(g.origin, cls.prior) for g in pool]
+            held = Counter(g.origin for g in pool)  # standing is per author, shared by its groups
+            weights = [(cls.floor + state.usefulness.get(g.origin, cls.prior)) * (1.0 if standing is None else
+                       (standing.get(g.origin, 0.0) + 1e-12) / held[g.origin]) for g in pool]
             pick = rng.choices(range(len(pool)), weights=weights, k=1)[0]
             chosen.append(pool.pop(pick))
         return chosen
@@ -127,13 +150,15 @@ def group_digest(group: QuestionGroup) -> str:
 
 
 def choose_external(
-    name: SamplerName, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState
+    name: SamplerName, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState,
+    standing: Mapping[str, float] | None = None,
 ) -> tuple[list[QuestionGroup], SamplerState]:
-    """J of the candidates by the named sampler, and the sampler's state after seeing them."""
+    """J of the candidates by the named sampler, and the sampler's state after seeing them.
+    `standing`: each author's weight (sampling/standing.py), or None to weigh every group alike."""
     if name == "peer-weighted":
         state = PeerWeighted.observe(state, candidates)
-        return PeerWeighted.choose(candidates, count, rng, state), state
+        return PeerWeighted.choose(candidates, count, rng, state, standing), state
     try:
-        return SAMPLERS[name](candidates, count, rng), state
+        return SAMPLERS[name](candidates, count, rng, standing), state
     except KeyError:
         raise ValueError(f"unknown sampler {name!r}; choose from {', '.join([*SAMPLERS, 'peer-weighted'])}") from None

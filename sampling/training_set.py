@@ -18,11 +18,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from sapo.sampling.external_use import ExternalUse
+from sapo.sampling.screen import ScreenReference
 from sapo.training.grpo import group_advantages, has_signal
 from sapo.training.rewards import is_correct
 from sapo.training.rollouts import QuestionGroup, TrainingRow, TrainingRows
@@ -36,6 +37,8 @@ class TrainingSet:
     external: list[QuestionGroup]  # as prepared: credit applied, our own completions added
     rows: TrainingRows
     augment_tokens: int = 0  # tokens this node generated for external questions (--augment-external)
+    refused: list[QuestionGroup] = field(default_factory=list)  # chosen, then refused by the screen
+    screen: ScreenReference | None = None  # the screen's reference after this round, when it ran
 
 
 def training_set(

@@ -126,8 +126,7 @@ def encode_rows(policy: Policy, rows: TrainingRows, max_completion_tokens: int) 
     for row, encoded in zip(rows.rows, completion_ids):
         ids = list(encoded)[:max_completion_tokens]
         sender = row.behavior if row.behavior is not None and len(row.behavior) == len(ids) else None
-        if row.completion.rstrip().endswith(ANSWER_CLOSE) and len(ids) < max_completion_tokens:
-            ids.append(tokenizer.eos_token_id)
+        ids = encode_completion(tokenizer, row.completion, ids, max_completion_tokens)
         if not ids:
             continue
         completions.append(ids)
@@ -144,6 +143,15 @@ def encode_rows(policy: Policy, rows: TrainingRows, max_completion_tokens: int) 
         pad_id=tokenizer.pad_token_id,
         behavior=tuple(behavior),
     )
+
+
+def encode_completion(tokenizer, text: str, ids: list[int], max_completion_tokens: int) -> list[int]:
+    """A completion's token ids as the update trains them: truncated to the generation cap, with
+    end-of-sequence after a finished answer (what the policy sampled to stop)."""
+    ids = ids[:max_completion_tokens]
+    if text.rstrip().endswith(ANSWER_CLOSE) and len(ids) < max_completion_tokens:
+        ids = [*ids, tokenizer.eos_token_id]
+    return ids
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> torch.Tensor:

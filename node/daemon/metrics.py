@@ -26,6 +26,7 @@ class RoundRecord(BaseModel):
     external_groups: int
     external_planned: int = Field(default=0, description="J this round asked for (an adaptive balance moves it)")
     external_reward_mean: float | None = Field(description="this node's verifier on the external completions used")
+    screened_out: int = Field(default=0, description="external groups chosen this round and refused by the screen")
     inbox_size: int
     received: int
     accepted: int = 0

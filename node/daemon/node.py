@@ -10,7 +10,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sapo.node.daemon.counters import NodeCounters
@@ -19,7 +19,10 @@ from sapo.node.daemon.metrics import METRICS_FILE, MetricsLog, RoundRecord
 from sapo.node.daemon.settings import NodeSettings
 from sapo.node.daemon.state import NodeState, restore_state
 from sapo.sampling.balance import RoundPlan
+from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.inbox import Inbox
+from sapo.sampling.screen import screen
+from sapo.sampling.standing import Standing
 from sapo.sampling.strategies import SamplerState, choose_external
 from sapo.sampling.training_set import TrainingSet, training_set
 from sapo.training.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
@@ -30,6 +33,7 @@ from sapo.training.policy import Policy
 from sapo.training.rewards import Verifier, has_answer_tag, is_correct, verifier_for
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, TaskSpec
+from sapo.training.typicality import excess_surprise
 from sapo.training.update import UpdateStats, grpo_update, make_optimizer
 
 log = logging.getLogger("sapo.node")
@@ -44,6 +48,23 @@ class Selection:
 
     external: list[QuestionGroup]
     sampler: SamplerState
+
+
+def node_inbox(settings: NodeSettings) -> Inbox:
+    """A node's inbox, bounded as its settings say, weighing authors by standing unless told not to."""
+    s, trust = settings.sampling, settings.trust
+    standing = Standing(trust.standing_ramp_seconds, trust.newcomer_share) if trust.standing == "earned" else None
+    return Inbox(s.inbox_max_groups, s.inbox_max_bytes, s.inbox_max_age_seconds, s.inbox_peer_share, standing)
+
+
+def choose_from_inbox(
+    inbox: Inbox, use: ExternalUse, count: int, rng: random.Random, sampler: SamplerState, now: float
+) -> tuple[list[QuestionGroup], SamplerState]:
+    """Up to `count` of the inbox's groups as of `now`, by the node's sampler, each author's chance
+    following its standing where the inbox keeps one; and the sampler's state after."""
+    candidates = inbox.newest_first(now)
+    weights = inbox.standing.weights(g.origin for g in candidates) if inbox.standing is not None else None
+    return choose_external(use.sampler, candidates, count, rng, sampler, weights)
 
 
 class Node:
@@ -81,8 +102,8 @@ class Node:
         self.heldout = heldout_problems(settings.tasks.specs(), run.eval_questions) if run.eval_every else None
         self.mix_rng = random.Random(run.seed + 1)
         self.update_rng = random.Random(run.seed + 2)
-        s = settings.sampling
-        self.inbox = Inbox(s.inbox_max_groups, s.inbox_max_bytes, s.inbox_max_age_seconds, s.inbox_peer_share)
+        self.trust = settings.trust
+        self.inbox = node_inbox(settings)
         self.balance = s.balance_rule(trains=not run.generate_only)
 
     def start_state(self) -> NodeState:
@@ -140,21 +161,34 @@ class Node:
 
     def mix(self, plan: RoundPlan, sampler_state: SamplerState, now: float) -> Selection:
         """Up to J external groups from the inbox, as of `now`, chosen by the node's sampler.
-        Reads the inbox; the round takes the chosen groups out of it."""
-        chosen, sampler_state = choose_external(
-            self.use.sampler, self.inbox.newest_first(now), plan.external, self.mix_rng, sampler_state
-        )
-        return Selection(chosen, sampler_state)
+        Reads the inbox; the round takes the chosen groups out of it. With standing, each author's
+        chance follows its standing (sampling/standing.py)."""
+        return Selection(*choose_from_inbox(self.inbox, self.use, plan.external, self.mix_rng, sampler_state, now))
 
-    def prepare(self, plan: RoundPlan, generation: GenerationResult, selection: Selection) -> TrainingSet:
-        """The round's training set: the node's `ExternalUse` applied to the chosen groups, with
-        its own completions for each external question when it augments (which samples from the
-        policy: run it where torch may run)."""
-        own = self.own_completions(plan, selection.external, self.use.augment_external)
-        return training_set(
-            generation.groups, selection.external, self.use, self.policy.tokenizer_fingerprint,
+    def prepare(
+        self, plan: RoundPlan, generation: GenerationResult, selection: Selection, state: NodeState
+    ) -> TrainingSet:
+        """The round's training set: the chosen groups that pass the screen (sampling/screen.py),
+        with the node's `ExternalUse` applied, and its own completions for each external question
+        when it augments (both run the policy: call it where torch may run). Authors of refused
+        groups lose standing."""
+        external, refused, reference = selection.external, [], state.screen
+        if self.trust.screen == "typicality" and external:
+            limit = self.training.max_new_tokens
+            verdict = screen(
+                external, excess_surprise(self.policy, external, limit),
+                excess_surprise(self.policy, generation.groups, limit), reference, self.trust,
+            )
+            external, refused, reference = verdict.kept, verdict.refused, verdict.reference
+            for group in refused:
+                if self.inbox.standing is not None:
+                    self.inbox.standing.strike(group.origin)
+        own = self.own_completions(plan, external, self.use.augment_external)
+        prepared = training_set(
+            generation.groups, external, self.use, self.policy.tokenizer_fingerprint,
             own=own.groups if own else None, augment_tokens=own.new_tokens if own else 0,
         )
+        return replace(prepared, refused=refused, screen=reference)
 
     def own_completions(self, plan: RoundPlan, external: list[QuestionGroup], count: int) -> GenerationResult | None:
         """`count` completions of this node's own for each external question, or None."""
@@ -218,6 +252,7 @@ class Node:
             external_planned=plan.external,
             external_groups=len(training.external),
             external_reward_mean=sum(external) / len(external) if external else None,
+            screened_out=len(training.refused),
             inbox_size=len(self.inbox),
             received=self.counters.received,
             accepted=self.counters.accepted,
@@ -237,14 +272,17 @@ class Node:
             clip_fraction=update.clip_fraction if trained else None,
         )
 
-    def next_state(self, state: NodeState, plan: RoundPlan, record: RoundRecord, selection: Selection) -> NodeState:
-        """The state after this round: its totals, what the balance learnt from it, and the
-        sampler's state."""
+    def next_state(
+        self, state: NodeState, plan: RoundPlan, record: RoundRecord, selection: Selection, training: TrainingSet
+    ) -> NodeState:
+        """The state after this round: its totals, what the balance learnt from it, the
+        sampler's state and the screen's reference."""
         return NodeState(
             round=plan.index,
             cumulative_reward=record.cumulative_reward,
             balance=self.balance.observe(state.balance, plan, record.external_groups, record.reward_mean),
             sampler=selection.sampler,
+            screen=training.screen if training.screen is not None else state.screen,
         )
 
     # --- persistence ------------------------------------------------------------------------

@@ -56,8 +56,8 @@ async def run_round(
     generate: Generate = generate_alone,
 ) -> RoundResult:
     """Plan the round from the node's state, sample tasks and generate G completions each (local
-    rollouts), publish them, mix in J external groups from the inbox, re-encode and take the
-    GRPO step, measure held-out accuracy when due, then record the round and hand out the state
+    rollouts), publish them, mix in J external groups from the inbox, screen them, re-encode and
+    take the GRPO step, measure held-out accuracy when due, then record the round and hand out the state
     it leaves.
 
     Torch work runs in a worker thread so the network keeps breathing; `torch_lock` keeps
@@ -73,7 +73,7 @@ async def run_round(
     selection = node.mix(plan, state.sampler, clock())
     node.inbox.take(selection.external)  # a group trains once
     async with torch_lock:
-        training_set = await trio.to_thread.run_sync(node.prepare, plan, generation, selection)
+        training_set = await trio.to_thread.run_sync(node.prepare, plan, generation, selection, state)
         update = await trio.to_thread.run_sync(node.train, training_set)
     heldout = None
     if node.evaluation_due(plan.index):
@@ -82,7 +82,7 @@ async def run_round(
     seconds = time.perf_counter() - started
     record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
     node.metrics.append(record)
-    state = node.next_state(state, plan, record, selection)
+    state = node.next_state(state, plan, record, selection, training_set)
     if node.checkpoint_due(plan.index):
         async with torch_lock:
             await trio.to_thread.run_sync(node.checkpoint, state)

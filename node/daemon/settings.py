@@ -29,6 +29,7 @@ from sapo.protocol.messages import Rejected
 from sapo.protocol.settings import NetworkSettings, check_peer_address
 from sapo.sampling.config import SamplingSettings
 from sapo.sampling.external_use import ExternalUse
+from sapo.sampling.trust import TrustSettings
 from sapo.training.config import ModelSettings, TrainingSettings
 from sapo.training.task_settings import TaskSettings
 from sapo.training.tasks import ProblemSpec
@@ -95,6 +96,7 @@ CONCERNS: dict[str, type[BaseModel]] = {
     "training": TrainingSettings,
     "sampling": SamplingSettings,
     "external_use": ExternalUse,
+    "trust": TrustSettings,
     "tasks": TaskSettings,
     "network": NetworkSettings,
     "run": RunSettings,
@@ -113,6 +115,7 @@ TUNING_GROUPS = {
     "training": "training tuning",
     "sampling": "inbox and balance tuning",
     "external_use": "the study's treatments: how external groups are used (defaults are what the studies support)",
+    "trust": "trust in strangers: the screen of peers' completions and authors' standing (docs/security.md)",
     "tasks": "task tuning",
     "network": "network tuning",
     "run": "run tuning",
@@ -134,6 +137,7 @@ class NodeSettings(BaseModel):
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     external_use: ExternalUse = Field(default_factory=ExternalUse)
+    trust: TrustSettings = Field(default_factory=TrustSettings)
     tasks: TaskSettings = Field(default_factory=TaskSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
     run: RunSettings = Field(default_factory=RunSettings)

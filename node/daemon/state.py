@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sapo.sampling.balance import BalanceState
+from sapo.sampling.screen import ScreenReference
 from sapo.sampling.strategies import SamplerState
 
 
@@ -18,6 +19,7 @@ class NodeState(BaseModel):
     cumulative_reward: float = 0.0  # sum over rounds of the mean local reward (the paper's metric)
     balance: BalanceState  # what the local/external balance has learnt
     sampler: SamplerState = SamplerState()  # what the external sampler has learnt (peer-weighted)
+    screen: ScreenReference = ScreenReference()  # this node's own recent completions, as the screen measures them
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -1,0 +1,86 @@
+"""Each author's standing with this node: influence over what it trains on, earned over time.
+
+Identities are free, so a stranger's say in what a node learns cannot follow how many keys it
+holds. It follows what is costly to fake at scale instead: time spent delivering groups that this
+node verified and that carried signal. An author's standing rises from 0 to 1 over
+`ramp_seconds` of such activity (a gap between two of its groups counts for at most
+`MAX_GAP_SECONDS`, so the time must be spent sending, not waiting), and a group of its that the
+screen refused (sampling/screen.py) costs it `STRIKE_SECONDS` of that time.
+
+Weights (what the inbox's eviction and the external draw use):
+- an author with standing s has weight s, plus its part of the newcomers' budget;
+- every author below full standing shares one budget, `newcomer_share` (in units of one
+  established author): n fresh keys together weigh as much as one, whatever n is.
+
+So when every author is new (a swarm starting together) all weigh alike, as before; a Sybil
+that adds keys only splits the newcomers' budget finer.
+
+The records are bounded (`max_authors`, least recently credited forgotten first) and live in
+memory: after a restart everyone starts afresh, which is equal footing, not a hole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable
+
+# A gap between an author's groups that counts towards its standing: an honest node publishes
+# every round (seconds to a minute); a key that waits an hour between groups earns no more than
+# one that waited a minute.
+MAX_GAP_SECONDS = 60.0
+# Default time to full standing, and what a refused group costs: an author caught more often
+# than once per STRIKE / MAX_GAP of its groups never gets anywhere, an honest author's rare
+# false alarm costs it two minutes.
+RAMP_SECONDS = 600.0
+STRIKE_SECONDS = 120.0
+MAX_AUTHORS = 4096
+
+
+@dataclass
+class _Record:
+    earned: float = 0.0  # seconds of activity credited
+    last: float | None = None  # when its last credited group arrived
+
+
+class Standing:
+    def __init__(self, ramp_seconds: float = RAMP_SECONDS, newcomer_share: float = 0.1, max_authors: int = MAX_AUTHORS):
+        if ramp_seconds <= 0 or newcomer_share <= 0 or max_authors < 1:
+            raise ValueError("standing needs a positive ramp, newcomer share and author bound")
+        self.ramp_seconds = ramp_seconds
+        self.newcomer_share = newcomer_share
+        self.max_authors = max_authors
+        self._records: OrderedDict[str, _Record] = OrderedDict()
+        # Credits arrive from the network's worker thread while the round reads weights.
+        self._lock = threading.Lock()
+
+    def credit(self, author: str, now: float) -> None:
+        """A group of `author`'s was verified and carried signal, at `now`."""
+        with self._lock:
+            record = self._records.pop(author, None) or _Record()
+            if record.last is not None:
+                record.earned += min(max(now - record.last, 0.0), MAX_GAP_SECONDS)
+            record.last = now
+            self._records[author] = record  # most recently credited last
+            while len(self._records) > self.max_authors:
+                self._records.popitem(last=False)
+
+    def strike(self, author: str) -> None:
+        """A group of `author`'s was refused by the screen."""
+        with self._lock:
+            record = self._records.get(author)
+            if record is not None:
+                record.earned = max(0.0, record.earned - STRIKE_SECONDS)
+
+    def of(self, author: str) -> float:
+        """Standing in [0, 1]."""
+        with self._lock:
+            record = self._records.get(author)
+        return 0.0 if record is None else min(1.0, record.earned / self.ramp_seconds)
+
+    def weights(self, authors: Iterable[str]) -> dict[str, float]:
+        """Each author's weight among `authors`: its standing, plus its share of the newcomers' budget."""
+        standing = {author: self.of(author) for author in set(authors)}
+        newcomers = sum(1 for s in standing.values() if s < 1.0)
+        return {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}

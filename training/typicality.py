@@ -1,0 +1,81 @@
+"""How surprising a completion's words are to this node's own policy, beyond what sampling from
+it would give: the measurement behind the screen of peers' completions (sampling/screen.py).
+
+For each token x_t of a completion, given everything before it, the policy's surprise is
+-log p(x_t) and its expected surprise, had it sampled the token itself, is the entropy H_t of its
+next-token distribution. Their difference, the excess surprise z_t = -log p(x_t) - H_t, has mean 0
+over the policy's own samples (at temperature 1) whatever the model, the task or how far training
+has gone, and is large where a text says what this policy would not: an injected phrase, working
+that this policy would not write. So z is comparable across rounds of a drifting policy, which
+raw likelihood is not.
+
+The answer itself (the content of the last `<answer>…</answer>`, which the verifier checked) is
+left out: a right answer this node does not yet know is exactly what sharing should teach it, and
+its tokens are surprising for that good reason. The tags around it count.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from sapo.training.policy import Policy
+from sapo.training.update import encode_completion
+from sapo.training.rollouts import QuestionGroup
+
+# Rows per forward pass: the full next-token distribution is kept for every position, so a pass
+# holds rows x completion length x vocabulary floats (SmolLM2: 4 x 128 x 49k x 4 B = 100 MB).
+ROWS_PER_PASS = 4
+
+_ANSWER_CONTENT = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def answer_span(text: str) -> tuple[int, int]:
+    """Character span of the last answer's content (what the verifier reads); (0, 0) if none."""
+    spans = [m.span(1) for m in _ANSWER_CONTENT.finditer(text)]
+    return spans[-1] if spans else (0, 0)
+
+
+@torch.no_grad()
+def excess_surprise(policy: Policy, groups: list[QuestionGroup], max_tokens: int) -> list[list[list[float]]]:
+    """Per group, per completion, the excess surprise of each of its tokens outside the answer's
+    content, in order, as this node's tokenizer encodes it for training (the same truncation and
+    end-of-sequence token as the update)."""
+    model, tokenizer = policy.model, policy.tokenizer
+    model.eval()
+    out: list[list[list[float]]] = []
+    for group in groups:
+        prompt = tokenizer(policy.prompt(group.problem), add_special_tokens=False)["input_ids"]
+        encoded = tokenizer(group.completions, add_special_tokens=False, return_offsets_mapping=True)
+        rows = []
+        for text, ids, offsets in zip(group.completions, encoded["input_ids"], encoded["offset_mapping"]):
+            ids = encode_completion(tokenizer, text, list(ids), max_tokens)
+            start, end = answer_span(text)
+            counted = [not (s < end and e > start) for s, e in offsets[: len(ids)]]
+            counted += [True] * (len(ids) - len(counted))  # the end-of-sequence token
+            rows.append((ids, counted))
+        values: list[list[float]] = []
+        for first in range(0, len(rows), ROWS_PER_PASS):
+            values += _rows_excess(policy, prompt, rows[first : first + ROWS_PER_PASS])
+        out.append(values)
+    return out
+
+
+def _rows_excess(policy: Policy, prompt: list[int], rows: list[tuple[list[int], list[bool]]]) -> list[list[float]]:
+    """One pass over completions of one prompt, right-padded: the excess surprise of each row's
+    counted tokens."""
+    width = max((len(ids) for ids, _ in rows), default=0)
+    if width == 0:
+        return [[] for _ in rows]
+    pad = policy.tokenizer.pad_token_id
+    ids = torch.tensor([prompt + row + [pad] * (width - len(row)) for row, _ in rows], device=policy.device)
+    attention = torch.tensor([[1] * (len(prompt) + len(row)) + [0] * (width - len(row)) for row, _ in rows],
+                             device=policy.device)
+    with policy.autocast():
+        logits = policy.model(input_ids=ids, attention_mask=attention, logits_to_keep=width + 1).logits[:, :-1, :]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    picked = logp.gather(-1, ids[:, -width:].unsqueeze(-1)).squeeze(-1)
+    excess = (-picked - entropy).tolist()
+    return [[z for z, keep in zip(excess[i][: len(row)], counted) if keep] for i, (row, counted) in enumerate(rows)]
