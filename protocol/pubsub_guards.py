@@ -49,7 +49,8 @@ class GuardedPubsub(Pubsub):
       (peer_guard.py) is treated the same way until its ban expires.
     - Every new message's author draws from its token bucket once its signature has checked
       out; a message over the bucket is dropped before validation (so not relayed either),
-      and unsigned or badly signed messages and bad frames cost the peer that sent them.
+      and unsigned or badly signed messages, bad frames and messages that make libp2p raise
+      cost the peer that sent them.
     """
 
     def __init__(self, *args: Any, service: "GossipService", **kwargs: Any) -> None:
@@ -123,8 +124,9 @@ class GuardedPubsub(Pubsub):
                 return
         try:
             await super().push_msg(msg_forwarder, msg)
-        except Exception as error:
-            self._service._count("malformed_message")
+        except Exception as error:  # hostile input must cost the peer that sent it
+            service._count("malformed_message")
+            service.penalize(msg_forwarder, "malformed_message")
             logger.warning(
                 "dropped message forwarded by %s: %s: %s",
                 msg_forwarder,
