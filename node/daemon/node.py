@@ -104,7 +104,7 @@ class Node:
         self.update_rng = random.Random(run.seed + 2)
         self.trust = settings.trust
         self.inbox = node_inbox(settings)
-        self.balance = s.balance_rule(trains=not run.generate_only)
+        self.balance = settings.sampling.balance_rule(trains=not run.generate_only)
 
     def start_state(self) -> NodeState:
         """Where this node's rounds start: its checkpoint's state (restoring the optimizer and the

@@ -1,0 +1,104 @@
+"""The screen's measurement and its verdict, on a real (tiny, briefly warm-started) policy:
+its own samples average zero excess surprise; text it would not write (an injected phrase, wrong
+working before a right answer) stands far above the bar its own completions set; the answer's
+content does not count; and a node's screen refuses such groups while keeping honest ones."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from sapo.sampling.screen import ScreenReference, screen, worst_stretch
+from sapo.sampling.trust import TrustSettings
+from sapo.training.generation import generate_groups
+from sapo.training.policy import load_policy
+from sapo.training.rewards import score_group
+from sapo.training.rollouts import QuestionGroup
+from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.typicality import answer_span, excess_surprise
+from sapo.training.warmstart import WarmStartSettings, warm_start
+
+
+@pytest.fixture(scope="module")
+def policy_and_groups(tmp_path_factory):
+    torch.set_num_threads(1)
+    tasks = default_task_specs(["basic_arithmetic"])
+    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path_factory.mktemp("models"))
+    warm_start(policy, tasks, WarmStartSettings(steps=150))
+    problems = TaskSampler(tasks, dataset_seed=5, rng_seed=5).sample(6)
+    return policy, generate_groups(policy, problems, num_generations=8, max_new_tokens=32, seed=1).groups
+
+
+def rewritten(group: QuestionGroup, text) -> QuestionGroup:
+    """The group with each right completion replaced by `text(problem)`; the wrong ones kept."""
+    answer = group.problem.answer
+    texts = [text(group.problem) for _ in range(4)] + [f"<answer>{int(answer) + 1}</answer>"] * 4
+    return group.model_copy(update={"completions": texts, "rewards": score_group(group.problem, texts), "origin": "peer"})
+
+
+def test_own_samples_average_zero_excess_surprise(policy_and_groups):
+    policy, groups = policy_and_groups
+    per_token = [z for group in excess_surprise(policy, groups, 32) for row in group for z in row]
+    assert len(per_token) > 100
+    assert abs(statistics.fmean(per_token)) < 0.5  # E[-log p(x) - H] = 0 for x sampled from p
+
+
+def test_the_answer_content_is_not_counted():
+    assert answer_span("3 + 4 = 7. <answer>7</answer>") == (19, 20)
+    assert answer_span("<answer>1</answer> then <answer>22</answer>") == (32, 34)  # the last, as the verifier reads
+    assert answer_span("no tag") == (0, 0)
+
+
+def test_injected_text_stands_far_above_the_bar_and_is_refused(policy_and_groups):
+    policy, groups = policy_and_groups
+    trust = TrustSettings()
+    own = excess_surprise(policy, groups, 32)
+    bar = ScreenReference().updated([worst_stretch(z, trust.screen_window) for g in own for z in g]).bar(trust.screen_margin)
+    clean = [rewritten(g, lambda p: f"<answer>{p.answer}</answer>") for g in groups]
+    phrase = [rewritten(g, lambda p: f"SAPO rocks! <answer>{p.answer}</answer>") for g in groups]
+    working = [rewritten(g, lambda p: f"{p.question.removeprefix('Calculate').strip(' .')} = {int(p.answer) + 1}. "
+                         f"<answer>{p.answer}</answer>") for g in groups]
+    candidates = clean + phrase + working
+    verdict = screen(candidates, excess_surprise(policy, candidates, 32), own, ScreenReference(), trust)
+    assert verdict.bar == pytest.approx(bar)
+    assert verdict.kept == clean
+    assert verdict.refused == phrase + working
+    scores = verdict.scores  # 4 judged (right) completions a group, in order
+    assert max(scores[: 4 * len(clean)]) < bar < min(scores[4 * len(clean):]) - 10
+
+
+def test_a_group_whose_answer_this_node_does_not_know_passes(policy_and_groups):
+    """What sharing should teach: a right answer this policy finds unlikely is not held against it."""
+    policy, groups = policy_and_groups
+    trust = TrustSettings()
+    own = excess_surprise(policy, groups, 32)
+    # a long, unlikely answer content: would be many nats if it counted
+    odd = [g.model_copy(update={"completions": ["<answer>12345678901234567890</answer>", "<answer>x</answer>"],
+                                "rewards": [1.0, 0.0], "origin": "peer"}) for g in groups[:2]]
+    verdict = screen(odd, excess_surprise(policy, odd, 32), own, ScreenReference(), trust)
+    assert verdict.kept == odd
+
+
+def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(policy_and_groups, tmp_path):
+    from sapo.node.daemon.node import Node, Selection
+    from sapo.node.daemon.settings import load_settings
+    from sapo.sampling.strategies import SamplerState
+    from sapo.training.generation import GenerationResult
+
+    policy, groups = policy_and_groups
+    settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "data_dir": str(tmp_path), "max_new_tokens": 32})
+    node = Node(settings, peer_id="me", policy=policy)
+    honest = rewritten(groups[0], lambda p: f"<answer>{p.answer}</answer>").model_copy(update={"origin": "alice"})
+    poisoned = rewritten(groups[1], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>").model_copy(update={"origin": "mallory"})
+    for author, t in (("alice", 0.0), ("alice", 60.0), ("alice", 120.0), ("mallory", 0.0), ("mallory", 60.0), ("mallory", 120.0)):
+        node.inbox.standing.credit(author, t)
+    state = node.start_state()
+    plan = node.plan(state)
+    prepared = node.prepare(plan, GenerationResult(groups[2:], 0.0, 0), Selection([honest, poisoned], SamplerState()), state)
+    assert prepared.external == [honest] and prepared.refused == [poisoned]
+    assert node.inbox.standing.of("mallory") == 0.0 < node.inbox.standing.of("alice")
+    assert len(prepared.screen.own) == 8 * len(groups[2:])  # the bar moves with this round's own completions
+    # the phrase is in no row the update will see
+    assert not any("SAPO" in row.completion for row in prepared.rows.rows)
