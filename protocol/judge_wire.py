@@ -1,9 +1,17 @@
 """The open judge's wire: four messages on one libp2p stream per evaluation (`/sapo/judge/1`).
 
     node  -> judge   EvalRequest {peer_id, model_id, node_round, swarm_peers_seen, external_groups}
-    judge -> node    Question    {id, task, question, spec}          (or JudgeError)
+    judge -> node    Question    {id, task, question}                (or JudgeError)
     node  -> judge   Answer      {id, text}
     judge -> node    Score       {id, score}                         (or JudgeError)
+
+Schema version 2. A v1 Question also carried the problem's spec (dataset, config, seed, index),
+from which its answer regenerates exactly, so any node could score 1.0 without solving anything
+(issue #29). A v2 Question holds only what a solver needs: the text, the task's name and a random
+id that the judge alone maps back to the problem. Version 1 is retired: a v1 frame is refused as
+`retired_schema_version`, and the judge tells a v1 node so in the one frame a v1 node reads
+(`RetiredVersionRefusal`, a v1 JudgeError). An old judge's refusal of our v2 request is shown
+the same way, with its own reason and detail.
 
 A frame is a 4-byte big-endian payload length, then the payload: one msgpack map, which is the
 message's `model_dump(mode="json")` (keys sorted) including `schema_version` and `kind`.
@@ -22,11 +30,13 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sapo.protocol.codec import canonical_bytes
-from sapo.protocol.messages import WireProblemSpec
 
 PROTOCOL_ID = "/sapo/judge/1"
-# Bump on any change a v1 peer would misread.
-JUDGE_SCHEMA_VERSION = 1
+# Bump on any change a peer of the previous version would misread.
+JUDGE_SCHEMA_VERSION = 2
+# Versions this release recognises and refuses with a reason the peer can act on. v1 questions
+# carried the spec that regenerates their answer key (issue #29).
+RETIRED_SCHEMA_VERSIONS = (1,)
 # An answer is one greedy completion of at most a few hundred tokens; 64 KiB is plenty and
 # keeps one frame inside one yamux window.
 MAX_FRAME_BYTES = 64 * 1024
@@ -45,6 +55,7 @@ class WireErrorReason(str, enum.Enum):
     bad_msgpack = "bad_msgpack"  # not exactly one well-formed msgpack object
     bad_schema = "bad_schema"  # not a valid message of the expected kind
     unknown_schema_version = "unknown_schema_version"
+    retired_schema_version = "retired_schema_version"  # judge wire v1, whose questions gave away the answer
     unexpected_kind = "unexpected_kind"  # a valid message, but not the one this step expects
     wrong_question = "wrong_question"  # an Answer for a question id we did not ask
     peer_mismatch = "peer_mismatch"  # EvalRequest.peer_id is not the authenticated remote peer
@@ -82,11 +93,12 @@ class EvalRequest(_Message):
 
 
 class Question(_Message):
+    """What a solver needs and nothing that rebuilds the answer: no seed, index or config."""
+
     kind: Literal["question"] = "question"
-    id: str = Field(pattern=_ID, description="question id; the Answer must echo it")
+    id: str = Field(pattern=_ID, description="random question id, unrelated to the problem; the Answer must echo it")
     task: str = Field(min_length=1, max_length=256, description="ReasoningGYM dataset name")
     question: str = Field(max_length=16_384, description="the question text")
-    spec: WireProblemSpec = Field(description="how to regenerate the problem (informational for the node)")
 
 
 class Answer(_Message):
@@ -107,6 +119,14 @@ class JudgeError(_Message):
     kind: Literal["error"] = "error"
     reason: str = Field(max_length=64)
     detail: str = Field(max_length=1024)
+
+
+class RetiredVersionRefusal(JudgeError):
+    """A JudgeError as a v1 peer reads it: the only frame this release writes at a retired version,
+    so that a node of release 0.1.0 or 0.2.0 logs why it is not judged, instead of
+    `unknown_schema_version`. Same keys as v1's error, so its bytes are v1's."""
+
+    schema_version: int = Field(1, ge=1, le=1, description="judge wire version the peer spoke")
 
 
 JudgeMessage = EvalRequest | Question | Answer | Score | JudgeError
@@ -159,6 +179,8 @@ def decode_payload(payload: bytes, expected: type[M], max_frame_bytes: int = MAX
     version = obj.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise JudgeWireError(WireErrorReason.bad_schema, "schema_version missing or not an int")
+    if version in RETIRED_SCHEMA_VERSIONS:
+        raise JudgeWireError(WireErrorReason.retired_schema_version, _retired_detail(obj, version))
     if version != JUDGE_SCHEMA_VERSION:
         raise JudgeWireError(
             WireErrorReason.unknown_schema_version, f"schema_version {version}, this side speaks {JUDGE_SCHEMA_VERSION}"
@@ -183,6 +205,23 @@ def decode_payload(payload: bytes, expected: type[M], max_frame_bytes: int = MAX
         where = ".".join(str(part) for part in first["loc"]) or "message"
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
         raise JudgeWireError(WireErrorReason.bad_schema, f"{where}: {first['msg'][:120]}{more}") from None
+
+
+def _retired_detail(obj: dict, version: int) -> str:
+    """What to tell (or log about) a peer that speaks a retired version. An error frame is the old
+    peer's own refusal (an old judge refusing our request): its reason and detail are shown."""
+    why = (
+        f"judge wire v{version} sent each question's spec, from which its answer regenerates (issue #29); "
+        f"this side speaks v{JUDGE_SCHEMA_VERSION} only"
+    )
+    if obj.get("kind") != "error":
+        return f"{why}: upgrade the node to sapo 0.3.0 or later"
+    try:
+        error = RetiredVersionRefusal.model_validate(obj)
+        refused = f"{error.reason}: {error.detail}"
+    except ValidationError:
+        refused = "a malformed error frame"
+    return f"the judge refused: {refused} ({why}: ask its operator to upgrade it to sapo 0.3.0 or later)"
 
 
 def decode(frame: bytes, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:

@@ -17,12 +17,16 @@ def cmd_judge(args: argparse.Namespace) -> int:
         print(judge_report(args.report_data_dir, args.out, window=args.window))
         print(f"wrote {args.out}")
         return 0
+    if args.seed is not None:
+        print("sapo-node judge: --seed is gone: each question's seed is drawn at random, since a fixed one made "
+              "the questions predictable (issue #29); drop the flag", file=sys.stderr)
+        return 2
     from sapo.node.judge.settings import JudgeSettings
 
     given = {
         k: v
         for k, v in (
-            ("data_dir", args.data_dir), ("listen", args.listen), ("seed", args.seed), ("identity_seed", args.identity_seed)
+            ("data_dir", args.data_dir), ("listen", args.listen), ("identity_seed", args.identity_seed)
         )
         if v is not None
     }
@@ -49,7 +53,7 @@ def add_commands(sub) -> None:
     judge.add_argument("--data-dir", type=Path, default=None, help="identity key and judge.sqlite (default: sapo-judge)")
     judge.add_argument("--listen", default=None, help="multiaddr to listen on (default: /ip4/0.0.0.0/tcp/4101)")
     judge.add_argument("--tasks", nargs="*", default=None, help="ReasoningGYM tasks to ask (default: the paper's nine)")
-    judge.add_argument("--seed", type=int, default=None, help="dataset seed of the judge's questions (default: 1000003)")
+    judge.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)  # refused with why, above
     judge.add_argument(
         "--identity-seed", default=None, help="derive the judge's identity from this 32-byte hex seed (local demos only)"
     )

@@ -4,7 +4,9 @@ After every K-th round the round loop hands the round over (`round_done`, which 
 the client's own task then opens one `/sapo/judge/1` stream, answers the judge's question
 greedily (pass@1) with the node's policy under the torch lock, and logs the score. A dead,
 slow or hostile judge costs a log line and a counter, never a round: every wait is bounded,
-and evaluations that pile up while one is running are skipped, not queued.
+and evaluations that pile up while one is running are skipped, not queued. A judge of release
+0.1.0 or 0.2.0 (judge wire v1) refuses this node's v2 request; that is logged with the judge's
+own words and counted as `judge_retired_schema_version`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sapo.node.daemon.metrics import RoundRecord
 from sapo.protocol import judge_wire as wire
 from sapo.training.generation import greedy_completions
 from sapo.training.policy import Policy
-from sapo.training.tasks import Problem
+from sapo.training.tasks import Problem, ProblemSpec
 
 log = logging.getLogger("sapo.node.judge.server")
 
@@ -153,8 +155,10 @@ class JudgeClient:
             with trio.fail_after(IO_TIMEOUT_SECONDS):
                 await wire.write_message(stream, request)
                 question = await wire.read_message(stream, wire.Question)
-            # The node sees the question and how it was made, never the answer key.
-            problem = Problem(spec=question.spec.to_spec(), question=question.question, answer="")
+            # The judge sends the question and nothing that rebuilds its answer (issue #29). The
+            # prompt reads only the text; the spec here is a placeholder, not the judge's.
+            placeholder = ProblemSpec(dataset=question.task, seed=0, index=0)
+            problem = Problem(spec=placeholder, question=question.question, answer="")
             async with self.torch_lock:
                 text = await trio.to_thread.run_sync(answer_greedily, self.policy, problem, self.max_new_tokens)
             answer = wire.Answer(id=question.id, text=text[:16_384])

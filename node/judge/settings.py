@@ -17,9 +17,6 @@ class JudgeSettings(BaseModel):
     data_dir: Path = Field(Path("sapo-judge"), description="identity key and judge.sqlite live here")
     listen: str = Field("/ip4/0.0.0.0/tcp/4101", description="multiaddr to listen on (port 0 = any free port)")
     tasks: list[str] = Field(default_factory=lambda: list(PAPER_TASKS), description="ReasoningGYM tasks to ask")
-    seed: int = Field(
-        1_000_003, ge=0, lt=2**32, description="dataset seed of the judge's questions; keep it apart from the nodes' seeds"
-    )
     request_timeout_seconds: float = Field(10.0, gt=0, description="bound on reading the EvalRequest and on each write")
     answer_timeout_seconds: float = Field(
         300.0, gt=0, description="bound on waiting for the Answer (the node may first finish a round's torch work)"

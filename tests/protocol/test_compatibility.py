@@ -25,7 +25,7 @@ from sapo.protocol.release import sapo_version
 from sapo.training.rollouts import Behavior
 from sapo.training.tasks import generate_problem
 
-from tests.protocol.golden.generate import BEHAVIOR, GROUP, JUDGE
+from tests.protocol.golden.generate import BEHAVIOR, GROUP, JUDGE, JUDGE_V2
 from tests.releases import released
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -61,9 +61,20 @@ def test_every_golden_frame_of_every_release_decodes(release, path):
         own, peers = decode_response(frame[4:])
         assert check_record(own, None).peer_id == check_record(peers[1][0], peers[1][1]).peer_id
         assert [ip for _, ip in peers] == ["10.0.0.1", None]
-    elif name.startswith("judge_"):
+    elif name.startswith("judge_") and name.endswith("_v2.bin"):
+        kind = name.removeprefix("judge_").removesuffix("_v2.bin")
+        assert judge_wire.decode(frame, JUDGE_KINDS[kind]) == JUDGE_KINDS[kind].model_validate(JUDGE_V2[kind])
+    elif name.startswith("judge_") and name.endswith("_v1.bin"):
+        # Judge wire v1 is retired (its questions gave away the answer, issue #29; CHANGELOG 0.3.0):
+        # each frame is recognised and refused with a reason the peer can act on, and an old
+        # judge's error frame is shown in its own words.
         kind = name.removeprefix("judge_").removesuffix("_v1.bin")
-        assert judge_wire.decode(frame, JUDGE_KINDS[kind]) == JUDGE_KINDS[kind].model_validate(JUDGE[kind])
+        with pytest.raises(judge_wire.JudgeWireError) as refused:
+            judge_wire.decode(frame, JUDGE_KINDS[kind] if kind != "error" else judge_wire.Question)
+        assert refused.value.reason is judge_wire.WireErrorReason.retired_schema_version
+        assert "upgrade" in refused.value.detail
+        if kind == "error":
+            assert f"the judge refused: {JUDGE['error']['reason']}: {JUDGE['error']['detail']}" in refused.value.detail
     else:
         pytest.fail(f"{path}: a golden frame no test decodes; add it here")
 
@@ -137,7 +148,8 @@ def test_an_unknown_field_past_the_decoders_bounds_is_still_refused():
 
 
 def test_an_unknown_field_in_a_judge_or_discovery_frame_is_skipped():
-    request = {**JUDGE["eval_request"], "kind": "eval_request", "schema_version": 1, "later": [1, 2]}
+    request = {**JUDGE["eval_request"], "kind": "eval_request", "schema_version": judge_wire.JUDGE_SCHEMA_VERSION,
+               "later": [1, 2]}
     payload = msgpack.packb(request, use_bin_type=True)
     decoded = judge_wire.decode(struct.pack(">I", len(payload)) + payload, judge_wire.EvalRequest)
     assert decoded == judge_wire.EvalRequest.model_validate(JUDGE["eval_request"])

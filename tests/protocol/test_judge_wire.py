@@ -7,7 +7,6 @@ import pytest
 
 from sapo.protocol import judge_wire as wire
 from sapo.protocol.judge_wire import Answer, EvalRequest, JudgeError, JudgeWireError, Question, Score, WireErrorReason
-from sapo.protocol.messages import WireProblemSpec
 
 PEER = "12D3KooWNw6rsRXB6edCW9pgnkqhCwnuj8civPt8wWknGw4x6Ak2"
 QID = "0123456789abcdef"
@@ -19,8 +18,7 @@ def request(**overrides):
 
 
 def question():
-    spec = WireProblemSpec(dataset="basic_arithmetic", config={"max_terms": 2}, seed=5, index=9)
-    return Question(id=QID, task="basic_arithmetic", question="What is 2 + 3?", spec=spec)
+    return Question(id=QID, task="basic_arithmetic", question="What is 2 + 3?")
 
 
 @pytest.mark.parametrize(
@@ -42,14 +40,14 @@ def test_golden_bytes_of_an_eval_request():
     frame = wire.encode(request())
     payload = msgpack.packb(
         {"external_groups": 3, "kind": "eval_request", "model_id": "tiny", "node_round": 7,
-         "peer_id": PEER, "schema_version": 1, "swarm_peers_seen": 2},
+         "peer_id": PEER, "schema_version": 2, "swarm_peers_seen": 2},
         use_bin_type=True,
     )
     assert frame == struct.pack(">I", len(payload)) + payload
     assert frame.hex() == (
         "0000009e87af65787465726e616c5f67726f75707303a46b696e64ac6576616c5f72657175657374a86d6f64656c5f6964"
         "a474696e79aa6e6f64655f726f756e6407a7706565725f6964d934313244334b6f6f574e7736727352584236656443573970"
-        "676e6b716843776e756a3863697650743877576b6e4777347836416b32ae736368656d615f76657273696f6e01b073776172"
+        "676e6b716843776e756a3863697650743877576b6e4777347836416b32ae736368656d615f76657273696f6e02b073776172"
         "6d5f70656572735f7365656e02"
     )
 
@@ -74,7 +72,8 @@ GOOD = request().model_dump(mode="json")
         (frame_of([1, 2, 3]), WireErrorReason.bad_schema),
         (frame_of({k: v for k, v in GOOD.items() if k != "schema_version"}), WireErrorReason.bad_schema),
         (frame_of({**GOOD, "schema_version": True}), WireErrorReason.bad_schema),
-        (frame_of({**GOOD, "schema_version": 2}), WireErrorReason.unknown_schema_version),
+        (frame_of({**GOOD, "schema_version": 3}), WireErrorReason.unknown_schema_version),
+        (frame_of({**GOOD, "schema_version": 1}), WireErrorReason.retired_schema_version),
         (frame_of({**GOOD, "kind": "answer"}), WireErrorReason.unexpected_kind),
         (frame_of({**GOOD, "node_round": -1}), WireErrorReason.bad_schema),
         (frame_of({**GOOD, "node_round": 1.0}), WireErrorReason.bad_schema),
@@ -145,3 +144,34 @@ async def test_read_message_on_a_closed_stream_is_truncated():
     with pytest.raises(JudgeWireError) as caught:
         await wire.read_message(FakeStream(wire.encode(request())[:-5]), EvalRequest)
     assert caught.value.reason is WireErrorReason.truncated
+
+
+# --- judge wire v1 is retired: its questions carried the spec that regenerates the answer (#29) --
+
+
+def test_a_question_carries_nothing_that_rebuilds_its_answer():
+    assert set(question().model_dump()) == {"schema_version", "kind", "id", "task", "question"}
+
+
+def test_a_v1_frame_is_refused_as_retired_with_what_to_do():
+    v1_question = {**question().model_dump(mode="json"), "schema_version": 1,
+                   "spec": {"dataset": "basic_arithmetic", "config": {}, "seed": 5, "index": 9}}
+    with pytest.raises(JudgeWireError) as caught:
+        wire.decode(frame_of(v1_question), Question)
+    assert caught.value.reason is WireErrorReason.retired_schema_version
+    assert "upgrade" in caught.value.detail and "issue #29" in caught.value.detail
+
+
+def test_an_old_judges_refusal_is_shown_in_its_own_words():
+    # what a 0.1.0/0.2.0 judge answers our v2 EvalRequest
+    old = {"schema_version": 1, "kind": "error", "reason": "unknown_schema_version",
+           "detail": "schema_version 2, this side speaks 1"}
+    with pytest.raises(JudgeWireError, match="the judge refused: unknown_schema_version: schema_version 2") as caught:
+        wire.decode(frame_of(old), Question)
+    assert caught.value.reason is WireErrorReason.retired_schema_version
+
+
+def test_the_refusal_to_a_v1_peer_is_a_v1_error_frame():
+    frame = wire.encode(wire.RetiredVersionRefusal(reason="retired_schema_version", detail="upgrade"))
+    payload = msgpack.unpackb(frame[4:], raw=False)
+    assert payload == {"detail": "upgrade", "kind": "error", "reason": "retired_schema_version", "schema_version": 1}

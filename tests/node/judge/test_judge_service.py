@@ -15,14 +15,23 @@ from sapo.training.tasks import generate_problem
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
+async def start_judge(nursery, tmp_path, tasks: list[str]) -> JudgeService:
+    """A judge on loopback; close its `store` when done."""
+    settings = JudgeSettings(data_dir=tmp_path, listen=LOOPBACK, tasks=tasks, request_timeout_seconds=5)
+    service = JudgeService(settings, create_new_key_pair(), ResultStore(tmp_path / DB_FILE_NAME))
+    # The test plays the judge's operator, who alone knows the answer keys (the wire does not carry them).
+    issued, draw = [], service._next_spec
+    service._next_spec = lambda: issued.append(draw()) or issued[-1]
+    service.issued = issued
+    await nursery.start(service.run)
+    return service
+
+
 @pytest.fixture
 async def judge(tmp_path, nursery):
-    settings = JudgeSettings(data_dir=tmp_path, listen=LOOPBACK, tasks=["basic_arithmetic"], request_timeout_seconds=5)
-    store = ResultStore(tmp_path / DB_FILE_NAME)
-    service = JudgeService(settings, create_new_key_pair(), store)
-    await nursery.start(service.run)
+    service = await start_judge(nursery, tmp_path, ["basic_arithmetic"])
     yield service
-    store.close()
+    service.store.close()
 
 
 class Client:
@@ -58,8 +67,10 @@ async def client(nursery, judge):
     return Client(host, judge.listen_addrs[0])
 
 
-def correct(question: wire.Question) -> str:
-    return f"<answer>{generate_problem(question.spec.to_spec()).answer}</answer>"
+def correct(judge, question: wire.Question) -> str:
+    """The right answer, from the spec the judge drew (never sent) for this question's text."""
+    problems = [generate_problem(spec) for spec in judge.issued]
+    return f"<answer>{next(p.answer for p in reversed(problems) if p.question == question.question)}</answer>"
 
 
 async def ask(stream, request) -> wire.Question:
@@ -78,8 +89,8 @@ async def test_a_correct_answer_scores_one_and_is_stored(judge, nursery, tmp_pat
     c = await client(nursery, judge)
     stream = await c.open()
     question = await ask(stream, c.request(node_round=11))
-    assert question.task == "basic_arithmetic" and question.spec.seed == judge.settings.seed
-    assert await reply(stream, question, "thinking... " + correct(question)) == 1.0
+    assert question.task == "basic_arithmetic" and not hasattr(question, "spec")
+    assert await reply(stream, question, "thinking... " + correct(judge, question)) == 1.0
     stream2 = await c.open()
     q2 = await ask(stream2, c.request(node_round=12))
     assert q2.id != question.id
@@ -112,7 +123,7 @@ async def test_malformed_requests_get_an_error_frame_and_the_judge_keeps_serving
     assert judge.counters[reason] == 1
     stream = await c.open()
     question = await ask(stream, c.request())
-    assert await reply(stream, question, correct(question)) == 1.0
+    assert await reply(stream, question, correct(judge, question)) == 1.0
 
 
 async def test_a_request_in_another_peers_name_is_refused(judge, nursery, tmp_path):
@@ -147,7 +158,7 @@ async def test_two_nodes_are_judged_concurrently(judge, nursery, tmp_path):
         scores[name] = await reply(stream, question, text)
 
     async with trio.open_nursery() as inner:
-        inner.start_soon(answer, "b", stream_b, question_b, correct(question_b))
+        inner.start_soon(answer, "b", stream_b, question_b, correct(judge, question_b))
         inner.start_soon(answer, "a", stream_a, question_a, "<answer>wrong</answer>")
     assert scores == {"a": 0.0, "b": 1.0}
     rows = load_results(tmp_path / DB_FILE_NAME)

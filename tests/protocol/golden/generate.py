@@ -52,6 +52,8 @@ JUDGE = {
     "score": {"id": "0123456789abcdef", "score": 1.0},
     "error": {"reason": "bad_schema", "detail": "answer: field required"},
 }
+# Judge wire v2 (0.3.0 on, issue #29): the question without the spec that regenerates its answer.
+JUDGE_V2 = {**JUDGE, "question": {k: v for k, v in JUDGE["question"].items() if k != "spec"}}
 
 
 def rollout_frames() -> dict[str, bytes]:
@@ -100,7 +102,13 @@ def judge_frames() -> dict[str, bytes]:
 
     kinds = {"eval_request": judge_wire.EvalRequest, "question": judge_wire.Question, "answer": judge_wire.Answer,
              "score": judge_wire.Score, "error": judge_wire.JudgeError}
-    return {f"judge_{kind}_v1.bin": judge_wire.encode(kinds[kind].model_validate(fields)) for kind, fields in JUDGE.items()}
+    version = getattr(judge_wire, "JUDGE_SCHEMA_VERSION", 1)
+    messages = JUDGE if version == 1 else JUDGE_V2
+    out = {f"judge_{kind}_v{version}.bin": judge_wire.encode(kinds[kind].model_validate(fields))
+           for kind, fields in messages.items()}
+    if hasattr(judge_wire, "RetiredVersionRefusal"):  # v2 judges still tell v1 nodes why, in v1
+        out["judge_error_v1.bin"] = judge_wire.encode(judge_wire.RetiredVersionRefusal.model_validate(JUDGE["error"]))
+    return out
 
 
 def main(out: Path) -> None:
