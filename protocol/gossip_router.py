@@ -13,6 +13,7 @@ from sapo.protocol.peer_protocols import PeerProtocols
 from sapo.protocol.pubsub_guards import GuardedPubsub
 from sapo.protocol.reachability import Reachability, ReachabilityService
 from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.relay_guards import RelayBudget
 from sapo.protocol.settings import NetworkSettings
 
 # Room for the RPC envelope around one message: protobuf tags, from/seqno/topic, the 64-byte
@@ -100,5 +101,8 @@ def nat_services(
         may_use=may_use,
         count=count,
         on_addrs_changed=on_addrs_changed,
+        budget=RelayBudget(max_circuits=settings.relay_max_circuits,
+                           bytes_per_second=settings.relay_max_bytes_per_second,
+                           bytes_per_hour=settings.relay_max_bytes_per_hour),
     )
     return reachability, relay

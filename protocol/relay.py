@@ -13,7 +13,9 @@ on any connection left.
 
 A node serves as a relay (`relay`: "on"; "auto", the default, once it finds itself `public`,
 so public bootstrap nodes relay without being told) within limits: reservations, circuits per
-reserved peer, bytes and seconds per circuit. Peers that the gossip service refuses (allow
+reserved peer, bytes and seconds per circuit, and one budget for the whole relay (circuits open
+at once, bytes a second, bytes an hour: relay_guards.RelayBudget), since it relays in Python on
+the cores that train. Peers that the gossip service refuses (allow
 list, bans) can neither reserve, nor open a circuit, nor be the target of one, and circuits
 from them are refused on arrival.
 
@@ -46,7 +48,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.hosts import direct_peers, is_relayed, relay_of
 from sapo.protocol.reachability import Reachability
-from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits
+from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits, RelayBudget
 from sapo.protocol.relayed_links import RelayCuts
 
 logger = logging.getLogger("sapo.relay")
@@ -104,6 +106,7 @@ class RelayService:
         may_use: Callable[[ID], bool],
         count: Callable[[str], None],
         on_addrs_changed: Callable[[], None],
+        budget: RelayBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
@@ -115,7 +118,8 @@ class RelayService:
         self.count = count
         self.on_addrs_changed = on_addrs_changed
         self.clock = clock
-        self.protocol = GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count)
+        self.protocol = GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count,
+                                             budget=budget)
         # STOP only: we accept circuits; reservations are made here, not on every dial.
         self.transport = ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self.reachability = Reachability.unknown

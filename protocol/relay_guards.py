@@ -17,15 +17,21 @@ its checks and fixes where the library would relay for anyone, mix up circuits o
 - Its `handle_incoming_connection` names the real relay in the address of a circuit we accept:
   0.8.1 names this node itself (`/p2p/<us>/p2p-circuit/p2p/<source>`), so nobody could tell
   which relay carried it.
+- It keeps the whole relay within one `RelayBudget`, whatever the number of reservations: at most
+  so many circuits open at once (past it a CONNECT is refused, `relay_refused_circuits`), relayed
+  bytes slowed to a rate (the CPU share: relaying runs in Python on the cores that train) and, over
+  an hour, capped (once spent, a CONNECT is refused, `relay_refused_bytes`, and open circuits are
+  cut at their next read, `relay_circuits_limited`), all with RESOURCE_LIMIT_EXCEEDED. 0.8.1's
+  limits are per reservation only: 64 slots x 16 circuits x 256 MiB, with no cap on the sum.
 - `ProtectedCircuits` protects the dialling end of a circuit with the swarm key (pnet); 0.8.1
   protects only the accepting end, so no circuit completed its handshake in a private swarm.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import logging
+import time
+from typing import Any, Callable
 
 import multiaddr
 import trio
@@ -39,19 +45,74 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.relay.circuit_v2.utils import maybe_consume_signed_record, read_delimited_msg
 from libp2p.security.pnet.protector import new_protected_conn
 
+from sapo.protocol.settings import RELAY_BYTES_PER_HOUR, RELAY_BYTES_PER_SECOND, RELAY_MAX_CIRCUITS
+
 logger = logging.getLogger("sapo.relay")
 
 # What 0.8.1's `_relay_data` says to the side that went over a limit, just before it resets the circuit.
 LIMIT_MESSAGES = ("Data transfer limit exceeded", "Circuit duration limit exceeded")
+# A new circuit is opened only while the hour's budget has this much left: less would be cut at once.
+MIN_CIRCUIT_BYTES = 64 * 1024
+
+
+class RelayBudget:
+    """What the relay lends all peers together: open circuits, and relayed bytes as two token
+    buckets (a rate, which bounds the CPU it takes, and an hour's worth, which bounds the uplink).
+    Pure bookkeeping, no I/O; the relay protocol acts on the verdicts."""
+
+    def __init__(self, *, max_circuits: int = RELAY_MAX_CIRCUITS, bytes_per_second: int = RELAY_BYTES_PER_SECOND,
+                 bytes_per_hour: int = RELAY_BYTES_PER_HOUR, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_circuits = max_circuits
+        self.bytes_per_second = float(bytes_per_second)
+        self.bytes_per_hour = float(bytes_per_hour)
+        self.clock = clock
+        self.circuits = 0
+        # Both buckets start full; the rate bucket holds one second, so a burst is one second's bytes.
+        self._rate_tokens = self.bytes_per_second
+        self._hour_tokens = self.bytes_per_hour
+        self._updated = clock()
+
+    def open_circuit(self) -> str | None:
+        """Take a circuit slot; None, or why not ('relay_refused_circuits', 'relay_refused_bytes')."""
+        self._refill()
+        if self.circuits >= self.max_circuits:
+            return "relay_refused_circuits"
+        if self._hour_tokens < min(MIN_CIRCUIT_BYTES, self.bytes_per_hour):
+            return "relay_refused_bytes"
+        self.circuits += 1
+        return None
+
+    def close_circuit(self) -> None:
+        self.circuits = max(0, self.circuits - 1)
+
+    def spend(self, size: int) -> float | None:
+        """Pay for `size` relayed bytes: how long to wait before passing them on (the rate
+        bucket may go into debt, which later bytes wait out), or None when the hour's bytes are
+        spent (cut the circuit)."""
+        self._refill()
+        if self._hour_tokens < size:
+            self._hour_tokens = 0.0
+            return None
+        self._hour_tokens -= size
+        self._rate_tokens -= size
+        return max(0.0, -self._rate_tokens / self.bytes_per_second)
+
+    def _refill(self) -> None:
+        now = self.clock()
+        elapsed, self._updated = max(0.0, now - self._updated), now
+        self._rate_tokens = min(self.bytes_per_second, self._rate_tokens + elapsed * self.bytes_per_second)
+        self._hour_tokens = min(self.bytes_per_hour, self._hour_tokens + elapsed * self.bytes_per_hour / 3600)
 
 
 class GuardedRelayProtocol(CircuitV2Protocol):
-    """0.8.1's relay protocol, answering only peers the gossip service accepts."""
+    """0.8.1's relay protocol, answering only peers the gossip service accepts, within one budget."""
 
-    def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None], **kwargs: Any):
+    def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None],
+                 budget: RelayBudget | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._may_use = may_use
         self._count = count
+        self.budget = budget or RelayBudget()
 
     async def _handle_hop_stream(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id
@@ -96,8 +157,34 @@ class GuardedRelayProtocol(CircuitV2Protocol):
             await self._send_status(stream, StatusCode.PERMISSION_DENIED, "not relaying to this peer")
             await stream.reset()
             return
+        refusal = self.budget.open_circuit()
+        if refusal is not None:
+            self._count(refusal)
+            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED,
+                                    "relay busy: too many circuits" if refusal == "relay_refused_circuits"
+                                    else "relay busy: its relayed bytes are spent for now")
+            await stream.reset()
+            return
         self._count("relay_circuits_served")
-        await super()._handle_connect(stream, msg)
+        try:
+            await super()._handle_connect(stream, msg)
+        finally:
+            self.budget.close_circuit()
+
+    async def _read_stream_with_retry(self, stream: Any, *args: Any, **kwargs: Any) -> bytes | None:
+        # 0.8.1's `_relay_data` reads each direction of a circuit only through here: every relayed
+        # byte is paid for before it is written on.
+        data = await super()._read_stream_with_retry(stream, *args, **kwargs)
+        if not data:
+            return data
+        wait = self.budget.spend(len(data))
+        if wait is None:  # the hour's bytes are spent: end this circuit as at its own limit
+            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED, LIMIT_MESSAGES[0])
+            return None
+        if wait > 0:
+            self._count("relay_throttled")
+            await trio.sleep(wait)
+        return data
 
     async def handle_incoming_connection(self, stream: Any, remote_peer_id: bytes) -> None:
         relay = stream.muxed_conn.peer_id

@@ -18,6 +18,17 @@ SWARM_KEY_HEADER = ("/key/swarm/psk/1.0.0/", "/base16/")
 PEER_ID_EXAMPLE = "12D3KooW..."
 
 
+# The relay's overall budget, shared by every reservation (relay_guards.RelayBudget). Relaying
+# costs this node's Python about 33 ms of CPU per MB here (`python -m tests.protocol.relay_cost`:
+# 39 ms a MB through a circuit against 6 ms direct, an upper bound), so 1 MiB/s is ~3.5 % of a
+# core taken from training at most; past it circuits are slowed, not cut.
+RELAY_BYTES_PER_SECOND = 1024 * 1024
+# Bytes the relay carries in an hour at most (a sustained 0.3 MiB/s): what a node lends strangers
+# of its uplink. Past it new circuits are refused and open ones cut until the bucket refills.
+RELAY_BYTES_PER_HOUR = 1024**3
+RELAY_MAX_CIRCUITS = 64
+
+
 def rollout_topic(swarm: str) -> str:
     """The GossipSub topic a swarm's rollout groups travel on (the wire contract)."""
     return f"sapo/{swarm}/rollouts/1"
@@ -212,6 +223,25 @@ class NetworkSettings(BaseModel):
     )
     relay_max_circuit_seconds: int = Field(
         default=3600, gt=0, description="as a relay: seconds one circuit may stay open before it is reset"
+    )
+    relay_max_circuits: int = Field(
+        default=RELAY_MAX_CIRCUITS,
+        ge=1,
+        le=65_536,
+        description="as a relay: most circuits open at once, all reservations together; past it a CONNECT is "
+        "refused (RESOURCE_LIMIT_EXCEEDED)",
+    )
+    relay_max_bytes_per_second: int = Field(
+        default=RELAY_BYTES_PER_SECOND,
+        ge=1024,
+        description="as a relay: bytes per second all circuits together may carry (relaying costs ~33 ms of CPU "
+        "a MB, so the default takes at most a 30th of a core from training); faster traffic is slowed",
+    )
+    relay_max_bytes_per_hour: int = Field(
+        default=RELAY_BYTES_PER_HOUR,
+        ge=1024 * 1024,
+        description="as a relay: bytes all circuits together may carry in an hour (a token bucket); once spent, "
+        "new circuits are refused and open ones cut (RESOURCE_LIMIT_EXCEEDED) until it refills",
     )
     relays_to_reserve: int = Field(
         default=2,
