@@ -15,6 +15,11 @@ Weights (what the inbox's eviction and the external draw use):
 So when every author is new (a swarm starting together) all weigh alike, as before; a Sybil
 that adds keys only splits the newcomers' budget finer.
 
+Authors seen behind one network address group (`locate`: the network layer tells where a
+directly connected author's connection comes from, /16 for IPv4 as Bitcoin Core buckets peers)
+share one budget too: the group weighs what its best author weighs, split evenly among them, so
+keys minted on one machine or one provider's block add nothing to each other.
+
 The records are bounded (`max_authors`, least recently credited forgotten first) and live in
 memory: after a restart everyone starts afresh, which is equal footing, not a hole.
 """
@@ -42,6 +47,7 @@ MAX_AUTHORS = 4096
 class _Record:
     earned: float = 0.0  # seconds of activity credited
     last: float | None = None  # when its last credited group arrived
+    place: str | None = None  # the network address group its connection came from, if known
 
 
 class Standing:
@@ -66,6 +72,13 @@ class Standing:
             while len(self._records) > self.max_authors:
                 self._records.popitem(last=False)
 
+    def locate(self, author: str, place: str | None) -> None:
+        """`author` was last seen connected from network address group `place` (None: not directly)."""
+        with self._lock:
+            record = self._records.get(author)
+            if record is not None and place is not None:
+                record.place = place
+
     def strike(self, author: str) -> None:
         """A group of `author`'s was refused by the screen."""
         with self._lock:
@@ -80,7 +93,14 @@ class Standing:
         return 0.0 if record is None else min(1.0, record.earned / self.ramp_seconds)
 
     def weights(self, authors: Iterable[str]) -> dict[str, float]:
-        """Each author's weight among `authors`: its standing, plus its share of the newcomers' budget."""
-        standing = {author: self.of(author) for author in set(authors)}
+        """Each author's weight among `authors`: its standing plus its share of the newcomers'
+        budget, shared with the authors seen in its network address group."""
+        with self._lock:
+            known = {a: self._records.get(a) or _Record() for a in set(authors)}
+        standing = {a: min(1.0, r.earned / self.ramp_seconds) for a, r in known.items()}
         newcomers = sum(1 for s in standing.values() if s < 1.0)
-        return {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}
+        alone = {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}
+        places: dict[str, list[str]] = {}
+        for author, record in known.items():
+            places.setdefault(record.place or f"author:{author}", []).append(author)
+        return {a: max(alone[b] for b in members) / len(members) for members in places.values() for a in members}

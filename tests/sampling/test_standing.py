@@ -124,3 +124,17 @@ def test_standing_remembers_a_bounded_number_of_authors():
     for k in range(1000):
         standing.credit(f"a{k}", T0 + k)
     assert len(standing._records) == 100 and standing.of("a999") == 0.0 and standing.of("a0") == 0.0
+
+
+def test_keys_behind_one_address_group_share_one_budget():
+    standing = Standing(ramp_seconds=60, newcomer_share=0.1)
+    for author in ("honest", "sybil-0", "sybil-1", "sybil-2"):
+        standing.credit(author, T0)
+        standing.credit(author, T0 + 60)  # every one of them established
+    standing.locate("honest", "ip4:203.0")
+    for k in range(3):
+        standing.locate(f"sybil-{k}", "ip4:198.51")
+    weights = standing.weights(["honest", "sybil-0", "sybil-1", "sybil-2", "unlocated"])
+    assert weights["honest"] == 1.0
+    assert sum(weights[f"sybil-{k}"] for k in range(3)) == 1.0  # three keys, one machine: one author's worth
+    assert weights["unlocated"] == 0.1  # a newcomer alone in its place, with the whole newcomers' budget
