@@ -84,6 +84,7 @@ def nat_services(
         count=count,
         on_change=on_reachability,
         protocols=protocols,
+        bootstrap=lambda peer: peer in preferred_relays(),  # the operator named them: asked at once
     )
     reachability.attach()  # answer dial-back requests whatever our own status
     relay = RelayService(

@@ -19,7 +19,15 @@ observed IP, never serve a request that came over a relayed connection) are py-l
   rules allow anyway.
 
 Verdicts need at least one server: with a single bootstrap peer that one answers (0.8.1's
-client wants four agreeing servers, which a small swarm never has). The server side answers at
+client wants four agreeing servers, which a small swarm never has). A stranger must not be
+able to flip them, though (a node told it is public stops reserving relay slots and becomes
+unreachable behind its NAT; one told it is private stops relaying and leans on the teller's
+relays). So a verdict counts only from an established server: a bootstrap peer (the operator
+named it), or a peer whose connection has lasted `MIN_SERVER_AGE_SECONDS`; and at most one
+verdict counts per network group (`network_group`: a peer's IPv4 /16 or IPv6 /32, as Bitcoin
+Core buckets its peers, and one group for every address that is not globally routable), the
+latest of that group's. The status is the majority of the latest `KEPT_VERDICTS` groups. Fresh
+identities from one network, however many, are one voice, and only after they have stayed. The server side answers at
 most `MAX_CONCURRENT_DIALBACKS` requests at once and one per peer per `MIN_ASK_INTERVAL_SECONDS`,
 and not at all for peers the gossip service refuses (allow list, bans).
 """
@@ -40,7 +48,7 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
-from sapo.protocol.hosts import direct_peers
+from sapo.protocol.hosts import direct_peers, is_relayed
 
 if TYPE_CHECKING:
     from sapo.protocol.peer_protocols import PeerProtocols
@@ -56,6 +64,10 @@ MIN_ASK_INTERVAL_SECONDS = 10.0
 QUERY_TIMEOUT_SECONDS = 4 * DIALBACK_TIMEOUT_SECONDS
 SERVERS_PER_CHECK = 2
 KEPT_VERDICTS = 4
+# A server that is not a bootstrap peer is asked (and believed) only once its connection is this old:
+# a burst of fresh identities cannot answer for us. (A bootstrap node learns its own status from
+# the peers that dialled it, so it is known this long after they came.)
+MIN_SERVER_AGE_SECONDS = 30.0
 # Until the first verdict, look for a server this often (a peer is usually there within a second).
 FIRST_CHECK_POLL_SECONDS = 1.0
 # A server that could not answer (busy, asked too soon, no AutoNAT) is asked again after about this long.
@@ -168,13 +180,51 @@ class _DialBackAutoNAT(AutoNATService):
         return None
 
 
+def network_group(ip: str) -> str:
+    """The network a peer's IP belongs to, for counting its verdict once with its neighbours':
+    the IPv4 /16 or the IPv6 /32 (Bitcoin Core's buckets: one operator rarely holds addresses in
+    many of them), or "local" for any address that is not globally routable (loopback, RFC 1918
+    and ULA, link-local, carrier-grade NAT, documentation ranges). Such a peer shares our host, LAN,
+    VPN or container network: nothing tells its addresses apart as operators, and its dial-back
+    only proves the local path, so all of them together are one voice (as Bitcoin Core puts every
+    unroutable address in one group). On one machine or in one test network every peer is local."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return "local"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if not address.is_global:
+        return "local"
+    prefix = 16 if address.version == 4 else 32
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+
+
+def _direct_connection(host: Any, peer: ID) -> tuple[str, float] | None:
+    """(remote IP, seconds open) of the oldest open direct connection to `peer`, else None."""
+    best: tuple[str, float] | None = None
+    for connection in host.get_network().get_connections(peer):
+        if connection.is_closed or is_relayed(connection):
+            continue
+        try:
+            ip = next(_addr_ip(a) for a in connection.get_transport_addresses() if _addr_ip(a) is not None)
+        except Exception:  # noqa: BLE001 - no IP address (closing, or another transport)
+            continue
+        # py-libp2p 0.8.1's SwarmConn notes when it was made (wall clock); no other record exists.
+        age = time.time() - getattr(connection, "_created_at", time.time())
+        if best is None or age > best[1]:
+            best = (ip, age)
+    return best
+
+
 class ReachabilityService:
     """Serves AutoNAT dial-backs and keeps this node's own `status` current.
 
     `mode` "public"/"private" fixes the status (no checks; requests are still served).
     `may_use(peer)` is the gossip service's allow/ban rule; `on_change(status)` is called
     (synchronously) whenever the status changes. With `protocols`, peers known to lack AutoNAT
-    (peer_protocols.py) are never asked."""
+    (peer_protocols.py) are never asked. `bootstrap(peer)` says whether the operator named the
+    peer (it is asked at once); any other peer only once connected `min_server_age` seconds."""
 
     def __init__(
         self,
@@ -186,6 +236,8 @@ class ReachabilityService:
         count: Callable[[str], None],
         on_change: Callable[[Reachability], None],
         protocols: PeerProtocols | None = None,
+        bootstrap: Callable[[ID], bool] = lambda peer: False,
+        min_server_age: float = MIN_SERVER_AGE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
@@ -196,9 +248,12 @@ class ReachabilityService:
         self.count = count
         self.on_change = on_change
         self.clock = clock
+        self.bootstrap = bootstrap
+        self.min_server_age = min_server_age
         self.status = Reachability(mode) if mode != "auto" else Reachability.unknown
         self._autonat = _DialBackAutoNAT(host, serve=False)
-        self._verdicts: dict[ID, tuple[bool, float]] = {}
+        # network group -> (verdict, when, server): one voice per group, its latest
+        self._verdicts: dict[str, tuple[bool, float, ID]] = {}
         self._next_ask: dict[ID, float] = {}
         self._served_at: dict[ID, float] = {}
         self._serving = 0
@@ -244,7 +299,8 @@ class ReachabilityService:
         """Ask up to SERVERS_PER_CHECK peers that are due; how many gave a verdict. A peer that
         gave one is asked again after `interval`, one that could not after a few seconds."""
         now = self.clock()
-        servers = [peer for peer in direct_peers(self.host)
+        established = self.established_servers()
+        servers = [peer for peer in established
                    if self.may_use(peer) and self._next_ask.get(peer, 0.0) <= now
                    and (self.protocols is None or not self.protocols.lacks(peer, AUTONAT_PROTOCOL_ID))]
         answered = 0
@@ -255,7 +311,7 @@ class ReachabilityService:
                 continue
             answered += 1
             self._next_ask[server] = self.clock() + self.interval
-            self._verdicts[server] = (verdict, self.clock())
+            self._verdicts[established[server]] = (verdict, self.clock(), server)
         while len(self._verdicts) > KEPT_VERDICTS:
             oldest = min(self._verdicts, key=lambda peer: self._verdicts[peer][1])
             del self._verdicts[oldest]
@@ -263,6 +319,19 @@ class ReachabilityService:
             self._next_ask = {p: t for p, t in self._next_ask.items() if t > now}
         self._update()
         return answered
+
+    def established_servers(self) -> dict[ID, str]:
+        """The directly connected peers whose verdict would count, with their network group:
+        bootstrap peers, and others connected for at least `min_server_age`."""
+        found: dict[ID, str] = {}
+        for peer in direct_peers(self.host):
+            connection = _direct_connection(self.host, peer)
+            if connection is None:
+                continue
+            ip, age = connection
+            if age >= self.min_server_age or self.bootstrap(peer):
+                found[peer] = network_group(ip)
+        return found
 
     async def _ask(self, server: ID) -> bool | None:
         # Our listen addresses; the server dials their ports on the IP it sees us at.
@@ -282,7 +351,7 @@ class ReachabilityService:
         return None  # refused or bad request: that server could not judge
 
     def _update(self) -> None:
-        successes = sum(1 for ok, _ in self._verdicts.values() if ok)
+        successes = sum(1 for ok, _, _ in self._verdicts.values() if ok)
         failures = len(self._verdicts) - successes
         new = self.status
         if successes > failures:
@@ -290,6 +359,7 @@ class ReachabilityService:
         elif failures > successes:
             new = Reachability.private
         if new is not self.status:
-            logger.info("reachability: %s (%d of %d peers could dial us back)", new.value, successes, len(self._verdicts))
+            logger.info("reachability: %s (%d of %d network groups' peers could dial us back)", new.value, successes,
+                        len(self._verdicts))
             self.status = new
             self.on_change(new)

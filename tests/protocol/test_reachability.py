@@ -91,8 +91,10 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
             ReachabilityService(server, mode="auto", interval=60, may_use=lambda peer: False,
                                 count=lambda name: None, on_change=lambda status: None).attach()
             changes: list[Reachability] = []
+            # the server is our bootstrap peer: asked at once, although just connected
             service = ReachabilityService(client, mode="auto", interval=60, may_use=lambda peer: True,
-                                          count=lambda name: None, on_change=changes.append)
+                                          count=lambda name: None, on_change=changes.append,
+                                          bootstrap=lambda peer: peer == server.get_id())
             assert await service.check_once() == 0  # the server refuses us: no verdict either way
             assert service.status is Reachability.unknown and not changes
             ReachabilityService(server, mode="auto", interval=60, may_use=lambda peer: True,
