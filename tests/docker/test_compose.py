@@ -22,7 +22,7 @@ import yaml
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.protocol.settings import NetworkSettings
-from sapo.protocol.identity import peer_id_of
+from sapo.protocol.identity import load_or_create_identity, peer_id_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -41,9 +41,28 @@ def cli_bin(tmp_path) -> str:
     return str(wrapper)
 
 
-def run_entrypoint(args: list[str], env: dict[str, str], cli_bin: str, data_dir: Path) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "SAPO_NODE_BIN": cli_bin, "SAPO_DATA_DIR": str(data_dir), **env}
+# Peer ids some other node announced in the ids volume, as a deployment's would be (made up here).
+ANNOUNCED = {name: peer_id_of(create_new_key_pair()) for name in ("bootstrap", "judge")}
+
+
+def run_entrypoint(args: list[str], env: dict[str, str], cli_bin: str, data_dir: Path,
+                   ids_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """The image's entrypoint, with the ids volume at `ids_dir` (made, holding ANNOUNCED, if not given)."""
+    if ids_dir is None:
+        ids_dir = data_dir / "ids"
+        ids_dir.mkdir(exist_ok=True)
+        for name, peer_id in ANNOUNCED.items():
+            (ids_dir / name).write_text(peer_id + "\n")
+    full_env = {**os.environ, "SAPO_NODE_BIN": cli_bin, "SAPO_DATA_DIR": str(data_dir), "SAPO_PYTHON": sys.executable,
+                "SAPO_IDS_DIR": str(ids_dir), "SAPO_ID_WAIT_SECONDS": "2", **env}
+    # the compose file's /ids paths, inside the test's ids folder
+    full_env = {k: v.replace("/ids/", f"{ids_dir}/") if k == "SAPO_ANNOUNCE_ID" else v for k, v in full_env.items()}
     return subprocess.run([str(DOCKER / "entrypoint.sh"), *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def announced(address: str) -> str:
+    """A compose address with its /p2p/@<name> filled in, as the entrypoint does."""
+    return re.sub(r"/p2p/@([\w.-]+)", lambda m: f"/p2p/{ANNOUNCED[m.group(1)]}", address)
 
 
 def service_env(service: dict) -> dict[str, str]:
@@ -61,29 +80,77 @@ def test_every_service_command_is_accepted_by_the_real_cli(name, cli_bin, tmp_pa
         assert result.returncode == 0, result.stderr
         settings = json.loads(result.stdout)
         assert settings["run"]["data_dir"] == str(tmp_path)
-        # the /dns4 names pass through untouched: the node resolves them when it dials
-        assert settings["network"]["peers"] == ([env["SAPO_PEERS"]] if "SAPO_PEERS" in env else [])
-        assert settings["run"]["judge"] == env.get("SAPO_JUDGE")
+        # the /dns4 names pass through untouched (the node resolves them when it dials); the ids
+        # are the ones their nodes announced
+        assert settings["network"]["peers"] == ([announced(env["SAPO_PEERS"])] if "SAPO_PEERS" in env else [])
+        assert settings["run"]["judge"] == (announced(env["SAPO_JUDGE"]) if "SAPO_JUDGE" in env else None)
     else:
         result = run_entrypoint([*command, "--help"], env, cli_bin, tmp_path)
         assert result.returncode == 0, result.stderr
 
 
-def seeded_id(service: str) -> str:
-    command = [str(c) for c in SERVICES[service]["command"]]
-    seed = command[command.index("--identity-seed") + 1]
-    return peer_id_of(create_new_key_pair(bytes.fromhex(seed)))
-
-
 @pytest.mark.parametrize("variable, service, port", [("SAPO_PEERS", "bootstrap", 4001), ("SAPO_JUDGE", "judge", 4101)])
-def test_dns4_addresses_name_a_compose_service_and_its_seeded_id(variable, service, port):
-    expected = f"/dns4/{service}/tcp/{port}/p2p/{seeded_id(service)}"
+def test_dns4_addresses_name_a_compose_service_and_the_id_it_announces(variable, service, port):
+    expected = f"/dns4/{service}/tcp/{port}/p2p/@{service}"
     users = [name for name, s in SERVICES.items() if variable in service_env(s)]
     assert {"peer", "peer-gpu"} <= set(users)
     for name in users:
         assert service_env(SERVICES[name])[variable] == expected, name
-    # and the node accepts that shape for `peers` (the judge keeps its own check in node/settings.py)
-    NetworkSettings(peers=[expected])
+        assert "swarm-ids:/ids:ro" in SERVICES[name]["volumes"] or name == "bootstrap", name
+    # the named service announces its id where the others read it
+    assert service_env(SERVICES[service])["SAPO_ANNOUNCE_ID"] == f"/ids/{service}"
+    assert "swarm-ids:/ids" in SERVICES[service]["volumes"]
+    # and the node accepts that shape, filled in, for `peers` (the judge keeps its own check in node/settings.py)
+    NetworkSettings(peers=[announced(expected)])
+
+
+def test_no_identity_comes_from_a_published_seed():
+    """A seed in the repository is a key anyone can sign with: the compose files name none."""
+    for path in (DOCKER / "docker-compose.yml", ROOT / "tests" / "docker" / "compose.host-network.yml"):
+        text = path.read_text()
+        assert "--identity-seed" not in text and "SAPO_IDENTITY_SEED" not in text, path
+        assert not re.search(r"/p2p/12D3Koo", text), f"{path} names a fixed peer id"
+
+
+def test_the_bootstrap_announces_a_key_made_in_its_own_volume(cli_bin, tmp_path):
+    data, ids = tmp_path / "data", tmp_path / "ids"
+    data.mkdir()
+    ids.mkdir()
+    env = service_env(SERVICES["bootstrap"])
+    (ids / "judge").write_text(ANNOUNCED["judge"])
+    result = run_entrypoint(["start", "--dry-run"], env, cli_bin, data, ids_dir=ids)
+    assert result.returncode == 0, result.stderr
+    key = data / "identity.key"
+    assert key.stat().st_mode & 0o777 == 0o600  # private, in the node's own volume
+    assert (ids / "bootstrap").read_text().strip() == peer_id_of(load_or_create_identity(data))
+    assert not (ids / "identity.key").exists() and sorted(p.name for p in ids.iterdir()) == ["bootstrap", "judge"]
+    # a restart announces the same id (the key stays); another deployment gets another one
+    first = (ids / "bootstrap").read_text()
+    assert run_entrypoint(["start", "--dry-run"], env, cli_bin, data, ids_dir=ids).returncode == 0
+    assert (ids / "bootstrap").read_text() == first
+    other = tmp_path / "other"
+    other.mkdir()
+    assert run_entrypoint(["start", "--dry-run"], env, cli_bin, other, ids_dir=ids).returncode == 0
+    assert (ids / "bootstrap").read_text() != first
+
+
+def test_a_peer_waits_for_the_bootstrap_id_and_says_what_is_missing(cli_bin, tmp_path):
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    result = run_entrypoint(["start", "--dry-run"], service_env(SERVICES["peer"]), cli_bin, tmp_path, ids_dir=ids)
+    assert result.returncode != 0
+    assert f"no peer id in {ids}/bootstrap" in result.stderr and "'bootstrap' service" in result.stderr
+    (ids / "bootstrap").write_text("not-a-peer-id\n")
+    result = run_entrypoint(["start", "--dry-run"], service_env(SERVICES["peer"]), cli_bin, tmp_path, ids_dir=ids)
+    assert result.returncode != 0 and "holds no peer id" in result.stderr
+
+
+def test_the_swarm_port_is_published_on_loopback_unless_the_user_says_otherwise():
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            host = str(port).rsplit(":", 2)[0]
+            assert host in ("127.0.0.1", "${SAPO_PUBLISH_ADDR:-127.0.0.1}"), f"{name} publishes {port} beyond loopback"
+    assert "${SAPO_PUBLISH_ADDR:-127.0.0.1}:4001:4001" in SERVICES["bootstrap"]["ports"]
 
 
 def test_every_service_keeps_a_bounded_log():
@@ -95,8 +162,9 @@ def test_nodes_keep_their_data_in_their_own_volumes_and_peers_scale():
     assert "bootstrap-data:/data" in SERVICES["bootstrap"]["volumes"]
     assert "judge-data:/data" in SERVICES["judge"]["volumes"]
     peer = SERVICES["peer"]
-    # an anonymous volume per replica, no fixed name or host port, so --scale peer=N works
-    assert peer["volumes"] == ["/data"]
+    # an anonymous volume per replica, no fixed name or host port, so --scale peer=N works; the
+    # announced ids (public) read-only
+    assert peer["volumes"] == ["/data", "swarm-ids:/ids:ro"]
     assert "container_name" not in peer and "ports" not in peer
     assert peer["deploy"]["replicas"] == 3
     gpu = SERVICES["peer-gpu"]
