@@ -62,8 +62,11 @@ RESERVE_CHECK_SECONDS = 15.0
 # One reservation or one circuit dial (relay connect + HOP + STOP + Noise over the circuit).
 RESERVE_TIMEOUT_SECONDS = 10.0
 CIRCUIT_DIAL_TIMEOUT_SECONDS = 15.0
-# A peer that refused to reserve for us is asked again only after this long.
+# A peer that refused to reserve for us is asked again only after this long; a bootstrap peer
+# sooner: a public bootstrap serves only once it has found itself public, which takes
+# reachability.MIN_SERVER_AGE_SECONDS after its first peers came, and they are those who ask it.
 RESERVE_REFUSED_BACKOFF_SECONDS = 60.0
+BOOTSTRAP_REFUSED_BACKOFF_SECONDS = 10.0
 
 
 @dataclass
@@ -229,7 +232,8 @@ class RelayService:
                 continue
             expires = await self._reserve(relay)
             if expires is None:
-                self._refused_until[relay] = self.clock() + RESERVE_REFUSED_BACKOFF_SECONDS
+                backoff = BOOTSTRAP_REFUSED_BACKOFF_SECONDS if relay in preferred else RESERVE_REFUSED_BACKOFF_SECONDS
+                self._refused_until[relay] = self.clock() + backoff
                 continue
             self.reservations[relay] = Reservation(relay, address, expires)
             self.count("relay_reserved")

@@ -209,3 +209,30 @@ def test_relays_that_cut_circuits_early_are_tried_last():
     assert cuts.order([r2, r3]) == [r3, r2]
     now[0] = 150.0  # forgotten after `memory` seconds
     assert cuts.order([r1, r2, r3]) == [r1, r2, r3]
+
+
+async def test_a_bootstrap_relay_that_refused_is_asked_again_sooner(monkeypatch):
+    # A public bootstrap relays only once it has found itself public (reachability.py: its peers
+    # must have stayed a while first), so the NATed peers that came first are refused at first.
+    from sapo.protocol import relay as relay_module
+    from sapo.protocol.relay import BOOTSTRAP_REFUSED_BACKOFF_SECONDS, HOP_PROTOCOL_ID, RESERVE_REFUSED_BACKOFF_SECONDS
+
+    now = [1000.0]
+    host = new_noise_host(create_new_key_pair(), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")])
+    boot, other = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(2))
+    host.get_peerstore().add_protocols(other, [HOP_PROTOCOL_ID])
+    monkeypatch.setattr(relay_module, "direct_peers", lambda host: [boot, other])
+    service = RelayService(host, relay="off", limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1,
+                                                                  circuit_seconds=1),
+                           relays_to_reserve=2, hole_punching=False, preferred_relays=lambda: [boot],
+                           may_use=lambda peer: True, count=lambda name: None, on_addrs_changed=lambda: None,
+                           clock=lambda: now[0])
+    service.relay_address = lambda relay: multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/9")
+
+    async def refused(relay):
+        return None
+
+    service._reserve = refused
+    assert not await service._reserve_more(2)
+    assert service._refused_until == {boot: now[0] + BOOTSTRAP_REFUSED_BACKOFF_SECONDS,
+                                      other: now[0] + RESERVE_REFUSED_BACKOFF_SECONDS}
