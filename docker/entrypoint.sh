@@ -23,6 +23,15 @@ if [[ -n "${SAPO_ANNOUNCE_ID:-}" ]]; then
     peer_id=$("$python" -c 'import sys
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 print(peer_id_of(load_or_create_identity(sys.argv[1])))' "${SAPO_DATA_DIR:-/data}")
+    # Earlier compose files derived these two from seeds published in the repository, and an
+    # upgraded deployment keeps its old volume: anyone could sign as such a node.
+    case "$peer_id" in
+        12D3KooWAiuDqrAu34MJemTVcjU4AtGeryEYP7BRcPRvQtkK87sm|12D3KooWJPtxrHVDPoETNfPJY4WWVzX7Ti4WPemtXDgb5qmFrDiv)
+            echo "sapo-entrypoint: ${SAPO_DATA_DIR:-/data}/identity.key ($peer_id) comes from a seed published in" \
+                 "this repository, so anyone can act as this node. Delete it to make a new one (docker compose" \
+                 "down -v, or remove identity.key from the volume)" >&2
+            exit 1 ;;
+    esac
     # Write then rename: a reader never sees half an id.
     printf '%s\n' "$peer_id" > "$SAPO_ANNOUNCE_ID.tmp"
     mv "$SAPO_ANNOUNCE_ID.tmp" "$SAPO_ANNOUNCE_ID"

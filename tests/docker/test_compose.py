@@ -134,6 +134,17 @@ def test_the_bootstrap_announces_a_key_made_in_its_own_volume(cli_bin, tmp_path)
     assert (ids / "bootstrap").read_text() != first
 
 
+def test_a_key_from_the_old_published_seeds_is_refused(cli_bin, tmp_path):
+    """An upgraded deployment keeps its volumes: a bootstrap whose key came from the seed that
+    earlier compose files published must not go on announcing it."""
+    data, ids = tmp_path / "data", tmp_path / "ids"
+    ids.mkdir()
+    load_or_create_identity(data, bytes.fromhex("5a" * 32))  # the old compose file's bootstrap seed
+    result = run_entrypoint(["start", "--dry-run"], service_env(SERVICES["bootstrap"]), cli_bin, data, ids_dir=ids)
+    assert result.returncode != 0 and "comes from a seed published" in result.stderr
+    assert not (ids / "bootstrap").exists()
+
+
 def test_a_peer_waits_for_the_bootstrap_id_and_says_what_is_missing(cli_bin, tmp_path):
     ids = tmp_path / "ids"
     ids.mkdir()
