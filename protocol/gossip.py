@@ -8,7 +8,6 @@ release, which is why pyproject pins `libp2p==0.8.1`.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.hosts import connection_addresses, new_noise_host, open_peers, peer_str
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
+from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.pubsub_guards import cut_connections
@@ -39,8 +39,12 @@ from libp2p.tools.anyio_service import background_trio_service
 
 logger = logging.getLogger("sapo.gossip")
 
-# How many message ids we remember to drop replays; a rejoining peer is replayed 4-50 old ones.
+# How many message ids we remember to drop replays (a rejoining peer is replayed 4-50 old ones),
+# per author and in all: one author's flood pushes out only its own (protocol/recent.py). An
+# author publishing at the gossip limit (50/s) fills its share in ~5 minutes; what is older than
+# that reaches the intake, whose own per-author memories cover the whole age window.
 SEEN_IDS = 65_536
+SEEN_IDS_PER_AUTHOR = 16_384
 # Bound on one publish (signing + handing the message to the per-peer queues).
 PUBLISH_TIMEOUT_SECONDS = 5.0
 # Bound on waiting for the pubsub service's internal tasks to start.
@@ -76,7 +80,7 @@ class GossipService:
         self.incoming = incoming
         self.counters: dict[str, int] = counters if counters is not None else {}
         self._my_id = ID.from_pubkey(key_pair.public_key)
-        self._seen: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._seen: RecentByAuthor[None] = RecentByAuthor(SEEN_IDS_PER_AUTHOR, SEEN_IDS)
         self._host: Any = None
         self._pubsub: GuardedPubsub | None = None
         self._allowed: frozenset[bytes] | None = (
@@ -361,13 +365,11 @@ class GossipService:
         message_id = self._pubsub.get_message_id(msg)
         # libp2p forgets seen ids after 120 s and replays its message cache to peers that
         # rejoin; remember more, for longer, so the application sees each message once.
-        if message_id in self._seen:
-            self._seen.move_to_end(message_id)
+        if self._seen.contains(msg.from_id, message_id):
             self._count("duplicate")
             return
-        self._seen[message_id] = None
-        if len(self._seen) > SEEN_IDS:
-            self._seen.popitem(last=False)
+        now = time.time()
+        self._seen.put(msg.from_id, message_id, None, stamp=now, now=now)
         self._count("received")
         received = ReceivedMessage(
             sender=peer_str(msg.from_id),

@@ -61,6 +61,7 @@ class RejectReason(str, enum.Enum):
     stale = "stale"  # too old a round or timestamp (gossip/inbox)
     peer_quota = "peer_quota"  # this peer has sent too much lately (gossip/inbox)
     no_signal = "no_signal"  # every completion earns the same reward here: nothing to learn from it (intake)
+    over_budget = "over_budget"  # more groups to verify a second than any honest node sends (intake)
 
 
 class Rejected(Exception):

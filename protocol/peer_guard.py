@@ -75,6 +75,14 @@ PENALTIES: dict[str, float] = {
     # full bucket (100) costs 2 points, back to 0 within 2 s. It refuses the flooder nothing it
     # could use (the group takes no inbox room) and adds to its other offences.
     "no_signal": 0.02,
+    # Over the author's budget of verified groups a second (intake.VERIFY_RATE, above any honest
+    # node's rate): refused before the expensive check, charged like a publish over the bucket. A
+    # peer sending flat groups at the gossip limit (50/s) is 10/s over: banned in ~20 s.
+    "over_budget": 1.0,
+    # `stale` costs nothing on purpose: a frame past the age window is what anyone can replay of
+    # an honest author's history once the duplicate memories forget it, so charging its author
+    # would let a replayer get an honest peer banned. A stale frame costs us a decode, is bounded
+    # by the author's bucket, and enters no memory (it cannot flush one).
 }
 
 
@@ -85,6 +93,8 @@ class _PeerState:
     updated: float
     banned_until: float = 0.0
     highest_seqno: int | None = None
+    # messages numbered at or below the highest: reorders, or replays anyone can forward
+    replay_tokens: float = 0.0
 
 
 class PeerGuard:
@@ -112,16 +122,24 @@ class PeerGuard:
 
     def admit(self, peer: bytes, seqno: int | None = None) -> str | None:
         """None if a message authored by `peer` (with its signed `seqno`) may go on, else why not:
-        'banned', or 'rate_limited' (then the author has been charged, and may be banned now)."""
+        'banned', 'replayed' (an old number past its own small bucket: dropped, nobody charged),
+        or 'rate_limited' (then the author has been charged, and may be banned now)."""
         state = self._state(self.clock(), peer)
         if state.banned_until:
             return "banned"
         cost = 1.0
         if seqno is not None:
+            if state.highest_seqno is not None and seqno <= state.highest_seqno:
+                # A reordered message was paid for by the gap before it; a replayed one may be
+                # forwarded by anyone (libp2p forgets seen ids after 120 s), so it is never
+                # charged to its author: it draws on a bucket of its own and is only dropped.
+                if state.replay_tokens < 1.0:
+                    return "replayed"
+                state.replay_tokens -= 1.0
+                return None
             if state.highest_seqno is not None:
-                # A replayed or reordered message (lower number) was paid for by the gap before it.
-                cost = float(min(max(seqno - state.highest_seqno, 1), self.burst))
-            state.highest_seqno = max(seqno, state.highest_seqno or 0)
+                cost = float(min(seqno - state.highest_seqno, self.burst))
+            state.highest_seqno = seqno
         if state.tokens >= cost:
             state.tokens -= cost
             return None
@@ -161,16 +179,17 @@ class PeerGuard:
     def _state(self, now: float, peer: bytes) -> _PeerState:
         state = self._peers.get(peer)
         if state is None:
-            state = self._peers[peer] = _PeerState(tokens=self.burst, score=0.0, updated=now)
+            state = self._peers[peer] = _PeerState(tokens=self.burst, score=0.0, updated=now, replay_tokens=self.burst)
             self._evict()
             return state
         self._peers.move_to_end(peer)
         if state.banned_until and now >= state.banned_until:
             # the ban is served: a clean slate, as if we had never met
-            state.banned_until, state.score, state.tokens = 0.0, 0.0, self.burst
+            state.banned_until, state.score, state.tokens, state.replay_tokens = 0.0, 0.0, self.burst, self.burst
         elapsed = max(0.0, now - state.updated)
         state.updated = now
         state.tokens = min(self.burst, state.tokens + elapsed * self.rate)
+        state.replay_tokens = min(self.burst, state.replay_tokens + elapsed * self.rate)
         state.score = min(0.0, state.score + elapsed * RECOVERY_PER_SECOND)
         return state
 

@@ -4,6 +4,19 @@ Every refusal has a named reason, counted per reason; nothing a peer sends can r
 Each refusal is also reported to `on_reject(signer, reason)`, which the daemon wires to the
 gossip layer's peer score, so a peer that keeps sending junk ends up banned.
 
+The checks run cheapest first: the author's memory of frames (a hash), decoding (bounded), the
+envelope (sender, swarm, age), the author's memory of contents, and only then, if the author has
+verifications left in its budget (`VERIFY_RATE` a second, up to `VERIFY_BURST` at once; past it
+`over_budget`, charged), the expensive one: regenerating the problem and re-scoring every
+completion. A peer that floods flat groups at the gossip limit (50/s) runs over its budget and is
+banned within seconds, while an honest node, weak or strong, publishes well under it.
+
+The memories are per author (protocol/recent.py) and keep everything an author had verified for
+as long as it would pass the age check, so that a replay of an older message is always refused
+as `duplicate` (same frame, free) or `stale` (free), never as `repeat`: only a frame the author
+signed anew with the same content is a `repeat`. Nothing that fails the envelope is remembered,
+so a flood of stale or foreign frames cannot push anything out.
+
 Only a group that can teach this node takes inbox room: one whose completions all earn the same
 reward from this node's verifier has all-zero advantages, so it is refused (`no_signal`), unless
 the node adds completions of its own to external groups (`keep_groups_without_signal`).
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections import OrderedDict
 from typing import Callable
 
@@ -23,6 +37,7 @@ from sapo.node.daemon.counters import NodeCounters
 from sapo.node.daemon.refusal_log import RefusalLog
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
+from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.verify import VerifyPolicy, verify
 from sapo.sampling.inbox import Inbox
 from sapo.training.grpo import has_signal
@@ -37,6 +52,16 @@ CLOCK_SKEW_SECONDS = 120.0
 # it), and all of them together hold at most this many values (~32 bytes each in Python lists).
 LOGPROBS_WAIT_SECONDS = 60.0
 LOGPROBS_MAX_VALUES = 1_000_000
+# Verifications (regenerate + re-score, ~1 ms for basic_arithmetic, more for other tasks) each
+# author may cost us: above any honest node's publishing rate (an untrained tiny model on a fast
+# CPU publishes up to ~30 groups a second, all of them flat), below the gossip limit of 50 a
+# second (NetworkSettings.peer_message_rate), so a peer sending at that limit is 10 a second over
+# and banned in ~20 s (each refusal costs 1 point, peer_guard.PENALTIES). The burst is the gossip
+# burst: a round's groups published at once.
+VERIFY_RATE = 40.0
+VERIFY_BURST = 100
+# Authors whose budget we keep; one forgotten (the least recently heard) starts afresh.
+BUDGET_AUTHORS = 4096
 
 
 class Intake:
@@ -64,12 +89,17 @@ class Intake:
         self.limits = limits
         self.policy = policy
         self.max_age_seconds = max_age_seconds
-        # Two memories: whole frames (a replay, honest when a peer rejoins: free) and content, the
-        # sender with its question and completions, whatever the envelope says (a re-stamped
-        # replay, never honest: charged).
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
-        self._contents: OrderedDict[bytes, None] = OrderedDict()
-        self._seen_capacity = seen_capacity
+        # Two memories per author, of what passed the envelope and its budget: whole frames (a
+        # replay, honest when a peer rejoins: free) and the content of accepted groups, the sender
+        # with its question and completions, with the frame that brought it (the same content in
+        # another frame is a re-stamped replay only its author can sign: charged). An author can
+        # have at most this many verified within the age window, so none is forgotten before a
+        # replay of it would be stale.
+        per_author = min(seen_capacity, math.ceil(VERIFY_RATE * (max_age_seconds + CLOCK_SKEW_SECONDS)) + VERIFY_BURST)
+        self._frames: RecentByAuthor[None] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
+        self._contents: RecentByAuthor[bytes] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
+        # author -> (verifications left, when counted), least recently heard first
+        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
         self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
@@ -103,7 +133,7 @@ class Intake:
             return 0
         for entry in msg.groups:
             key = (signer, bytes.fromhex(entry.group))
-            if key[1] in self._contents:
+            if self._contents.contains(signer, key[1]):
                 self.counters.logprobs["late"] += 1  # its group is in already: a group is never changed after
                 continue
             self._hold(key, entry.behavior, now)
@@ -124,14 +154,18 @@ class Intake:
 
     def _admit(self, frame: bytes, signer: str, now: float) -> QuestionGroup:
         digest = hashlib.sha256(frame).digest()
-        if digest in self._seen:
+        if self._frames.contains(signer, digest):
             raise Rejected(RejectReason.duplicate, "same frame seen before (a replay)")
-        self._remember(self._seen, digest)
         msg = decode(frame, self.limits)
         self._check_envelope(msg.sender, msg.swarm, msg.created_at, signer, now)
         content = group_digest(msg)
-        if content in self._contents:
+        original = self._contents.get(signer, content)
+        if original == digest:  # its frame was forgotten before its content: a replay still
+            raise Rejected(RejectReason.duplicate, "same frame seen before (a replay)")
+        if original is not None:
             raise Rejected(RejectReason.repeat, "this peer's question and completions again, in a new envelope")
+        self._spend_verification(signer, now)
+        self._frames.put(signer, digest, None, stamp=msg.created_at, now=now)
         group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
         logprobs = self._take((signer, content))
         if not self.keep_groups_without_signal and not has_signal(group.rewards):
@@ -139,8 +173,19 @@ class Intake:
         group = self._with_logprobs(group, logprobs)
         if not self.inbox.add(group, now):
             raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
-        self._remember(self._contents, content)  # only what got in: a refused group may be fixed and sent again
+        # only what got in: a refused group may be fixed and sent again
+        self._contents.put(signer, content, digest, stamp=msg.created_at, now=now)
         return group
+
+    def _spend_verification(self, author: str, now: float) -> None:
+        """Take one verification from `author`'s budget, or refuse (over_budget) when it has none."""
+        tokens, updated = self._budgets.pop(author, (float(VERIFY_BURST), now))
+        tokens = min(float(VERIFY_BURST), tokens + max(0.0, now - updated) * VERIFY_RATE)
+        self._budgets[author] = (max(0.0, tokens - 1.0), now)  # newest last
+        if len(self._budgets) > BUDGET_AUTHORS:
+            self._budgets.popitem(last=False)
+        if tokens < 1.0:
+            raise Rejected(RejectReason.over_budget, f"over its budget of {VERIFY_RATE:g} verified groups a second")
 
     def _check_envelope(self, sender: str, swarm: str, created_at: float, signer: str, now: float) -> None:
         if sender != signer:
@@ -181,11 +226,6 @@ class Intake:
             return group
         self.counters.logprobs["joined"] += 1
         return group.model_copy(update={"behavior": Behavior(**behavior.model_dump())})
-
-    def _remember(self, memory: OrderedDict[bytes, None], digest: bytes) -> None:
-        memory[digest] = None
-        if len(memory) > self._seen_capacity:
-            memory.popitem(last=False)
 
 
 def _values(behavior: BehaviorLogprobs) -> int:

@@ -6,8 +6,10 @@ daemon, the study and the benchmarks alike.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
+import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -129,7 +131,21 @@ class Node:
         return self.balance.plan(state.balance, state.round + 1)
 
     def generation_seed(self, plan: RoundPlan, offset: int = 0) -> int:
-        return self.settings.run.seed * 1_000_003 + plan.index + offset
+        """The seed of a round's sampling: fixed by --seed and the round, so that a node that
+        never resumes (every study run) is reproducible. A node resumed from a checkpoint mixes
+        in a nonce drawn once per start: it would otherwise sample again exactly the completions
+        it published for the rounds after that checkpoint, and its peers would refuse them and
+        charge it `repeat` (5 points each, a ban after 20). Its questions do repeat (the task
+        stream is restored), its completions do not."""
+        seed = self.settings.run.seed * 1_000_003 + plan.index + offset
+        if self.resumed_from is None:
+            return seed
+        return (seed + self._start_nonce) % 2**32  # the sampler keeps 32 bits of a seed
+
+    @functools.cached_property
+    def _start_nonce(self) -> int:
+        # far from 0, so that no round after the resume meets the seed of a round before it
+        return 2**20 + secrets.randbelow(2**31)
 
     def generation_request(self, plan: RoundPlan) -> GenerationRequest:
         """This round's I questions (drawn from the task stream now: once a round) and how this
