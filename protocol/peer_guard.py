@@ -3,11 +3,15 @@
 Every message a peer *authors* (the signer, checked before anything here is asked) draws from
 that peer's token bucket (`rate` per second, up to `burst`) as many tokens as it stands for
 publishes: its signed sequence number minus the highest one we have seen from that author
-(at least 1, at most `burst`). libp2p numbers an author's publishes one by one, so this counts
-what the author sends, not what reaches us: a node that trains on a busy CPU reads only ~35-50
-messages a second from one peer (TCP backpressure throttles a 400/s flood long before it
-arrives, and the flooder's own send queue drops the rest), which by arrivals alone looks like an
-honest tiny-model node (~27/s here); by sequence numbers the flooder is 10x over.
+(at most `burst`). A number at or below the highest is a reorder, or a replay that anyone may
+forward once libp2p forgets the message (120 s): it draws on a second bucket of the same size and,
+when that is empty, is dropped (`replayed`) without charging the author, so that nobody can spend
+an honest author's bucket or score by replaying its messages. libp2p numbers an author's
+publishes one by one, so this counts what the author sends, not what reaches us: a node that
+trains on a busy CPU reads only ~35-50 messages a second from one peer (TCP backpressure
+throttles a 400/s flood long before it arrives, and the flooder's own send queue drops the
+rest), which by arrivals alone looks like an honest tiny-model node (~27/s here); by sequence
+numbers the flooder is 10x over.
 
 A message over the bucket is dropped and costs the author one point of score per publish over
 the limit; a message that fails a check costs more (see `PENALTIES`). Score drifts back towards
