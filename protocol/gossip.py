@@ -25,14 +25,14 @@ from sapo.protocol.addresses import parse_peer_address
 from sapo.protocol.agents import PeerAgents
 from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
 from sapo.protocol.discovery import PeerDiscovery
-from sapo.protocol.hosts import connection_addresses, new_noise_host, open_peers, peer_str
+from sapo.protocol.hosts import connection_addresses, direct_ip, new_noise_host, open_peers, peer_str
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.peer_guard import PeerGuard
 from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.pubsub_guards import cut_connections
-from sapo.protocol.reachability import Reachability, ReachabilityService
+from sapo.protocol.reachability import Reachability, ReachabilityService, network_group
 from sapo.protocol.relay import RelayService
 from sapo.protocol.relayed_links import RelayedLinks
 from libp2p.tools.anyio_service import background_trio_service
@@ -234,6 +234,17 @@ class GossipService:
         if self._host is None:
             return {}
         return {peer.to_base58(): round(self.guard.score(peer.to_bytes()), 3) for peer in open_peers(self._host)}
+
+    def network_group_of(self, peer: str) -> str | None:
+        """The network address group (reachability.network_group: IPv4 /16, IPv6 /32, or one
+        "local" group) of `peer`'s direct connection; None if it has none."""
+        if self._host is None:
+            return None
+        try:
+            ip = direct_ip(self._host, ID.from_base58(peer))
+        except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
+            return None
+        return network_group(ip) if ip is not None else None
 
     def peer_addresses(self) -> dict[str, list[str]]:
         """The transport address of each open connection, per connected peer (for the status page)."""

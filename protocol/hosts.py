@@ -140,6 +140,25 @@ def connection_addresses(host: Any) -> dict[str, list[str]]:
     return found
 
 
+def direct_ip(host: Any, peer: ID) -> str | None:
+    """The IP of `peer`'s open direct connection; None if it has none (not connected, or only
+    through a relay, whose IP is the relay's)."""
+    for connection in host.get_network().get_connections(peer):
+        if connection.is_closed or is_relayed(connection):
+            continue
+        try:
+            addresses = connection.get_transport_addresses()
+        except Exception:  # noqa: BLE001 - a connection closing under us
+            continue
+        for address in addresses:
+            for protocol in ("ip4", "ip6"):
+                try:
+                    return address.value_for_protocol(protocol)
+                except Exception:  # noqa: BLE001 - multiaddr raises when the protocol is absent
+                    continue
+    return None
+
+
 def peer_str(peer_id_bytes: bytes) -> str:
     """A raw peer id as base58, or as hex if it is not one (a malformed frame's `from`)."""
     try:

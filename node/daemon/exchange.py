@@ -177,7 +177,9 @@ class GossipExchange:
         """Checks run in a worker thread: regenerating and re-scoring a problem is CPU work
         that must not stall the libp2p heartbeats. Frames still queued from an author banned
         since they arrived are dropped here, counted as `banned`, without a trip to the thread,
-        so that a flooder's backlog does not hold up everyone else's frames."""
+        so that a flooder's backlog does not hold up everyone else's frames. An accepted group's
+        author is located in its network address group (if directly connected), so that keys
+        behind one address share one standing (sampling/standing.py)."""
         limiter = trio.CapacityLimiter(1)
         shared = logprobs_topic(self.encoder.swarm)
         async for message in incoming:
@@ -185,7 +187,10 @@ class GossipExchange:
                 self.counters.rejected["banned"] += 1
                 continue
             accept = self.intake.accept_logprobs if message.topic == shared else self.intake.accept
-            await trio.to_thread.run_sync(accept, message.data, message.sender, message.received_at, limiter=limiter)
+            accepted = await trio.to_thread.run_sync(accept, message.data, message.sender, message.received_at, limiter=limiter)
+            standing = self.intake.inbox.standing
+            if isinstance(accepted, QuestionGroup) and standing is not None:
+                standing.locate(message.sender, self.service.network_group_of(message.sender))
 
 
 def _peer_bytes(peer: str) -> bytes:
