@@ -18,8 +18,8 @@ allocator's high-water mark once):
 - fds, threads: the same medians within a few descriptors / threads (flat, not drifting);
 - data dir: checkpoints, status and identity within (keep_checkpoints + 1) x the largest
   checkpoint (+1: a new one is written before the oldest goes) + 1 MiB; the node.log family
-  within the swarm's rotation cap; metrics.jsonl grows one line per round by design and is
-  reported, not bounded;
+  within the swarm's rotation cap; metrics.jsonl within its compaction cap (64 MiB,
+  node/daemon/metrics.py), with its bytes per round reported;
 - round time: the median round_seconds of the last quarter of the run within 25 % of the
   second quarter's (a leak that slows rounds down shows as a steady climb, and the plot shows
   it); and the CPU time per token generated or trained on, the same way: on a shared machine
@@ -139,19 +139,19 @@ def fetch_status(page: str) -> dict | None:
 def rounds_after(data_dir: Path, after: int) -> list[list[float]]:
     """[round, round_seconds, finished at, tokens generated and trained on] of the rounds in
     metrics.jsonl past `after`."""
+    found = []
     try:
-        lines = (data_dir / "metrics.jsonl").read_text().splitlines()
+        with (data_dir / "metrics.jsonl").open() as lines:  # a line at a time: read every sample, for days
+            for line in lines:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line being written
+                if row["round"] > after:
+                    tokens = row.get("generated_tokens", 0) + row.get("augment_tokens", 0) + row.get("update_tokens", 0)
+                    found.append([row["round"], row["round_seconds"], row["time"], tokens])
     except OSError:
         return []
-    found = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written
-        if row["round"] > after:
-            tokens = row.get("generated_tokens", 0) + row.get("augment_tokens", 0) + row.get("update_tokens", 0)
-            found.append([row["round"], row["round_seconds"], row["time"], tokens])
     return found
 
 
@@ -400,11 +400,15 @@ def node_verdicts(meta: dict, node: str, samples: list[dict], after: list[dict])
                              f"file(s), cap {cap / 2**20:.0f} MB; written at {rate / 1024:.0f} KB/h"))
     else:
         found.append(Verdict("log", node, False, f"no rotation cap: {logs / 1024:.0f} KB, growing {rate / 1024:.0f} KB/h without bound"))
+    from sapo.node.daemon.metrics import MAX_METRICS_BYTES
+
     rounds = samples[-1].get("round") or 0
     if rounds:
+        largest = max(s["metrics_bytes"] for s in samples)
         per_round = samples[-1]["metrics_bytes"] / rounds
-        found.append(Verdict("metrics", node, True, f"metrics.jsonl {per_round:.0f} bytes/round, one line per round by design "
-                             f"({per_round * 1e5 / 2**20:.0f} MB per 100,000 rounds)"))
+        found.append(Verdict("metrics", node, largest <= MAX_METRICS_BYTES,
+                             f"metrics.jsonl max {largest / 2**20:.1f} MB, cap {MAX_METRICS_BYTES / 2**20:.0f} MB "
+                             f"(compacted past it); {per_round:.0f} bytes/round so far"))
     found += round_verdicts(meta, node, samples)
     return found
 

@@ -31,7 +31,8 @@ CHECK_SECONDS = 2.0
 ASKS_AT_ONCE = 4
 # A peer that did not answer is asked again after this long.
 RETRY_SECONDS = 60.0
-# Agent strings kept (peers that left included, for the status page), and their length.
+# Agent strings kept (peers that left included, for the status page), and their length. As many
+# failed asks are remembered (with when to ask again); forgetting one only lets it be asked sooner.
 MAX_REMEMBERED = 1024
 MAX_AGENT_CHARS = 128
 
@@ -76,7 +77,7 @@ class PeerAgents:
         self.peers = peers  # the peers connected now
         self.may_ask = may_ask  # not banned, allowed
         self._agents: OrderedDict[str, str] = OrderedDict()
-        self._failed: dict[str, float] = {}
+        self._failed: OrderedDict[str, float] = OrderedDict()  # peer -> when to ask it again
         self._asking: set[str] = set()
 
     def agents(self) -> dict[str, str]:
@@ -92,6 +93,7 @@ class PeerAgents:
                     name = peer.to_base58()
                     if name in self._agents or name in self._asking or now < self._failed.get(name, -1.0):
                         continue
+                    self._failed.pop(name, None)  # its wait is over
                     if self.may_ask(peer):
                         self._asking.add(name)
                         nursery.start_soon(self._ask, peer, limiter)
@@ -106,6 +108,9 @@ class PeerAgents:
             self._asking.discard(name)
         if agent is None:
             self._failed[name] = trio.current_time() + RETRY_SECONDS
+            self._failed.move_to_end(name)
+            while len(self._failed) > MAX_REMEMBERED:  # peers that failed once and left, for months
+                self._failed.popitem(last=False)
             return
         self._failed.pop(name, None)
         self._agents[name] = agent

@@ -155,9 +155,10 @@ def run_over_libp2p(
         raise RuntimeError(f"{config.name} seed {seed}: {failed} node(s) failed; see {run_dir}/node-*/node.log")
     with (run_dir / "raw.jsonl").open("w") as raw:
         for k in range(study.nodes):
-            for line in (run_dir / f"node-{k}" / METRICS_FILE).read_text().splitlines():
-                row = round_row(config, seed, k, base.model.model, RoundRecord.model_validate_json(line))
-                raw.write(json.dumps(row | {"transport": "libp2p"}) + "\n")
+            with (run_dir / f"node-{k}" / METRICS_FILE).open() as lines:  # a line at a time, however long the run
+                for line in lines:
+                    row = round_row(config, seed, k, base.model.model, RoundRecord.model_validate_json(line))
+                    raw.write(json.dumps(row | {"transport": "libp2p"}) + "\n")
     if progress is not None:
         for r in range(1, study.rounds + 1):
             progress(config.name, seed, r, float("nan"))
