@@ -81,7 +81,7 @@ async def run_round(
             heldout = await trio.to_thread.run_sync(node.evaluate)
     seconds = time.perf_counter() - started
     record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
-    node.metrics.append(record)
+    await trio.to_thread.run_sync(node.metrics.append, record)  # fsyncs, and now and then compacts the history
     state = node.next_state(state, plan, record, selection, training_set)
     if node.checkpoint_due(plan.index):
         async with torch_lock:
