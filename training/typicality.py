@@ -46,19 +46,36 @@ def excess_surprise(policy: Policy, groups: list[QuestionGroup], max_tokens: int
     model.eval()
     out: list[list[list[float]]] = []
     for group in groups:
+        if not group.completions:
+            out.append([])
+            continue
         prompt = tokenizer(policy.prompt(group.problem), add_special_tokens=False)["input_ids"]
-        encoded = tokenizer(group.completions, add_special_tokens=False, return_offsets_mapping=True)
+        encoded = tokenizer(group.completions, add_special_tokens=False)["input_ids"]
         rows = []
-        for text, ids, offsets in zip(group.completions, encoded["input_ids"], encoded["offset_mapping"]):
+        for text, ids, answer in zip(group.completions, encoded, answer_tokens(tokenizer, group.completions)):
             ids = encode_completion(tokenizer, text, list(ids), max_tokens)
-            start, end = answer_span(text)
-            counted = [not (s < end and e > start) for s, e in offsets[: len(ids)]]
-            counted += [True] * (len(ids) - len(counted))  # the end-of-sequence token
-            rows.append((ids, counted))
+            rows.append((ids, [i not in answer for i in range(len(ids))]))
         values: list[list[float]] = []
         for first in range(0, len(rows), ROWS_PER_PASS):
             values += _rows_excess(policy, prompt, rows[first : first + ROWS_PER_PASS])
         out.append(values)
+    return out
+
+
+def answer_tokens(tokenizer, texts: list[str]) -> list[range]:
+    """Per text, the positions of the tokens that overlap its answer's content: exactly, from a
+    fast tokenizer's character offsets; else as the tokens between those of the text before the
+    answer and of the text through it (a slow tokenizer has no offsets)."""
+    spans = [answer_span(text) for text in texts]
+    try:
+        offsets = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    except (NotImplementedError, ValueError, TypeError):
+        count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+        return [range(count(t[:a]), count(t[:b])) if b > a else range(0) for t, (a, b) in zip(texts, spans)]
+    out = []
+    for (start, end), marks in zip(spans, offsets):
+        inside = [i for i, (s, e) in enumerate(marks) if s < end and e > start]
+        out.append(range(inside[0], inside[-1] + 1) if inside else range(0))
     return out
 
 

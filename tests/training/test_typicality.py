@@ -102,3 +102,22 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
     assert len(prepared.screen.own) == 8 * len(groups[2:])  # the bar moves with this round's own completions
     # the phrase is in no row the update will see
     assert not any("SAPO" in row.completion for row in prepared.rows.rows)
+
+
+def test_the_answer_tokens_are_found_with_or_without_character_offsets(policy_and_groups):
+    from sapo.training.typicality import answer_tokens
+
+    tokenizer = policy_and_groups[0].tokenizer
+    texts = ["3 + 4 = 7. <answer>7</answer>", "no answer here"]
+    exact = answer_tokens(tokenizer, texts)
+    assert exact[1] == range(0)
+    ids = tokenizer(texts[0], add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids[exact[0].start : exact[0].stop]) == "7"
+
+    class Slow:  # a tokenizer without character offsets, as slow tokenizers are
+        def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+            if return_offsets_mapping:
+                raise NotImplementedError("return_offset_mapping is not available when using Python tokenizers")
+            return tokenizer(text, add_special_tokens=add_special_tokens)
+
+    assert answer_tokens(Slow(), texts) == exact
