@@ -13,9 +13,9 @@ completions that show it: the phrase, or working whose result is not the answer)
 nodes' learning (accuracy). Every `--probe-every` rounds, node 0's screen statistic is measured on
 its honest peers' latest winning completions and on the attackers', for the screen's ROC.
 
-    .venv/bin/python -m bench.poisoning --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
+    .venv/bin/python bench/poisoning.py --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
         --out bench/results/poisoning/after-ooc-1of4
-    .venv/bin/python -m bench.poisoning ... --defences off   # the node before docs/security.md's defences
+    .venv/bin/python bench/poisoning.py ... --defences off   # the node before docs/security.md's defences
 
 Summaries, the plot and the ROC: bench/poisoning_report.py.
 """
@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--round-seconds", type=float, default=0.5, help="the round clock (a default tiny node's round)")
     parser.add_argument("--probe-every", type=int, default=50)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--smoke", action="store_true", help="6 rounds of 2 honest nodes and 1 attacker, then the report")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.honest, args.attackers, args.probe_every = 6, 2, 1, 3
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "command.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1) + "\n")
@@ -192,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     trio.run(run_lockstep, run, args.rounds, None, on_round)
     rows_file.close()
     probes_file.close()
+    if args.smoke:
+        from poisoning_report import summarize, table  # a sibling script, as bench/ scripts import each other
+
+        print(table([summarize(args.out, 3)], 3))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -297,3 +298,17 @@ def test_update_profile_smoke():
     for bucket in ("base linears", "attention", "optimizer", "outside torch ops"):
         assert bucket in done.stdout, done.stdout
     assert "frozen weights with a gradient: 0" in done.stdout
+
+
+def test_poisoning_benchmark_smoke(tmp_path):
+    # Two honest tiny nodes and one attacker for 6 rounds through the real intake, inbox and screen
+    # (about a minute quiet, with the warm start; 285 s at load average 8).
+    done = run_script("poisoning.py", "--attack", "out-of-context", "--out", str(tmp_path / "run"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, _, result = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert "success per 3 rounds" in header and "ROC AUC" in header, header
+    cells = [c.strip() for c in result.split("|")[1:-1]]
+    assert cells[1:5] == ["out-of-context", "1/3", "on", "6"], cells
+    rows = [json.loads(line) for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["completions"] > 0 for r in rows)
+    assert sum(r["from_attackers"] for r in rows) == 0  # no attacking group was trained on
