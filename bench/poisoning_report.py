@@ -88,6 +88,8 @@ def summarize(run: Path, width: int) -> dict:
         "rounds": max(r["round"] for r in rows),
         "success": windows(rows, width, success), "accuracy": windows(rows, width, accuracy),
         "final_success": success([r for r in rows if r["round"] > max(r["round"] for r in rows) - width]),
+        "final_by_node": [success([r for r in rows if r["node"] == n and r["round"] > max(r["round"] for r in rows) - width])
+                          for n in sorted({r["node"] for r in rows})],
         **operating_point(rows), "auc": auc,
         "honest_max": max(honest, default=float("nan")), "attack_min": min(attack, default=float("nan")),
     }
@@ -95,7 +97,7 @@ def summarize(run: Path, width: int) -> dict:
 
 def table(summaries: list[dict], width: int) -> str:
     lines = [
-        f"| run | attack | attackers | defences | rounds | success per {width} rounds | last {width} | "
+        f"| run | attack | attackers | defences | rounds | success per {width} rounds | last {width} (each node) | "
         f"honest accuracy per {width} rounds | external groups a round (from attackers) | attackers' chosen groups "
         "refused | honest chosen groups refused | ROC AUC (honest max / attack min score) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -103,7 +105,8 @@ def table(summaries: list[dict], width: int) -> str:
     for s in summaries:
         lines.append(
             f"| {s['run']} | {s['attack']} | {s['share']} | {s['defences']} | {s['rounds']} | "
-            f"{' '.join(f'{v:.2f}' for v in s['success'])} | **{s['final_success']:.3f}** | "
+            f"{' '.join(f'{v:.2f}' for v in s['success'])} | **{s['final_success']:.3f}** "
+            f"({' '.join(f'{v:.2f}' for v in s['final_by_node'])}) | "
             f"{' '.join(f'{v:.2f}' for v in s['accuracy'])} | {s['external_per_round']:.2f} ({s['attack_trained_per_round']:.2f}) | "
             f"{s['attack_refused']:.3f} of {s['attack_groups_chosen']} | {s['honest_refused']:.3f} of {s['honest_groups_chosen']} | "
             f"{s['auc']:.3f} ({s['honest_max']:.1f} / {s['attack_min']:.1f}) |"

@@ -38,10 +38,13 @@ def answer_span(text: str) -> tuple[int, int]:
 
 
 @torch.no_grad()
-def excess_surprise(policy: Policy, groups: list[QuestionGroup], max_tokens: int) -> list[list[list[float]]]:
+def excess_surprise(
+    policy: Policy, groups: list[QuestionGroup], max_tokens: int, with_entropy: bool = True
+) -> list[list[list[float]]]:
     """Per group, per completion, the excess surprise of each of its tokens outside the answer's
     content, in order, as this node's tokenizer encodes it for training (the same truncation and
-    end-of-sequence token as the update)."""
+    end-of-sequence token as the update). `with_entropy=False` gives the plain surprise,
+    -log p, for bench/screen_roc.py's comparison."""
     model, tokenizer = policy.model, policy.tokenizer
     model.eval()
     out: list[list[list[float]]] = []
@@ -57,7 +60,7 @@ def excess_surprise(policy: Policy, groups: list[QuestionGroup], max_tokens: int
             rows.append((ids, [i not in answer for i in range(len(ids))]))
         values: list[list[float]] = []
         for first in range(0, len(rows), ROWS_PER_PASS):
-            values += _rows_excess(policy, prompt, rows[first : first + ROWS_PER_PASS])
+            values += _rows_excess(policy, prompt, rows[first : first + ROWS_PER_PASS], with_entropy)
         out.append(values)
     return out
 
@@ -79,7 +82,9 @@ def answer_tokens(tokenizer, texts: list[str]) -> list[range]:
     return out
 
 
-def _rows_excess(policy: Policy, prompt: list[int], rows: list[tuple[list[int], list[bool]]]) -> list[list[float]]:
+def _rows_excess(
+    policy: Policy, prompt: list[int], rows: list[tuple[list[int], list[bool]]], with_entropy: bool = True
+) -> list[list[float]]:
     """One pass over completions of one prompt, right-padded: the excess surprise of each row's
     counted tokens."""
     width = max((len(ids) for ids, _ in rows), default=0)
@@ -92,7 +97,7 @@ def _rows_excess(policy: Policy, prompt: list[int], rows: list[tuple[list[int], 
     with policy.autocast():
         logits = policy.model(input_ids=ids, attention_mask=attention, logits_to_keep=width + 1).logits[:, :-1, :]
     logp = torch.log_softmax(logits.float(), dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else torch.zeros(logp.shape[:-1], device=logp.device)
     picked = logp.gather(-1, ids[:, -width:].unsqueeze(-1)).squeeze(-1)
     excess = (-picked - entropy).tolist()
     return [[z for z, keep in zip(excess[i][: len(row)], counted) if keep] for i, (row, counted) in enumerate(rows)]

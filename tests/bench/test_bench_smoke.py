@@ -312,3 +312,13 @@ def test_poisoning_benchmark_smoke(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and all(r["completions"] > 0 for r in rows)
     assert sum(r["from_attackers"] for r in rows) == 0  # no attacking group was trained on
+
+
+def test_screen_roc_smoke(tmp_path):
+    # A briefly warm-started tiny model: its own completions set the bar, a peer's rewritten with a phrase stand above it.
+    done = run_script("screen_roc.py", "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "roc.json"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "roc.json").read_text())
+    assert set(result["statistics"]) == {"excess, worst 4", "excess, worst 16", "excess, whole", "NLL, worst 16"}
+    assert result["counts"]["out-of-context"] > 0 and result["refused_at_bar"]["out-of-context"] == 1.0
+    assert result["refused_at_bar"]["honest peer"] == 0.0
