@@ -189,6 +189,7 @@ class Node:
         when it augments (both run the policy: call it where torch may run). Authors of refused
         groups lose standing."""
         external, refused, reference = selection.external, [], state.screen
+        started = time.perf_counter()
         if self.trust.screen == "typicality" and external:
             limit = self.training.max_new_tokens
             verdict = screen(
@@ -196,15 +197,16 @@ class Node:
                 excess_surprise(self.policy, generation.groups, limit), reference, self.trust,
             )
             external, refused, reference = verdict.kept, verdict.refused, verdict.reference
-            for group in refused:
-                if self.inbox.standing is not None:
+            if self.inbox.standing is not None:
+                for group in refused:
                     self.inbox.standing.strike(group.origin)
+        screen_seconds = time.perf_counter() - started
         own = self.own_completions(plan, external, self.use.augment_external)
         prepared = training_set(
             generation.groups, external, self.use, self.policy.tokenizer_fingerprint,
             own=own.groups if own else None, augment_tokens=own.new_tokens if own else 0,
         )
-        return replace(prepared, refused=refused, screen=reference)
+        return replace(prepared, refused=refused, screen=reference, screen_seconds=screen_seconds)
 
     def own_completions(self, plan: RoundPlan, external: list[QuestionGroup], count: int) -> GenerationResult | None:
         """`count` completions of this node's own for each external question, or None."""
@@ -269,6 +271,7 @@ class Node:
             external_groups=len(training.external),
             external_reward_mean=sum(external) / len(external) if external else None,
             screened_out=len(training.refused),
+            screen_seconds=training.screen_seconds,
             inbox_size=len(self.inbox),
             received=self.counters.received,
             accepted=self.counters.accepted,
