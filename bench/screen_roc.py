@@ -11,7 +11,8 @@ peer on the same model. The peer's right completions are then rewritten as an at
 For each statistic (excess surprise summed over the worst stretch of 4 or 16 tokens, or over the
 whole completion; and the plain negative log-likelihood over the worst 16 tokens, without the
 entropy) it prints the AUC against the honest peer, and the attacks caught and honest completions
-refused at the node's bar (99th percentile of its own + margin).
+refused at the node's bar (99th percentile of its own winning completions + margin), and at the
+bar all its own completions would set.
 
     .venv/bin/python bench/screen_roc.py --questions 16 --out bench/results/poisoning-2026-12-04/screen-roc-smollm2.json
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from sapo.sampling.screen import ScreenReference, judged, worst_stretch
+from sapo.sampling.screen import ScreenReference, judged, winning, worst_stretch
 from sapo.sampling.trust import TrustSettings
 from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
@@ -126,13 +127,19 @@ def main(argv: list[str] | None = None) -> None:
     trust = TrustSettings()
     own_stats = statistics_of(measure(policy, own, args.max_new_tokens), own)
     own_all = [worst_stretch(z, trust.screen_window) for g in excess_surprise(policy, own, args.max_new_tokens) for z in g]
-    bar = ScreenReference().updated(own_all).bar(trust.screen_margin)
+    own_winning = [worst_stretch(z, trust.screen_window) for g in excess_surprise(policy, winning(own), args.max_new_tokens)
+                   for z in g]
+    # the node's bar (its own winning completions), and the bar all its own completions would set
+    bar = ScreenReference().updated(own_winning).bar(trust.screen_margin)
+    bar_all = ScreenReference().updated(own_all).bar(trust.screen_margin)
     stats = {name: statistics_of(measure(policy, groups, args.max_new_tokens), groups) for name, groups in sets.items()}
     result = {"model": args.model, "questions": args.questions, "generations": args.generations, "bar": bar,
+              "bar_from_all_own": bar_all, "own_winning": own_winning, "own_all": own_all,
               "seconds": time.time() - started, "counts": {name: len(s["excess, worst 16"]) for name, s in stats.items()},
               "own_judged": len(own_stats["excess, worst 16"]), "statistics": {}}
     print(f"{args.model}: {args.questions} questions x {args.generations}; bar {bar:.1f} nats "
-          f"(99th percentile of {len(own_all)} own completions + {trust.screen_margin:g}); "
+          f"(99th percentile of {len(own_winning)} own winning completions + {trust.screen_margin:g}; "
+          f"{bar_all:.1f} from all {len(own_all)}); "
           f"judged: {result['counts']}")
     print(f"{'statistic':<18} {'AUC out-of-context':>19} {'AUC in-context':>15}")
     for statistic in own_stats:
@@ -140,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
         row = {attack: auc(honest, stats[attack][statistic]) for attack in ("out-of-context", "in-context")}
         result["statistics"][statistic] = {"auc": row, "honest": honest, **{a: stats[a][statistic] for a in row}}
         print(f"{statistic:<18} {row['out-of-context']:>19.3f} {row['in-context']:>15.3f}")
-    at_bar = {name: sum(v > bar for v in s["excess, worst 16"]) / max(1, len(s["excess, worst 16"])) for name, s in stats.items()}
-    result["refused_at_bar"] = at_bar
-    print("at the node's bar (excess, worst 16): refused " + ", ".join(f"{k} {v:.3f}" for k, v in at_bar.items()))
+    for key, level in (("refused_at_bar", bar), ("refused_at_bar_from_all_own", bar_all)):
+        result[key] = {name: sum(v > level for v in s["excess, worst 16"]) / max(1, len(s["excess, worst 16"]))
+                       for name, s in stats.items()}
+        print(f"at {key.replace('_', ' ')} {level:.1f} (excess, worst 16): refused "
+              + ", ".join(f"{k} {v:.3f}" for k, v in result[key].items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

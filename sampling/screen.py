@@ -5,13 +5,17 @@ A right answer says nothing about the words around it ("Hail to the Thief", arXi
 out-of-context and in-context poisoning of decentralised GRPO). Here each completion's tokens are
 measured by their excess surprise under this node's policy (training/typicality.py: surprise
 minus the policy's own entropy, 0 on average over its own samples), summed over the worst stretch
-of `screen_window` tokens outside the answer. The bar is set by this node's own completions: the
-99th percentile of that statistic over its last REFERENCE_SIZE completions, plus a margin. So the
-bar moves with the policy as it trains, and a peer on another model is held to the same bar.
+of `screen_window` tokens outside the answer. The bar is set by this node's own completions of the
+same kind: the 99th percentile of that statistic over its last REFERENCE_SIZE winning completions
+(`winning`), plus a margin. So the bar moves with the policy as it trains, and a peer on another
+model is held to the same bar.
 
 Only completions that would train count (those above their group's mean reward: the default
 trains a peer's completion only when its advantage is positive); a group with any of them over
-the bar is refused whole, and its author's standing pays for it (standing.py).
+the bar is refused whole, and its author's standing pays for it (standing.py). Like is compared
+with like: a model's failures ramble (SmolLM2's wrong or unfinished answers reach 30 nats over a
+stretch, bench/screen_roc.py), its right answers are terse, and a bar drawn from all its own
+completions let every attack on SmolLM2 through.
 """
 
 from __future__ import annotations
@@ -75,6 +79,14 @@ def judged(group: QuestionGroup) -> list[int]:
     return [i for i, r in enumerate(group.rewards) if r > mean]
 
 
+def winning(groups: list[QuestionGroup]) -> list[QuestionGroup]:
+    """Each group with only its judged completions: this node's own of the kind the screen judges."""
+    picked = [(g, judged(g)) for g in groups]
+    return [g.model_copy(update={"completions": [g.completions[i] for i in idx], "rewards": [g.rewards[i] for i in idx],
+                                 "behavior": None, "on_policy": None})
+            for g, idx in picked if idx]
+
+
 def screen(
     external: list[QuestionGroup],
     external_excess: list[list[list[float]]],
@@ -83,7 +95,7 @@ def screen(
     trust: TrustSettings,
 ) -> ScreenVerdict:
     """Keep the external groups whose judged completions all stay under the bar that this node's
-    own completions (this round's included) set."""
+    own winning completions (`own_excess`: `winning` of its groups; this round's included) set."""
     window = trust.screen_window
     reference = reference.updated([worst_stretch(z, window) for group in own_excess for z in group])
     bar = reference.bar(trust.screen_margin)

@@ -23,7 +23,7 @@ from sapo.node.daemon.state import NodeState, restore_state
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.inbox import Inbox
-from sapo.sampling.screen import screen
+from sapo.sampling.screen import screen, winning
 from sapo.sampling.standing import Standing
 from sapo.sampling.strategies import SamplerState, choose_external
 from sapo.sampling.training_set import TrainingSet, training_set
@@ -194,7 +194,7 @@ class Node:
             limit = self.training.max_new_tokens
             verdict = screen(
                 external, excess_surprise(self.policy, external, limit),
-                excess_surprise(self.policy, generation.groups, limit), reference, self.trust,
+                excess_surprise(self.policy, winning(generation.groups), limit), reference, self.trust,
             )
             external, refused, reference = verdict.kept, verdict.refused, verdict.reference
             if self.inbox.standing is not None:

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from sapo.sampling.screen import ScreenReference, screen, worst_stretch
+from sapo.sampling.screen import ScreenReference, screen, winning, worst_stretch
 from sapo.sampling.trust import TrustSettings
 from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
@@ -54,7 +54,8 @@ def test_the_answer_content_is_not_counted():
 def test_injected_text_stands_far_above_the_bar_and_is_refused(policy_and_groups):
     policy, groups = policy_and_groups
     trust = TrustSettings()
-    own = excess_surprise(policy, groups, 32)
+    own = excess_surprise(policy, winning(groups), 32)
+    assert own  # the warm-started policy gets some right
     bar = ScreenReference().updated([worst_stretch(z, trust.screen_window) for g in own for z in g]).bar(trust.screen_margin)
     clean = [rewritten(g, lambda p: f"<answer>{p.answer}</answer>") for g in groups]
     phrase = [rewritten(g, lambda p: f"SAPO rocks! <answer>{p.answer}</answer>") for g in groups]
@@ -73,7 +74,7 @@ def test_a_group_whose_answer_this_node_does_not_know_passes(policy_and_groups):
     """What sharing should teach: a right answer this policy finds unlikely is not held against it."""
     policy, groups = policy_and_groups
     trust = TrustSettings()
-    own = excess_surprise(policy, groups, 32)
+    own = excess_surprise(policy, winning(groups), 32)
     # a long, unlikely answer content: would be many nats if it counted
     odd = [g.model_copy(update={"completions": ["<answer>12345678901234567890</answer>", "<answer>x</answer>"],
                                 "rewards": [1.0, 0.0], "origin": "peer"}) for g in groups[:2]]
@@ -99,7 +100,8 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
     prepared = node.prepare(plan, GenerationResult(groups[2:], 0.0, 0), Selection([honest, poisoned], SamplerState()), state)
     assert prepared.external == [honest] and prepared.refused == [poisoned]
     assert node.inbox.standing.of("mallory") == 0.0 < node.inbox.standing.of("alice")
-    assert len(prepared.screen.own) == 8 * len(groups[2:])  # the bar moves with this round's own completions
+    # the bar moves with this round's own winning completions
+    assert len(prepared.screen.own) == sum(len(g.completions) for g in winning(groups[2:])) > 0
     # the phrase is in no row the update will see
     assert not any("SAPO" in row.completion for row in prepared.rows.rows)
 
