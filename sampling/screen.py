@@ -10,9 +10,13 @@ same kind: the 99th percentile of that statistic over its last REFERENCE_SIZE wi
 (`winning`), plus a margin. So the bar moves with the policy as it trains, and a peer on another
 model is held to the same bar.
 
-Only completions that would train count (those above their group's mean reward: the default
-trains a peer's completion only when its advantage is positive); a group with any of them over
-the bar is refused whole, and its author's standing pays for it (standing.py). Like is compared
+Only completions that would train are judged (those above their group's mean reward: the
+default trains a peer's completion only when its advantage is positive). One over the bar is
+dropped from its group; a group whose every judged completion is over it is refused whole, and
+its author's standing pays for it (standing.py). So an attacker who slips its text into one
+right answer of a group loses that answer, and one who writes it into all of them loses the
+group and its standing, while an honest peer's rare stray completion costs it one row, not its
+group (make run's SmolLM2 peers: 10 of 73 groups refused when any one completion refused its group). Like is compared
 with like: a model's failures ramble (SmolLM2's wrong or unfinished answers reach 30 nats over a
 stretch, bench/screen_roc.py), its right answers are terse, and a bar drawn from all its own
 completions let every attack on SmolLM2 through.
@@ -66,11 +70,12 @@ class ScreenReference(BaseModel):
 
 @dataclass(frozen=True)
 class ScreenVerdict:
-    kept: list[QuestionGroup]
-    refused: list[QuestionGroup]
+    kept: list[QuestionGroup]  # less the completions over the bar
+    refused: list[QuestionGroup]  # every judged completion over the bar
     reference: ScreenReference  # with this round's own completions
     bar: float
     scores: list[float]  # the statistic of every judged external completion, in order
+    dropped: int = 0  # completions over the bar in groups that were kept
 
 
 def judged(group: QuestionGroup) -> list[int]:
@@ -84,24 +89,47 @@ def winning(groups: list[QuestionGroup]) -> list[QuestionGroup]:
     picked = [(g, judged(g)) for g in groups]
     return [g.model_copy(update={"completions": [g.completions[i] for i in idx], "rewards": [g.rewards[i] for i in idx],
                                  "behavior": None, "on_policy": None})
-            for g, idx in picked if idx]
+            for g, idx in picked]
+
+
+def without(group: QuestionGroup, drop: list[int]) -> QuestionGroup:
+    """The group less the completions at `drop`."""
+    if not drop:
+        return group
+    keep = [i for i in range(len(group.completions)) if i not in set(drop)]
+    behavior = group.behavior
+    if behavior is not None:
+        behavior = behavior.model_copy(update={"token_logprobs": [behavior.token_logprobs[i] for i in keep]})
+    on_policy = group.on_policy_rows()
+    return group.model_copy(update={
+        "completions": [group.completions[i] for i in keep], "rewards": [group.rewards[i] for i in keep],
+        "on_policy": [on_policy[i] for i in keep] if group.on_policy is not None else None, "behavior": behavior,
+    })
 
 
 def screen(
     external: list[QuestionGroup],
-    external_excess: list[list[list[float]]],
+    judged_excess: list[list[list[float]]],
     own_excess: list[list[list[float]]],
     reference: ScreenReference,
     trust: TrustSettings,
 ) -> ScreenVerdict:
-    """Keep the external groups whose judged completions all stay under the bar that this node's
-    own winning completions (`own_excess`: `winning` of its groups; this round's included) set."""
+    """Screen the external groups by their judged completions (`judged_excess`: the excess
+    surprise of each group's `judged` completions, in order; `winning` of the groups measures
+    just those) against the bar that this node's own winning completions (`own_excess`; this
+    round's included) set."""
     window = trust.screen_window
     reference = reference.updated([worst_stretch(z, window) for group in own_excess for z in group])
     bar = reference.bar(trust.screen_margin)
-    kept, refused, scores = [], [], []
-    for group, excess in zip(external, external_excess, strict=True):
-        worst = [worst_stretch(excess[i], window) for i in judged(group)]
+    kept, refused, scores, dropped = [], [], [], 0
+    for group, excess in zip(external, judged_excess, strict=True):
+        winners = judged(group)
+        worst = [worst_stretch(z, window) for z in excess]
         scores += worst
-        (refused if any(s > bar for s in worst) else kept).append(group)
-    return ScreenVerdict(kept, refused, reference, bar, scores)
+        over = [i for i, score in zip(winners, worst, strict=True) if score > bar]
+        if over and len(over) == len(winners):
+            refused.append(group)
+        else:
+            kept.append(without(group, over))
+            dropped += len(over)
+    return ScreenVerdict(kept, refused, reference, bar, scores, dropped)

@@ -38,6 +38,7 @@ class TrainingSet:
     rows: TrainingRows
     augment_tokens: int = 0  # tokens this node generated for external questions (--augment-external)
     refused: list[QuestionGroup] = field(default_factory=list)  # chosen, then refused by the screen
+    screened_completions: int = 0  # completions the screen dropped from groups it kept
     screen: ScreenReference | None = None  # the screen's reference after this round, when it ran
     screen_seconds: float = 0.0  # what screening the external groups took
 

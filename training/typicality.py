@@ -20,13 +20,14 @@ import re
 
 import torch
 
+from sapo.training.hf_cache import CACHE
 from sapo.training.policy import Policy
 from sapo.training.update import encode_completion
 from sapo.training.rollouts import QuestionGroup
 
 # Rows per forward pass: the full next-token distribution is kept for every position, so a pass
-# holds rows x completion length x vocabulary floats (SmolLM2: 4 x 128 x 49k x 4 B = 100 MB).
-ROWS_PER_PASS = 4
+# holds rows x completion length x vocabulary floats (SmolLM2: 8 x 128 x 49k x 4 B = 200 MB).
+ROWS_PER_PASS = 8
 
 _ANSWER_CONTENT = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -85,19 +86,28 @@ def answer_tokens(tokenizer, texts: list[str]) -> list[range]:
 def _rows_excess(
     policy: Policy, prompt: list[int], rows: list[tuple[list[int], list[bool]]], with_entropy: bool = True
 ) -> list[list[float]]:
-    """One pass over completions of one prompt, right-padded: the excess surprise of each row's
-    counted tokens."""
+    """One pass over completions of one prompt: the excess surprise of each row's counted tokens.
+
+    The prompt runs once and its keys and values are repeated for every row (as the update's
+    shared-prompt pass does): a question's prompt is most of what its short answers are read
+    with (SmolLM2's one-shot prompt is about 100 tokens, make run's answers about 20). In fp32,
+    as the model's own weights are: bf16 autocast would cast every weight again on every call."""
     width = max((len(ids) for ids, _ in rows), default=0)
     if width == 0:
         return [[] for _ in rows]
-    pad = policy.tokenizer.pad_token_id
-    ids = torch.tensor([prompt + row + [pad] * (width - len(row)) for row, _ in rows], device=policy.device)
-    attention = torch.tensor([[1] * (len(prompt) + len(row)) + [0] * (width - len(row)) for row, _ in rows],
-                             device=policy.device)
-    with policy.autocast():
-        logits = policy.model(input_ids=ids, attention_mask=attention, logits_to_keep=width + 1).logits[:, :-1, :]
+    device, pad = policy.device, policy.tokenizer.pad_token_id
+    completions = torch.tensor([row + [pad] * (width - len(row)) for row, _ in rows], device=device)
+    first = policy.model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
+    cache = getattr(first, CACHE)
+    cache.batch_repeat_interleave(len(rows))
+    # padding sits after each completion, so causal attention keeps it out of the real tokens
+    attention = torch.ones((len(rows), len(prompt) + width), dtype=torch.long, device=device)
+    positions = torch.arange(len(prompt), len(prompt) + width, device=device).expand(len(rows), width)
+    tail = policy.model(input_ids=completions, attention_mask=attention, position_ids=positions, use_cache=True,
+                        **{CACHE: cache})
+    logits = torch.cat([first.logits[:, -1:, :].expand(len(rows), 1, -1), tail.logits[:, :-1, :]], dim=1)
     logp = torch.log_softmax(logits.float(), dim=-1)
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else torch.zeros(logp.shape[:-1], device=logp.device)
-    picked = logp.gather(-1, ids[:, -width:].unsqueeze(-1)).squeeze(-1)
+    picked = logp.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
     excess = (-picked - entropy).tolist()
     return [[z for z, keep in zip(excess[i][: len(row)], counted) if keep] for i, (row, counted) in enumerate(rows)]

@@ -188,15 +188,15 @@ class Node:
         with the node's `ExternalUse` applied, and its own completions for each external question
         when it augments (both run the policy: call it where torch may run). Authors of refused
         groups lose standing."""
-        external, refused, reference = selection.external, [], state.screen
+        external, refused, reference, dropped = selection.external, [], state.screen, 0
         started = time.perf_counter()
         if self.trust.screen == "typicality" and external:
             limit = self.training.max_new_tokens
             verdict = screen(
-                external, excess_surprise(self.policy, external, limit),
+                external, excess_surprise(self.policy, winning(external), limit),
                 excess_surprise(self.policy, winning(generation.groups), limit), reference, self.trust,
             )
-            external, refused, reference = verdict.kept, verdict.refused, verdict.reference
+            external, refused, reference, dropped = verdict.kept, verdict.refused, verdict.reference, verdict.dropped
             if self.inbox.standing is not None:
                 for group in refused:
                     self.inbox.standing.strike(group.origin)
@@ -206,7 +206,7 @@ class Node:
             generation.groups, external, self.use, self.policy.tokenizer_fingerprint,
             own=own.groups if own else None, augment_tokens=own.new_tokens if own else 0,
         )
-        return replace(prepared, refused=refused, screen=reference, screen_seconds=screen_seconds)
+        return replace(prepared, refused=refused, screened_completions=dropped, screen=reference, screen_seconds=screen_seconds)
 
     def own_completions(self, plan: RoundPlan, external: list[QuestionGroup], count: int) -> GenerationResult | None:
         """`count` completions of this node's own for each external question, or None."""
@@ -271,6 +271,7 @@ class Node:
             external_groups=len(training.external),
             external_reward_mean=sum(external) / len(external) if external else None,
             screened_out=len(training.refused),
+            screened_completions=training.screened_completions,
             screen_seconds=training.screen_seconds,
             inbox_size=len(self.inbox),
             received=self.counters.received,

@@ -62,12 +62,28 @@ def test_injected_text_stands_far_above_the_bar_and_is_refused(policy_and_groups
     working = [rewritten(g, lambda p: f"{p.question.removeprefix('Calculate').strip(' .')} = {int(p.answer) + 1}. "
                          f"<answer>{p.answer}</answer>") for g in groups]
     candidates = clean + phrase + working
-    verdict = screen(candidates, excess_surprise(policy, candidates, 32), own, ScreenReference(), trust)
+    verdict = screen(candidates, excess_surprise(policy, winning(candidates), 32), own, ScreenReference(), trust)
     assert verdict.bar == pytest.approx(bar)
     assert verdict.kept == clean
     assert verdict.refused == phrase + working
     scores = verdict.scores  # 4 judged (right) completions a group, in order
     assert max(scores[: 4 * len(clean)]) < bar < min(scores[4 * len(clean):]) - 10
+
+
+def test_one_poisoned_answer_is_dropped_from_its_group_and_the_rest_train(policy_and_groups):
+    """An attacker who slips its text into one right answer loses that answer; the group's other
+    right answers still train, and its author is not struck for a stray completion."""
+    policy, groups = policy_and_groups
+    trust = TrustSettings()
+    own = excess_surprise(policy, winning(groups), 32)
+    group = rewritten(groups[0], lambda p: f"<answer>{p.answer}</answer>")
+    texts = list(group.completions)
+    texts[1] = f"SAPO rocks! <answer>{group.problem.answer}</answer>"
+    group = group.model_copy(update={"completions": texts})
+    verdict = screen([group], excess_surprise(policy, winning([group]), 32), own, ScreenReference(), trust)
+    assert verdict.refused == [] and verdict.dropped == 1
+    [kept] = verdict.kept
+    assert kept.completions == [texts[0], *texts[2:]] and kept.rewards == [group.rewards[0], *group.rewards[2:]]
 
 
 def test_a_group_whose_answer_this_node_does_not_know_passes(policy_and_groups):
@@ -78,7 +94,7 @@ def test_a_group_whose_answer_this_node_does_not_know_passes(policy_and_groups):
     # a long, unlikely answer content: would be many nats if it counted
     odd = [g.model_copy(update={"completions": ["<answer>12345678901234567890</answer>", "<answer>x</answer>"],
                                 "rewards": [1.0, 0.0], "origin": "peer"}) for g in groups[:2]]
-    verdict = screen(odd, excess_surprise(policy, odd, 32), own, ScreenReference(), trust)
+    verdict = screen(odd, excess_surprise(policy, winning(odd), 32), own, ScreenReference(), trust)
     assert verdict.kept == odd
 
 
