@@ -131,11 +131,12 @@ def plot(runs: list[Path], summaries: list[dict], width: int, out: Path) -> None
             xs = list(range(step, s["rounds"] + 1, step))
             ys = [success([r for r in rows if x - step < r["round"] <= x]) for x in xs]
             style = "-" if s["defences"] == "on" else "--"
-            ax.plot(xs, ys, style, label=f"{s['share']} attackers, defences {s['defences']}")
+            colour = {"1/8": "tab:green", "1/4": "tab:blue", "2/4": "tab:red"}.get(s["share"], "tab:grey")
+            ax.plot(xs, ys, style, color=colour, label=f"{s['share']} attackers, defences {s['defences']}")
         ax.axhline(0.05, color="grey", lw=0.8, ls=":")
         ax.set_title(f"{attack} attack")
         ax.set_xlabel("round")
-        ax.set_ylabel("share of honest nodes' completions showing the attack")
+        ax.set_ylabel("attack success (share of own completions)")
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=8)
     fig.tight_layout()
