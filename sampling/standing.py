@@ -89,15 +89,18 @@ class Standing:
     def of(self, author: str) -> float:
         """Standing in [0, 1]."""
         with self._lock:
-            record = self._records.get(author)
-        return 0.0 if record is None else min(1.0, record.earned / self.ramp_seconds)
+            record = self._records.get(author) or _Record()
+        return self._standing(record)
+
+    def _standing(self, record: _Record) -> float:
+        return min(1.0, record.earned / self.ramp_seconds)
 
     def weights(self, authors: Iterable[str]) -> dict[str, float]:
         """Each author's weight among `authors`: its standing plus its share of the newcomers'
         budget, shared with the authors seen in its network address group."""
         with self._lock:
             known = {a: self._records.get(a) or _Record() for a in set(authors)}
-        standing = {a: min(1.0, r.earned / self.ramp_seconds) for a, r in known.items()}
+        standing = {a: self._standing(r) for a, r in known.items()}
         newcomers = sum(1 for s in standing.values() if s < 1.0)
         alone = {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}
         places: dict[str, list[str]] = {}

@@ -20,9 +20,8 @@ import re
 
 import torch
 
-from sapo.training.hf_cache import CACHE
 from sapo.training.policy import Policy
-from sapo.training.update import encode_completion
+from sapo.training.update import encode_completion, shared_prompt_logits
 from sapo.training.rollouts import QuestionGroup
 
 # Rows per forward pass: the full next-token distribution is kept for every position, so a pass
@@ -95,18 +94,10 @@ def _rows_excess(
     width = max((len(ids) for ids, _ in rows), default=0)
     if width == 0:
         return [[] for _ in rows]
-    device, pad = policy.device, policy.tokenizer.pad_token_id
-    completions = torch.tensor([row + [pad] * (width - len(row)) for row, _ in rows], device=device)
-    first = policy.model(input_ids=torch.tensor([prompt], device=device), use_cache=True, logits_to_keep=1)
-    cache = getattr(first, CACHE)
-    cache.batch_repeat_interleave(len(rows))
-    # padding sits after each completion, so causal attention keeps it out of the real tokens
-    attention = torch.ones((len(rows), len(prompt) + width), dtype=torch.long, device=device)
-    positions = torch.arange(len(prompt), len(prompt) + width, device=device).expand(len(rows), width)
-    tail = policy.model(input_ids=completions, attention_mask=attention, position_ids=positions, use_cache=True,
-                        **{CACHE: cache})
-    logits = torch.cat([first.logits[:, -1:, :].expand(len(rows), 1, -1), tail.logits[:, :-1, :]], dim=1)
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    pad = policy.tokenizer.pad_token_id
+    completions = torch.tensor([row + [pad] * (width - len(row)) for row, _ in rows], device=policy.device)
+    logits = shared_prompt_logits(policy.model, prompt, completions)
+    logp = torch.log_softmax(logits, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else torch.zeros(logp.shape[:-1], device=logp.device)
     picked = logp.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
     excess = (-picked - entropy).tolist()

@@ -181,6 +181,14 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) 
     its cost (and its backward) is paid once instead of once per sample. The gradient is the
     same: each row's attention reads the same prompt activations, and their gradients add up.
     """
+    logits = shared_prompt_logits(model, prompt, completions)
+    picked = logits.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def shared_prompt_logits(model, prompt: list[int], completions: torch.Tensor) -> torch.Tensor:
+    """The fp32 logits that predict each completion token, [rows, width, vocabulary], for rows
+    that share one prompt, run once (`shared_prompt_logprobs`, the screen's training/typicality.py)."""
     device = completions.device
     rows, width = completions.shape
     prompt_ids = torch.tensor([prompt], device=device)
@@ -192,9 +200,7 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) 
     # Padding sits after each completion, so causal attention keeps it out of the real tokens.
     tail = model(input_ids=completions, attention_mask=attention, position_ids=positions, use_cache=True,
                  **{CACHE: cache})
-    logits = torch.cat([out.logits[:, -1:, :].expand(rows, 1, -1), tail.logits[:, :-1, :]], dim=1).float()
-    picked = logits.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    return torch.cat([out.logits[:, -1:, :].expand(rows, 1, -1), tail.logits[:, :-1, :]], dim=1).float()
 
 
 def settle_old_logprobs(
