@@ -4,7 +4,7 @@ stays a page for the person who runs a node, and every committed study is writte
 
 from __future__ import annotations
 
-import os
+import subprocess
 import re
 import unicodedata
 from pathlib import Path
@@ -24,16 +24,13 @@ SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//")
 
 
 def markdown_files(root: Path) -> list[Path]:
-    """Every Markdown file of the tree, leaving out hidden folders, virtual environments
-    (bench/peers/ holds three) and build leftovers, which are not the project's documents."""
-    found = []
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(
-            name for name in subfolders
-            if not name.startswith(".") and name not in ("__pycache__", "node_modules")
-            and not name.endswith(".egg-info") and not (Path(folder, name) / "pyvenv.cfg").exists())
-        found += [Path(folder, name) for name in sorted(files) if name.endswith(".md")]
-    return found
+    """Every Markdown file git would keep (tracked, or new and not ignored): hidden folders,
+    virtual environments (bench/peers/ holds three) and build leftovers (a non-editable
+    install's build/lib/ copies of our READMEs) are not the project's documents."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "*.md"],
+        cwd=root, check=True, capture_output=True, text=True).stdout
+    return sorted(root / name for name in set(listed.split("\0")) if name and (root / name).exists())
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
@@ -128,6 +125,10 @@ def test_every_relative_link_resolves():
 
 
 def test_the_link_check_finds_what_is_broken(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("build/\n")
+    (tmp_path / "build" / "lib").mkdir(parents=True)  # an install's leftover copy: not checked
+    (tmp_path / "build" / "lib" / "README.md").write_text("[gone](../docs/missing.md)\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "guide.md").write_text(
         "# The guide\n\n## Two `words` & more\n\n## Two words & more\n\nSetext title\n---\n")
