@@ -19,7 +19,7 @@ allocator's high-water mark once):
 - data dir: checkpoints, status and identity within (keep_checkpoints + 1) x the largest
   checkpoint (+1: a new one is written before the oldest goes) + 1 MiB; the node.log family
   within the swarm's rotation cap; metrics.jsonl within its compaction cap (64 MiB,
-  node/daemon/metrics.py), with its bytes per round reported;
+  node/core/metrics.py), with its bytes per round reported;
 - round time: the median round_seconds of the last quarter of the run within 25 % of the
   second quarter's (a leak that slows rounds down shows as a steady climb, and the plot shows
   it); and the CPU time per token generated or trained on, the same way: on a shared machine
@@ -400,7 +400,7 @@ def node_verdicts(meta: dict, node: str, samples: list[dict], after: list[dict])
                              f"file(s), cap {cap / 2**20:.0f} MB; written at {rate / 1024:.0f} KB/h"))
     else:
         found.append(Verdict("log", node, False, f"no rotation cap: {logs / 1024:.0f} KB, growing {rate / 1024:.0f} KB/h without bound"))
-    from sapo.node.daemon.metrics import MAX_METRICS_BYTES
+    from sapo.node.core.metrics import MAX_METRICS_BYTES
 
     rounds = samples[-1].get("round") or 0
     if rounds:
@@ -512,14 +512,14 @@ def report(out: Path, every: float, warmup_minutes: float | None = None) -> int:
 
 
 def keep_checkpoints(node_args: list[str]) -> int:
-    from sapo.node.daemon.cli import node_settings_from_flags
+    from sapo.node.core.flags import node_settings_from_flags
 
     return node_settings_from_flags(node_args).run.keep_checkpoints
 
 
 def log_cap_bytes() -> int | None:
     """What the swarm's node.log rotation keeps at most, if this version rotates it."""
-    from sapo.node.daemon import swarm
+    from sapo.node import swarm
 
     cap, backups = getattr(swarm, "NODE_LOG_MAX_BYTES", None), getattr(swarm, "NODE_LOG_BACKUPS", 0)
     return cap * (backups + 1) if cap else None

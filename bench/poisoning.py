@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 import trio
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.memory_exchange import MemoryExchange, MemoryHub
-from sapo.node.daemon.node import Node
-from sapo.node.daemon.round import RoundResult
-from sapo.node.daemon.settings import NodeSettings, load_settings
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
+from sapo.node.core.node import Node
+from sapo.node.core.round import RoundResult
+from sapo.node.core.settings import NodeSettings, load_settings
 from sapo.node.study.nodes import Learner, RoundClock, StudyRun, peer_id_for
 from sapo.node.study.runs import run_lockstep
 from sapo.sampling.screen import judged, worst_stretch

@@ -148,8 +148,8 @@ class SignalForcingVerifier:
 
 def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier):
     """A node alone, with the bench's round: Q local questions, no external groups, no checkpoints."""
-    from sapo.node.daemon.node import Node
-    from sapo.node.daemon.settings import load_settings
+    from sapo.node.core.node import Node
+    from sapo.node.core.settings import load_settings
     from sapo.node.study.nodes import peer_id_for
 
     settings = load_settings({
@@ -169,9 +169,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
     import torch
     import trio
 
-    from sapo.node.daemon.counters import NodeCounters
-    from sapo.node.daemon.memory_exchange import MemoryHub
-    from sapo.node.daemon.round import run_round
+    from sapo.node.core.counters import NodeCounters
+    from sapo.node.core.memory_exchange import MemoryHub
+    from sapo.node.core.round import run_round
     from sapo.training.grpo import has_signal
 
     import peft  # noqa: F401 - imported here so that load time is loading, not importing

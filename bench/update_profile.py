@@ -79,9 +79,9 @@ def round_rows(args: argparse.Namespace):
     """The node and its first round's training rows, generated as bench/round.py's round does."""
     import trio
 
-    from sapo.node.daemon.counters import NodeCounters
-    from sapo.node.daemon.memory_exchange import MemoryHub
-    from sapo.node.daemon.round import run_round
+    from sapo.node.core.counters import NodeCounters
+    from sapo.node.core.memory_exchange import MemoryHub
+    from sapo.node.core.round import run_round
     from sapo.training.devices import configure_torch_threads
 
     from round import SignalForcingVerifier

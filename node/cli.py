@@ -10,7 +10,7 @@ from typing import Sequence
 from pydantic import ValidationError
 
 from sapo.node.daemon import cli as daemon_cli
-from sapo.node.daemon.settings import SettingsError, explain
+from sapo.node.core.settings import SettingsError, explain
 from sapo.node.judge import cli as judge_cli
 from sapo.node.study import cli as study_cli
 

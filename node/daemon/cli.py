@@ -10,73 +10,10 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import sys
-import typing
 from pathlib import Path
-from typing import Any
 
-from sapo.node.daemon.settings import CONCERNS, NodeSettings, field_owner, load_settings, parse_text_value, settings_groups
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per settings field, help text from the field's description and default, in the
-    groups of `settings_groups` (the everyday settings first)."""
-    parser.add_argument("--config", type=Path, help="TOML file of settings (lowest precedence after defaults)")
-    owner = field_owner()
-    for title, names in settings_groups():
-        group = parser.add_argument_group(title)
-        for name in names:
-            info = CONCERNS[owner[name]].model_fields[name]
-            default = info.get_default(call_default_factory=True)
-            help_text = f"{info.description} (default: {default!s})"
-            if info.annotation is bool:
-                group.add_argument(
-                    flag(name), dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
-                )
-            elif typing.get_origin(info.annotation) is list:
-                group.add_argument(flag(name), dest=name, nargs="*", default=argparse.SUPPRESS, help=help_text)
-            else:
-                group.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=help_text)
-
-
-def settings_from_args(args: argparse.Namespace) -> NodeSettings:
-    given: dict[str, Any] = {}
-    for concern, model in CONCERNS.items():
-        for name, info in model.model_fields.items():
-            if name not in vars(args):
-                continue
-            value = getattr(args, name)
-            if isinstance(value, str):
-                value = parse_text_value(flag(name), info.annotation, value)
-            elif isinstance(value, list):
-                value = [item for v in value for item in parse_text_value(flag(name), list[str], v)]
-            given[name] = value
-    return load_settings(given, args.config, os.environ)
-
-
-def node_settings_from_flags(flags: list[str]) -> NodeSettings:
-    """Node settings from `start` flags given as a list (what `swarm` and `experiment` pass on)."""
-    parser = argparse.ArgumentParser(prog="sapo-node start", allow_abbrev=False)
-    add_settings_arguments(parser)
-    return settings_from_args(parser.parse_args(flags))
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    # libp2p sets its own logger to WARNING with propagate=False; give it our handler, and keep
-    # its chatty INFO (the auto-connector's every-10-s status) out unless debugging.
-    libp2p = logging.getLogger("libp2p")
-    libp2p.handlers = logging.getLogger().handlers
-    libp2p.setLevel("DEBUG" if level == "DEBUG" else "WARNING")
-    logging.getLogger("libp2p.network.auto_connector").setLevel("DEBUG" if level == "DEBUG" else "WARNING")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+from sapo.node.core.flags import add_settings_arguments, configure_logging, node_settings_from_flags, settings_from_args
 
 
 GIL_SWITCH_SECONDS = 0.001
@@ -109,7 +46,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
-    from sapo.node.daemon.swarm import check_swarm_flags
+    from sapo.node.swarm import check_swarm_flags
 
     node_args = list(args.node_args)
     # Fail fast on a bad node setting, here, rather than N times in N log files.
@@ -119,7 +56,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         raise ValueError(f"--nodes must be at least 1, got {args.nodes}")
     import trio
 
-    from sapo.node.daemon.swarm import run_swarm
+    from sapo.node.swarm import run_swarm
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failed = trio.run(run_swarm, args.nodes, args.data_dir, node_args, args.seed, args.progress_every)

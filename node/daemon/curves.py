@@ -12,7 +12,7 @@ from typing import Iterable
 
 from pydantic import BaseModel, Field
 
-from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.core.metrics import RoundRecord
 
 # The page draws at most this many points per curve; longer runs are averaged in bins.
 MAX_POINTS = 1000

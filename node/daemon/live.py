@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Callable
 import trio
 
 from sapo.node.daemon.curves import RoundHistory
-from sapo.node.daemon.metrics import RoundRecord
-from sapo.node.daemon.settings import NodeSettings
-from sapo.node.daemon.state import NodeState
+from sapo.node.core.metrics import RoundRecord
+from sapo.node.core.settings import NodeSettings
+from sapo.node.core.state import NodeState
 from sapo.node.daemon.status import (
     MAX_POINTS,
     JudgeStatus,
@@ -30,7 +30,7 @@ from sapo.protocol.release import sapo_version
 from sapo.training.warmstart import WarmStartProgress
 
 if TYPE_CHECKING:
-    from sapo.node.daemon.node import Node
+    from sapo.node.core.node import Node
     from sapo.node.judge.client import JudgeClient
     from sapo.protocol.gossip import GossipService
 

@@ -5,18 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sapo.node.daemon.metrics import METRICS_FILE
-
-
-def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing mean over up to `window` values (shorter at the start, so no curve is empty)."""
-    out, total = [], 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+from sapo.node.core.metrics import METRICS_FILE, moving_average
 
 
 def load_rounds(data_dir: Path, metric: str) -> list[tuple[int, float]]:

@@ -12,7 +12,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.core.metrics import RoundRecord
 from sapo.node.daemon.status import LOADING_PHASES, NodeStatus
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST

@@ -20,14 +20,14 @@ from typing import Callable
 import trio
 
 from sapo.node.daemon.dialable import dialable_all, page_urls
-from sapo.node.daemon.exchange import GossipExchange, group_encoder, node_intake
+from sapo.node.core.exchange import GossipExchange, group_encoder, node_intake
 from sapo.node.daemon.live import LiveStatus, LoadingStopped
-from sapo.node.daemon.metrics import RoundRecord
-from sapo.node.daemon.node import Node
+from sapo.node.core.metrics import RoundRecord
+from sapo.node.core.node import Node
 from sapo.node.daemon.prometheus import NodeMetrics
-from sapo.node.daemon.round import Exchange, run_round
-from sapo.node.daemon.settings import NodeSettings
-from sapo.node.daemon.state import NodeState
+from sapo.node.core.round import Exchange, run_round
+from sapo.node.core.settings import NodeSettings
+from sapo.node.core.state import NodeState
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
 from sapo.protocol.gossip import GossipService, ReceivedMessage

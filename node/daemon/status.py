@@ -18,7 +18,7 @@ from typing import Iterable, Iterator, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from sapo.node.daemon.curves import MAX_POINTS, CurvePoint, RoundHistory, curve_point  # noqa: F401 - the page's schema
-from sapo.node.daemon.metrics import METRICS_FILE, RoundRecord
+from sapo.node.core.metrics import METRICS_FILE, RoundRecord
 
 STATUS_FILE = "status.json"
 FETCH_TIMEOUT_SECONDS = 10.0

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from sapo.node.daemon.settings import parse_text_value
+from sapo.node.core.settings import parse_text_value
 
 
 def cmd_judge(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import multiaddr
 import trio
 
 from sapo.protocol.hosts import new_noise_host
-from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.core.metrics import RoundRecord
 from sapo.protocol import judge_wire as wire
 from sapo.training.generation import greedy_completions
 from sapo.training.policy import Policy

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sapo.node.judge.server import DB_FILE_NAME, load_results
-from sapo.node.daemon.plot import moving_average
+from sapo.node.core.metrics import moving_average
 
 
 def is_swarm_peer(rows: list[dict[str, Any]]) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sapo.node.daemon.cli import configure_logging, flag, node_settings_from_flags
-from sapo.node.daemon.settings import NodeSettings
+from sapo.node.core.flags import configure_logging, flag, node_settings_from_flags
+from sapo.node.core.settings import NodeSettings
 
 
 def experiment_node_flags(node_args: list[str]) -> list[str]:
@@ -45,7 +45,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     base = node_settings_from_flags(node_flags)
     study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
     if study.shared_base and not base.model.lora:
-        from sapo.node.daemon.settings import SettingsError
+        from sapo.node.core.settings import SettingsError
 
         raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
     from sapo.node.study.runs import run_experiment

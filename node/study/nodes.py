@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.memory_exchange import MemoryExchange, MemoryHub
-from sapo.node.daemon.node import Node
-from sapo.node.daemon.round import Generate, generate_alone
-from sapo.node.daemon.settings import NodeSettings
-from sapo.node.daemon.state import NodeState
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
+from sapo.node.core.node import Node
+from sapo.node.core.round import Generate, generate_alone
+from sapo.node.core.settings import NodeSettings
+from sapo.node.core.state import NodeState
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.scripted import ScriptedSolver
 from sapo.training.tasks import TaskSampler, TaskSpec, reasoning_gym_version

@@ -28,9 +28,9 @@ from typing import Any
 
 import trio
 
-from sapo.node.daemon.metrics import METRICS_FILE, RoundRecord
-from sapo.node.daemon.round import RoundResult, run_round
-from sapo.node.daemon.settings import NodeSettings
+from sapo.node.core.metrics import METRICS_FILE, RoundRecord
+from sapo.node.core.round import RoundResult, run_round
+from sapo.node.core.settings import NodeSettings
 from sapo.node.study.nodes import Learner, StudyRun, build_run
 from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
 from sapo.node.study.summary import node_table, read_rows, warm_start_recipe, write_outputs
@@ -139,7 +139,7 @@ def run_over_libp2p(
 ) -> dict[str, Any]:
     """One config x seed as a real swarm: `study.nodes` `sapo-node start` processes on 127.0.0.1,
     gossiping over libp2p with their own clocks (no lockstep), read back from their metrics."""
-    from sapo.node.daemon.swarm import run_swarm
+    from sapo.node.swarm import run_swarm
 
     run_dir = out_dir_of(study, config, seed)
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import trio
 
-from sapo.node.daemon.node import Node
+from sapo.node.core.node import Node
 from sapo.sampling.balance import RoundPlan
 from sapo.training.generation import GenerationResult, generate_groups_together
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import statistics
 from pathlib import Path
 from typing import Any
 
-from sapo.node.daemon.loading import warm_start_settings
-from sapo.node.daemon.settings import NodeSettings
+from sapo.node.core.loading import warm_start_settings
+from sapo.node.core.settings import NodeSettings
 from sapo.node.study.metrics import (
     SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, late_joiner_metrics, per_model_results, run_metrics, summarize,
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 import yaml
 
-from sapo.node.daemon.metrics import RoundRecord
+from sapo.node.core.metrics import RoundRecord
 from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.status import JudgeStatus, NodeStatus
 from sapo.node.daemon.web import serve_page

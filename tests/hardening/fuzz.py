@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.intake import Intake
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.intake import Intake
 from sapo.protocol.codec import DecodeLimits, decode, encode
 from sapo.protocol.messages import Rejected
 from sapo.protocol.verify import VerifyPolicy

@@ -11,7 +11,7 @@ import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.node.daemon.exchange import GroupEncoder
+from sapo.node.core.exchange import GroupEncoder
 from sapo.protocol.gossip import GossipService
 from sapo.protocol.settings import NetworkSettings, load_swarm_key
 from sapo.protocol.identity import load_or_create_identity, peer_id_of

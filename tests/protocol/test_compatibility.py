@@ -16,7 +16,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from sapo.node.daemon.exchange import GroupEncoder
+from sapo.node.core.exchange import GroupEncoder
 from sapo.protocol import judge_wire
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, encode, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason, RolloutGroup

@@ -92,7 +92,7 @@ def test_the_state_is_bounded_and_round_trips_through_json():
 def test_the_default_balance_adapts_only_a_node_that_trains_on_both_sides():
     from pydantic import ValidationError
 
-    from sapo.node.daemon.settings import NodeSettings
+    from sapo.node.core.settings import NodeSettings
     from sapo.sampling.config import SamplingSettings
 
     assert SamplingSettings().balance == "auto"  # a setting keeps the value it was given or defaulted to

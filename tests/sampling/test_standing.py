@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.exchange import GroupEncoder, node_intake
-from sapo.node.daemon.node import choose_from_inbox, node_inbox
-from sapo.node.daemon.settings import load_settings
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.exchange import GroupEncoder, node_intake
+from sapo.node.core.node import choose_from_inbox, node_inbox
+from sapo.node.core.settings import load_settings
 from sapo.node.study.nodes import peer_id_for
 from sapo.sampling.standing import MAX_GAP_SECONDS, STRIKE_SECONDS, Standing
 from sapo.sampling.strategies import SamplerState

@@ -90,8 +90,8 @@ def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_p
 
 
 def test_the_nodes_generation_precision_setting_reaches_its_policy(tmp_path):
-    from sapo.node.daemon.node import Node
-    from sapo.node.daemon.settings import load_settings
+    from sapo.node.core.node import Node
+    from sapo.node.core.settings import load_settings
 
     for choice, bf16 in (("fp32", False), ("bf16", True)):
         settings = load_settings({"model": "tiny-micro", "warm_start_steps": 0, "generation_precision": choice,

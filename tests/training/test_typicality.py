@@ -99,8 +99,8 @@ def test_a_group_whose_answer_this_node_does_not_know_passes(policy_and_groups):
 
 
 def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(policy_and_groups, tmp_path):
-    from sapo.node.daemon.node import Node, Selection
-    from sapo.node.daemon.settings import load_settings
+    from sapo.node.core.node import Node, Selection
+    from sapo.node.core.settings import load_settings
     from sapo.sampling.strategies import SamplerState
     from sapo.training.generation import GenerationResult
 

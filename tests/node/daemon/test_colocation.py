@@ -8,10 +8,10 @@ import time
 
 import trio
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.exchange import GossipExchange, GroupEncoder, node_intake
-from sapo.node.daemon.node import node_inbox
-from sapo.node.daemon.settings import load_settings
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.exchange import GossipExchange, GroupEncoder, node_intake
+from sapo.node.core.node import node_inbox
+from sapo.node.core.settings import load_settings
 from sapo.training.rewards import score_group
 from sapo.training.tasks import reasoning_gym_version
 from tests.node.daemon.test_hostile_peer import honest_group

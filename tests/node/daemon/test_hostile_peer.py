@@ -8,7 +8,7 @@ import msgpack
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.node.daemon.exchange import GroupEncoder
+from sapo.node.core.exchange import GroupEncoder
 from sapo.protocol.gossip import GossipService
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.identity import peer_id_of

@@ -4,9 +4,9 @@ never with another author's."""
 
 from __future__ import annotations
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.exchange import GroupEncoder
-from sapo.node.daemon.intake import Intake
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.exchange import GroupEncoder
+from sapo.node.core.intake import Intake
 from sapo.node.study.nodes import peer_id_for
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.verify import VerifyPolicy

@@ -5,9 +5,9 @@ honest author's messages are refused free of charge, never charged to it as `rep
 
 from __future__ import annotations
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.exchange import GroupEncoder
-from sapo.node.daemon.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_RATE, Intake
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.exchange import GroupEncoder
+from sapo.node.core.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_RATE, Intake
 from sapo.node.study.nodes import peer_id_for
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.peer_guard import BAN_SCORE, PeerGuard

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sapo.node.daemon.metrics import METRICS_FILE, MetricsLog, RoundRecord
+from sapo.node.core.metrics import METRICS_FILE, MetricsLog, RoundRecord
 from sapo.node.daemon.status import status_from_data_dir
 from tests.conftest import sapo_node
 
@@ -54,9 +54,9 @@ import json, resource, sys, threading
 from pathlib import Path
 from types import SimpleNamespace
 from sapo.node.daemon.live import LiveStatus
-from sapo.node.daemon.metrics import METRICS_FILE, MetricsLog
-from sapo.node.daemon.settings import NodeSettings
-from sapo.node.daemon.state import NodeState
+from sapo.node.core.metrics import METRICS_FILE, MetricsLog
+from sapo.node.core.settings import NodeSettings
+from sapo.node.core.state import NodeState
 from sapo.node.daemon.status import status_from_data_dir
 from sapo.sampling.balance import BalanceState
 

@@ -6,11 +6,10 @@ import time
 
 import trio
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.memory_exchange import MemoryHub
-from sapo.node.daemon.node import Node
-from sapo.node.daemon.round import run_round
-from sapo.node.daemon.settings import load_settings
+from sapo.node.core.memory_exchange import MemoryHub
+from sapo.node.core.node import Node
+from sapo.node.core.round import run_round
+from sapo.node.core.settings import load_settings
 from sapo.sampling.balance import AdaptiveBalance
 
 PEER = "12D3KooWpeerpeerpeerpeerpeerpeerpeerpeerpeerpeer"
@@ -95,7 +94,7 @@ async def test_a_stopped_node_resumes_with_its_sampler_memory_and_the_same_next_
 
 
 def test_a_checkpoint_of_sapo_0_2_resumes_its_round_totals_and_balance():
-    from sapo.node.daemon.state import restore_state
+    from sapo.node.core.state import restore_state
     from sapo.sampling.balance import BalanceState
 
     # what sapo 0.2 wrote: the totals in state.json, the balance and last reward in trainer.pt

@@ -1,7 +1,7 @@
 import json
 import random
 
-from sapo.node.daemon.plot import moving_average
+from sapo.node.core.metrics import moving_average
 from tests.conftest import sapo_node
 
 

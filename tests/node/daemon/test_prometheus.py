@@ -48,7 +48,7 @@ def _metrics_url(proc):
 
 
 def test_the_accepted_from_series_follow_the_peers_the_node_still_counts():
-    from sapo.node.daemon.counters import NodeCounters, RecentPeerCounts
+    from sapo.node.core.counters import NodeCounters, RecentPeerCounts
     from sapo.node.daemon.prometheus import NodeMetrics
     from tests.node.daemon.test_status import record
 
@@ -64,7 +64,7 @@ def test_the_accepted_from_series_follow_the_peers_the_node_still_counts():
 
 
 def test_a_node_counts_groups_for_the_1024_peers_it_counted_last():
-    from sapo.node.daemon.counters import NodeCounters
+    from sapo.node.core.counters import NodeCounters
     from sapo.sampling.strategies import PEER_LIMIT
 
     counters = NodeCounters()

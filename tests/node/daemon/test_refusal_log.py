@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.intake import Intake
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.intake import Intake
 from sapo.protocol.codec import DecodeLimits, encode
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox

@@ -6,8 +6,8 @@ import time
 
 import trio
 
-from sapo.node.daemon.memory_exchange import MemoryHub
-from sapo.node.daemon.round import run_round
+from sapo.node.core.memory_exchange import MemoryHub
+from sapo.node.core.round import run_round
 from tests.node.daemon.test_node_state import PEER, member, tiny_node
 
 

@@ -1,8 +1,8 @@
 import pytest
 
 from sapo.node.cli import build_parser
-from sapo.node.daemon.cli import settings_from_args
-from sapo.node.daemon.settings import SettingsError, field_owner, load_settings
+from sapo.node.core.flags import settings_from_args
+from sapo.node.core.settings import SettingsError, field_owner, load_settings
 
 
 def test_paper_defaults():
@@ -76,7 +76,7 @@ def test_bad_toml_is_a_clear_error(tmp_path):
 
 
 def test_every_setting_has_a_unique_name_and_a_description():
-    from sapo.node.daemon.settings import CONCERNS
+    from sapo.node.core.settings import CONCERNS
 
     owner = field_owner()
     for concern, model in CONCERNS.items():

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from sapo.node.daemon.settings import field_owner
+from sapo.node.core.settings import field_owner
 from sapo.node.daemon.settings_doc import settings_markdown, splice
 
 REFERENCE = Path(__file__).resolve().parents[3] / "docs" / "settings.md"

@@ -77,7 +77,7 @@ def test_ctrl_c_stops_every_node_cleanly(tmp_path):
 async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monkeypatch):
     """A node that talks for weeks fills at most (backups + 1) x the cap: here a DEBUG-level node
     and a 16 KB cap stand in for a SmolLM2 node and 10 MiB."""
-    from sapo.node.daemon import swarm
+    from sapo.node import swarm
     from tests.conftest import FAST_TINY
 
     cap = 16 << 10
@@ -131,7 +131,7 @@ def test_the_progress_line_reads_only_the_end_of_a_long_metrics_file(tmp_path):
     import json
     import tracemalloc
 
-    from sapo.node.daemon.swarm import latest_metrics
+    from sapo.node.swarm import latest_metrics
 
     row = {"round": 1, "reward_mean": 0.5, "external_groups": 2, "peers": ["a", "b"], "padding": "x" * 900}
     with (tmp_path / "metrics.jsonl").open("w") as f:

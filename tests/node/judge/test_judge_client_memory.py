@@ -22,7 +22,7 @@ async def test_scores_and_peers_seen_are_bounded_but_counted_in_full(monkeypatch
     assert len(client.scores) == judge_client.SCORES_KEPT and client.scores[-1] == (rounds, 1.0)
     assert client.judged == rounds and client.score_sum == rounds // 4
 
-    from sapo.node.daemon.metrics import RoundRecord
+    from sapo.node.core.metrics import RoundRecord
 
     many = [f"12D3KooWpeer{i}" for i in range(judge_client.PEERS_SEEN_KEPT + 500)]
     for start in range(0, len(many), 100):

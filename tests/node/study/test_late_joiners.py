@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from sapo.node.cli import main
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.memory_exchange import MemoryHub
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.study.metrics import late_joiner_metrics, late_joiner_summary
 from sapo.node.study.nodes import peer_id_for
 from sapo.node.study.settings import ExperimentSettings, parse_configs
@@ -100,7 +100,7 @@ def test_the_joiners_ratios_are_paired_per_seed():
 
 
 async def test_a_lockstep_round_waits_only_for_members_that_have_joined():
-    from sapo.node.daemon.settings import NodeSettings
+    from sapo.node.core.settings import NodeSettings
 
     hub = MemoryHub(lambda: 1_700_000_000.0, rg_version=reasoning_gym_version(), lockstep=True)
     inboxes = [Inbox(16, 2**20, 600) for _ in range(3)]

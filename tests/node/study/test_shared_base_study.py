@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from sapo.node.cli import main
-from sapo.node.daemon.round import generate_alone
+from sapo.node.core.round import generate_alone
 from sapo.node.study.cli import experiment_node_settings
 from sapo.node.study.nodes import build_run
 from sapo.node.study.runs import run_lockstep

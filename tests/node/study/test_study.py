@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sapo.node.cli import main
-from sapo.node.daemon.settings import load_settings
+from sapo.node.core.settings import load_settings
 from sapo.node.study.metrics import curve_metrics, moving_average, per_model_results, ratio_interval, spread_metrics
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.settings import TREATMENTS, ExperimentSettings, parse_configs
@@ -82,7 +82,7 @@ def test_configs_parse_and_reject():
 
 
 def test_every_treatment_reaches_a_libp2p_node_process_as_flags_start_accepts():
-    from sapo.node.daemon.cli import node_settings_from_flags
+    from sapo.node.core.flags import node_settings_from_flags
 
     for name, overrides in TREATMENTS.items():
         config = parse_configs([f"4/4+{name}"])[0]

@@ -11,9 +11,9 @@ from typing import Callable
 import trio
 from libp2p.peer.id import ID
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.intake import Intake
-from sapo.node.daemon.settings import NodeSettings
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.intake import Intake
+from sapo.node.core.settings import NodeSettings
 from sapo.protocol.codec import DecodeLimits, canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.gossip import GossipService, ReceivedMessage
 from sapo.protocol.messages import (

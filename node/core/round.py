@@ -9,9 +9,9 @@ from typing import Awaitable, Callable, Protocol
 
 import trio
 
-from sapo.node.daemon.metrics import RoundRecord
-from sapo.node.daemon.node import Node
-from sapo.node.daemon.state import NodeState
+from sapo.node.core.metrics import RoundRecord
+from sapo.node.core.node import Node
+from sapo.node.core.state import NodeState
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.training_set import TrainingSet
 from sapo.training.generation import GenerationResult

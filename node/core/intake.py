@@ -33,8 +33,8 @@ import math
 from collections import OrderedDict
 from typing import Callable
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.refusal_log import RefusalLog
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.refusal_log import RefusalLog
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.recent import RecentByAuthor

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.loading import load_node_policy
-from sapo.node.daemon.metrics import METRICS_FILE, MetricsLog, RoundRecord
-from sapo.node.daemon.settings import NodeSettings
-from sapo.node.daemon.state import NodeState, restore_state
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.loading import load_node_policy
+from sapo.node.core.metrics import METRICS_FILE, MetricsLog, RoundRecord
+from sapo.node.core.settings import NodeSettings
+from sapo.node.core.state import NodeState, restore_state
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.inbox import Inbox

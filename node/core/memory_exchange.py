@@ -16,10 +16,10 @@ from typing import Callable
 
 import trio
 
-from sapo.node.daemon.counters import NodeCounters
-from sapo.node.daemon.exchange import GroupEncoder, group_encoder, node_intake
-from sapo.node.daemon.intake import Intake
-from sapo.node.daemon.settings import NodeSettings
+from sapo.node.core.counters import NodeCounters
+from sapo.node.core.exchange import GroupEncoder, group_encoder, node_intake
+from sapo.node.core.intake import Intake
+from sapo.node.core.settings import NodeSettings
 from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import trio
 
-from sapo.node.daemon.metrics import METRICS_FILE
-from sapo.node.daemon.settings import SettingsError
+from sapo.node.core.metrics import METRICS_FILE
+from sapo.node.core.settings import SettingsError
 
 log = logging.getLogger("sapo.swarm")
 

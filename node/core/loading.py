@@ -3,7 +3,7 @@ which know nothing until they are warm-started), or fresh from the model source.
 
 from __future__ import annotations
 
-from sapo.node.daemon.settings import NodeSettings
+from sapo.node.core.settings import NodeSettings
 from sapo.training.checkpoints import Checkpoint
 from sapo.training.policy import LoraOptions, Policy, load_policy
 from sapo.training.sources import is_tiny

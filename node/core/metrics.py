@@ -202,3 +202,14 @@ def _rewrite(path: Path, write: Callable[[BinaryIO, BinaryIO], None]) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values (shorter at the start, so no curve is empty)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
