@@ -1,6 +1,6 @@
 """Gossip latency while a node is in its GRPO update (or its generation), against the same node idle.
 
-The node keeps its torch work off the trio thread (`trio.to_thread.run_sync`, as node/round.py
+The node keeps its torch work off the trio thread (`trio.to_thread.run_sync`, as node/core/round.py
 does) so that the network stays responsive. This measures whether it does:
 
 - receiver A, this process: a real GossipService on 127.0.0.1 in trio. It loads the policy with

@@ -29,7 +29,7 @@ allocator's high-water mark once):
 
     .venv/bin/python bench/longrun.py                          # 2 hours, into bench/results/longrun-<time>
     nice -n 5 .venv/bin/python bench/longrun.py --minutes 20 --note "what else ran"
-    .venv/bin/python bench/longrun.py --from bench/results/longrun-X   # table, plot, verdicts again
+    .venv/bin/python bench/longrun.py --from bench/results/longrun-<time>  # table, plot, verdicts again
     .venv/bin/python bench/longrun.py --smoke                  # the tiny model, 30 s, 3 s samples
 
 Any other flag is a node setting passed to every node (as `sapo-node swarm` does).

@@ -14,7 +14,7 @@ nodes' learning (accuracy). Every `--probe-every` rounds, node 0's screen statis
 its honest peers' latest winning completions and on the attackers', for the screen's ROC.
 
     .venv/bin/python bench/poisoning.py --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
-        --out bench/results/poisoning/after-ooc-1of4
+        --out bench/results/poisoning-<date>/after-ooc-1of4
     .venv/bin/python bench/poisoning.py ... --defences off   # the node before docs/security.md's defences
 
 Summaries, the plot and the ROC: bench/poisoning_report.py.

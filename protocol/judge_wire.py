@@ -129,15 +129,7 @@ class RetiredVersionRefusal(JudgeError):
     schema_version: int = Field(1, ge=1, le=1, description="judge wire version the peer spoke")
 
 
-JudgeMessage = EvalRequest | Question | Answer | Score | JudgeError
 M = TypeVar("M", bound=_Message)
-_KINDS: dict[str, type[_Message]] = {
-    "eval_request": EvalRequest,
-    "question": Question,
-    "answer": Answer,
-    "score": Score,
-    "error": JudgeError,
-}
 
 
 def encode(msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:

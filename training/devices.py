@@ -125,7 +125,7 @@ def retain_freed_memory() -> bool:
     update's activations and logits). By default glibc maps each block over its threshold afresh
     and unmaps it when freed, so every round pays page faults on all of it again: measured on
     SmolLM2's one-step LoRA update, about a million faults and 1.4 s of system time in a 13 s
-    update (docs/bench/update-profile.md). The cost: the process keeps its peak memory between
+    update (bench/results/update-2026-12-03/README.md). The cost: the process keeps its peak memory between
     rounds, which it reaches again every round anyway.
     """
     import ctypes

@@ -100,7 +100,7 @@ def test_dns4_addresses_name_a_compose_service_and_the_id_it_announces(variable,
     # the named service announces its id where the others read it
     assert service_env(SERVICES[service])["SAPO_ANNOUNCE_ID"] == f"/ids/{service}"
     assert "swarm-ids:/ids" in SERVICES[service]["volumes"]
-    # and the node accepts that shape, filled in, for `peers` (the judge keeps its own check in node/settings.py)
+    # and the node accepts that shape, filled in, for `peers` (the judge keeps its own check in node/judge/settings.py)
     NetworkSettings(peers=[announced(expected)])
 
 

@@ -28,7 +28,7 @@ from nat_topology import NatTopology, missing  # noqa: E402
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"DNS namespaces: {missing()}")
 
 NODE_SWARM = "default"  # a node's swarm name, hence its topic
-# What node/judge_client.py does with its --judge address: a host of ours, host.connect(/dns4/...).
+# What node/judge/client.py does with its --judge address: a host of ours, host.connect(/dns4/...).
 JUDGE_PROBE = """
 import sys, trio, multiaddr
 from libp2p.crypto.ed25519 import create_new_key_pair
