@@ -60,8 +60,9 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from roofline import DEFAULT_MODELS_DIR, DTYPES, Clock, hf_seconds, layout, _NoEndOfText
-from round import print_rows
+from matmul_rate import Clock
+from roofline import DEFAULT_MODELS_DIR, DTYPES, hf_seconds, layout, _NoEndOfText
+from text_table import print_rows
 
 VARIANTS = ("layer/F.linear", "layer/oneDNN op", "step/F.linear", "step/oneDNN op", "hf static")
 DEFAULT_VARIANTS = "layer/F.linear,layer/oneDNN op,hf static"

@@ -40,38 +40,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
-from round import print_rows
+from matmul_rate import Clock, kernels_on, matmul_gflops, peak_matmul_tflops, streamed_weights
+from text_table import print_rows
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-class Clock:
-    """On a CPU the process's CPU clock (other jobs hide little); on a GPU wall time after a
-    synchronize, so that queued kernels count."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.gpu = device.type == "cuda"
-        self.unit = "s" if self.gpu else "CPU s"
-
-    def __call__(self) -> float:
-        if self.gpu:
-            torch.cuda.synchronize(self.device)
-            return time.perf_counter()
-        return time.process_time()
 
 
 @dataclass(frozen=True)
@@ -102,60 +84,6 @@ def model_linears(config) -> list[Linear]:
         Linear("q|k|v", heads * head_dim + 2 * kv, hidden, layers, True),
         Linear("gate|up", 2 * mlp, hidden, layers, True),
     ]
-
-
-def streamed_weights(out: int, inp: int, dtype: torch.dtype, stream_bytes: float,
-                     device: torch.device = torch.device("cpu")) -> list[torch.Tensor]:
-    """Distinct copies of an [out x in] weight, more bytes of them than the caches hold."""
-    copies = max(1, math.ceil(stream_bytes / (out * inp * torch.tensor([], dtype=dtype).element_size())))
-    return [torch.randn(out, inp, device=device).mul_(0.02).to(dtype) for _ in range(copies)]
-
-
-def kernels_on(device: torch.device) -> tuple[str, ...]:
-    """F.linear everywhere; oneDNN's packed matmul (LlamaDecoder's) on a CPU only."""
-    return ("F.linear", "packed") if device.type == "cpu" else ("F.linear",)
-
-
-def matmul_gflops(weights: list[torch.Tensor], batch: int, kernel: str, seconds: float, clock: Clock) -> float:
-    """GFLOPS of [batch x in] @ [in x out], cycling through `weights` so that each call reads its
-    weight from memory, as a decoding step does (best of 3 rounds); NaN without the kernel."""
-    out, inp = weights[0].shape
-    x = torch.randn(batch, inp, device=weights[0].device).to(weights[0].dtype)
-    linear = F.linear
-    if kernel == "packed":  # training/decoding.py's kernel
-        from sapo.training.llama_decoder import _onednn_linear, _onednn_packer
-
-        packer, linear = _onednn_packer(weights[0].dtype, weights[0].device, batch), _onednn_linear
-        if packer is None:
-            return float("nan")
-        weights = [packer(w) for w in weights]
-    started = clock()
-    for w in weights:  # warm-up, and the time of one call
-        linear(x, w)
-    per_call = (clock() - started) / len(weights)
-    flops = 2.0 * batch * out * inp
-    calls = max(len(weights), int(seconds / max(per_call, 1e-7)))
-    best = float("inf")
-    for _ in range(3):
-        started = clock()
-        for i in range(calls):
-            linear(x, weights[i % len(weights)])
-        best = min(best, clock() - started)
-    return calls * flops / best / 1e9
-
-
-def peak_matmul_tflops(device: torch.device, size: int = 8192) -> float:
-    """The card's bf16 matrix rate: one large product on random data, mean of 10 after 3 warm-ups."""
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    torch.cuda.synchronize(device)
-    return 10 * 2.0 * size**3 / (time.perf_counter() - started) / 1e12
 
 
 # --- decoding --------------------------------------------------------------------------------------
@@ -265,26 +193,34 @@ def cpu_flags() -> str:
     return ", ".join(flags) or "no AVX-512"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    from sapo.training.devices import resolve_device
-    from sapo.training.policy import load_policy
-    from sapo.training.tasks import TaskSampler, default_task_specs
+@dataclass
+class Roof:
+    """What bounds a decoding step at batch B: the measured rate of each shape, and the bytes a step reads."""
 
-    device = resolve_device(args.device)
-    clock, kernels = Clock(device), kernels_on(device)
-    per = "second" if clock.gpu else "CPU second"
-    args.models_dir.mkdir(parents=True, exist_ok=True)
-    policy = load_policy(args.model, device=str(device), seed=0, models_dir=args.models_dir, generation_precision="fp32")
-    config = policy.model.config
-    linears = model_linears(config)
-    where = f"{torch.cuda.get_device_name(device)}, wall clock after a synchronize" if clock.gpu else "CPU clock"
-    print(f"roofline of decoding {args.model} on {device}: torch {torch.__version__}, {args.threads} thread(s), {where}")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu_flags()}), python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f} at the start (CONTENDED when above about 0.5)")
+    linears: list[Linear]
+    rates: dict[tuple[str, str, int, str], float]  # (out x in, dtype, batch, kernel) -> GFLOPS
+    kernels: tuple[str, ...]
+    geometry: DecodeGeometry
+    context: float
+    bandwidth: float
 
-    # 1. matmul rates
+    def bandwidth_bound(self, dtype_name: str, batch: int) -> float:
+        scale = 0.5 if dtype_name == "bf16" else 1.0
+        bytes_geometry = DecodeGeometry(int(self.geometry.weight_bytes * scale), int(self.geometry.kv_bytes_per_token * scale))
+        return decode_bound_tokens_per_s(bytes_geometry, batch, self.context, self.bandwidth)
+
+    def __call__(self, dtype_name: str, batch: int, decoder: bool) -> tuple[float, float]:
+        """(compute bound, bandwidth bound): LlamaDecoder's shapes at its best kernel, or the model's own at F.linear."""
+        used = [lin for lin in self.linears if (lin.decoder if decoder else lin not in self.linears[-2:])]
+        seconds = sum(lin.flops(batch) / 1e9 / max(self.rates[(f"{lin.out}x{lin.inp}", dtype_name, batch, kernel)]
+                                                    for kernel in (self.kernels if decoder else ("F.linear",)))
+                      for lin in used)
+        return batch / seconds, self.bandwidth_bound(dtype_name, batch)
+
+
+def measure_matmuls(args: argparse.Namespace, linears: list[Linear], device: torch.device, clock: Clock,
+                    kernels: tuple[str, ...]) -> dict[tuple[str, str, int, str], float]:
+    """1. The matmul rate of every distinct shape, dtype, batch and kernel, printed as a table."""
     rates: dict[tuple[str, str, int, str], float] = {}
     rows = [["shape", "out x in", "dtype"] + [f"B={b} {' / '.join(kernels)}" for b in args.batch_list]]
     distinct = {}
@@ -305,8 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     print("matmul GFLOPS, weights streamed from memory ("
           + ("F.linear / oneDNN with the weight packed once" if len(kernels) > 1 else "F.linear, each call launched alone") + ")")
     print_rows(rows)
+    return rates
 
-    # 2. FLOPs shares and bandwidth
+
+def print_flops_and_bandwidth(args: argparse.Namespace, policy, linears: list[Linear], device: torch.device,
+                              clock: Clock) -> tuple[float, float, DecodeGeometry, float | None]:
+    """2. Each shape's share of a token's FLOPs, and the copy bandwidth: (FLOPs per token, GB/s, geometry, card TFLOP/s)."""
     model_own = [lin for lin in linears if lin.name not in ("q|k|v", "gate|up")]
     total = sum(lin.flops(1) for lin in model_own)
     print()
@@ -318,32 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth: {bandwidth:.1f} GB/s; weights {geometry.weight_bytes / 1e6:.0f} MB in fp32; "
           f"KV cache {geometry.kv_bytes_per_token / 1e3:.1f} kB per token in fp32"
           + (f"; bf16 matmul 8192^3: {peak_tflops:.0f} TFLOP/s" if peak_tflops else ""))
+    return total, bandwidth, geometry, peak_tflops
 
-    # 3. decoding against the roofline
-    tasks = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=0, rng_seed=0)
-    prompts = [policy.prompt(p) for p in tasks.sample(4)]
-    prompt_tokens = max(len(ids) for ids in policy.tokenizer(prompts, add_special_tokens=False)["input_ids"])
-    context = prompt_tokens + args.steps / 2
 
-    def bandwidth_bound(dtype_name: str, batch: int) -> float:
-        scale = 0.5 if dtype_name == "bf16" else 1.0
-        bytes_geometry = DecodeGeometry(int(geometry.weight_bytes * scale), int(geometry.kv_bytes_per_token * scale))
-        return decode_bound_tokens_per_s(bytes_geometry, batch, context, bandwidth)
-
-    def roof(dtype_name: str, batch: int, decoder: bool) -> tuple[float, float]:
-        used = [lin for lin in linears if (lin.decoder if decoder else lin not in linears[-2:])]
-        seconds = sum(lin.flops(batch) / 1e9 / max(rates[(f"{lin.out}x{lin.inp}", dtype_name, batch, kernel)]
-                                                    for kernel in (kernels if decoder else ("F.linear",)))
-                      for lin in used)
-        return batch / seconds, bandwidth_bound(dtype_name, batch)
-
-    # generate: fp32 on a CPU (bf16 is emulated on most), a bf16 copy of the model on a GPU
-    hf_dtype = "bf16" if clock.gpu else "fp32"
-    hf_model = None
-    if args.hf:  # a copy: the policy stays fp32 for our decoder, which makes its own bf16 weights
-        import copy
-
-        hf_model = copy.deepcopy(policy.model).to(DTYPES[hf_dtype]) if clock.gpu else policy.model
+def decode_header(args: argparse.Namespace, clock: Clock, prompt_tokens: int, hf_dtype: str) -> list[str]:
+    per = "second" if clock.gpu else "CPU second"
     print()
     print(f"decoding, tokens per {per} ({args.steps} steps per row, prefill excluded; context {prompt_tokens} "
           f"prompt + {args.steps // 2} mean generated tokens). roof = min(compute bound at the best measured kernel "
@@ -355,49 +274,97 @@ def main(argv: list[str] | None = None) -> int:
         header += ["card bf16 roof", "ours bf16 % of it"]
     if args.hf:
         header += [f"F.linear {hf_dtype} roof", f"generate {hf_dtype}", "% of it"]
-    table, records = [header], []
-    for batch in args.batch_list:
-        fp32_compute, fp32_bw = roof("fp32", batch, True)
-        bf16_compute, bf16_bw = roof("bf16", batch, True)
+    return header
 
-        def ours(dtype):
-            return lambda b, steps: ours_seconds(policy, prompts, b, steps, dtype, clock)
 
-        ours32 = decode_tokens_per_s(ours(torch.float32), batch, args.steps)
-        ours16 = decode_tokens_per_s(ours(torch.bfloat16), batch, args.steps)
-        fp32_roof, bf16_roof = min(fp32_compute, fp32_bw), min(bf16_compute, bf16_bw)
-        row = [str(batch), f"{fp32_compute:.0f} / {fp32_bw:.0f}", f"{ours32:.1f}", f"{100 * ours32 / fp32_roof:.0f}%",
-               f"{bf16_compute:.0f} / {bf16_bw:.0f}", f"{ours16:.1f}", f"{100 * ours16 / bf16_roof:.0f}%",
-               f"{100 * ours16 / fp32_roof:.0f}%"]
-        record = {"model": args.model, "device": str(device), "batch": batch, "steps": args.steps, "context": context,
-                  "unit": f"tokens per {per}", "bandwidth_gbs": bandwidth, "peak_bf16_tflops": peak_tflops,
-                  "fp32_roof": fp32_roof, "fp32_compute_roof": fp32_compute, "fp32_bandwidth_roof": fp32_bw,
-                  "ours_fp32": ours32, "bf16_roof": bf16_roof, "bf16_compute_roof": bf16_compute,
-                  "bf16_bandwidth_roof": bf16_bw, "ours_bf16": ours16}
-        if clock.gpu:
-            card = min(peak_tflops * 1e12 / total, bf16_bw)
-            row += [f"{card:.0f}", f"{100 * ours16 / card:.1f}%"]
-            record |= {"card_bf16_roof": card, "card_bf16_compute_roof": peak_tflops * 1e12 / total}
-        if args.hf:
-            hf_roof = min(roof(hf_dtype, batch, False)[0], bandwidth_bound(hf_dtype, batch))
-            hf = decode_tokens_per_s(lambda b, steps: hf_seconds(hf_model, policy.tokenizer, prompts, b, steps,
-                                                                  DTYPES[hf_dtype], clock), batch, args.steps)
-            row += [f"{hf_roof:.0f}", f"{hf:.1f}", f"{100 * hf / hf_roof:.0f}%"]
-            record |= {"hf_dtype": hf_dtype, "hf_roof": hf_roof, "hf_generate": hf}
-        table.append(row)
-        records.append(record)
-        print(f"  B={batch} done, load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-    print_rows(table)
+def decode_row(args: argparse.Namespace, policy, prompts: list[str], batch: int, roof: Roof, clock: Clock,
+               hf_model, hf_dtype: str, card_flops: tuple[float | None, float]) -> tuple[list[str], dict]:
+    """3. One batch size: ours in fp32 and bf16 (and generate) against the roof, as a table row and a record."""
+    fp32_compute, fp32_bw = roof("fp32", batch, True)
+    bf16_compute, bf16_bw = roof("bf16", batch, True)
 
-    # 4. a real round
+    def ours(dtype):
+        return lambda b, steps: ours_seconds(policy, prompts, b, steps, dtype, clock)
+
+    ours32 = decode_tokens_per_s(ours(torch.float32), batch, args.steps)
+    ours16 = decode_tokens_per_s(ours(torch.bfloat16), batch, args.steps)
+    fp32_roof, bf16_roof = min(fp32_compute, fp32_bw), min(bf16_compute, bf16_bw)
+    row = [str(batch), f"{fp32_compute:.0f} / {fp32_bw:.0f}", f"{ours32:.1f}", f"{100 * ours32 / fp32_roof:.0f}%",
+           f"{bf16_compute:.0f} / {bf16_bw:.0f}", f"{ours16:.1f}", f"{100 * ours16 / bf16_roof:.0f}%",
+           f"{100 * ours16 / fp32_roof:.0f}%"]
+    peak_tflops, total = card_flops
+    record = {"model": args.model, "device": str(policy.device), "batch": batch, "steps": args.steps,
+              "context": roof.context, "unit": f"tokens per {'second' if clock.gpu else 'CPU second'}",
+              "bandwidth_gbs": roof.bandwidth, "peak_bf16_tflops": peak_tflops,
+              "fp32_roof": fp32_roof, "fp32_compute_roof": fp32_compute, "fp32_bandwidth_roof": fp32_bw,
+              "ours_fp32": ours32, "bf16_roof": bf16_roof, "bf16_compute_roof": bf16_compute,
+              "bf16_bandwidth_roof": bf16_bw, "ours_bf16": ours16}
+    if clock.gpu:
+        card = min(peak_tflops * 1e12 / total, bf16_bw)
+        row += [f"{card:.0f}", f"{100 * ours16 / card:.1f}%"]
+        record |= {"card_bf16_roof": card, "card_bf16_compute_roof": peak_tflops * 1e12 / total}
+    if args.hf:
+        hf_roof = min(roof(hf_dtype, batch, False)[0], roof.bandwidth_bound(hf_dtype, batch))
+        hf = decode_tokens_per_s(lambda b, steps: hf_seconds(hf_model, policy.tokenizer, prompts, b, steps,
+                                                              DTYPES[hf_dtype], clock), batch, args.steps)
+        row += [f"{hf_roof:.0f}", f"{hf:.1f}", f"{100 * hf / hf_roof:.0f}%"]
+        record |= {"hf_dtype": hf_dtype, "hf_roof": hf_roof, "hf_generate": hf}
+    return row, record
+
+
+def real_rounds(args: argparse.Namespace, policy, prompts: list[str], clock: Clock) -> list[dict]:
+    """4. One real round in each generation precision."""
+    per = "second" if clock.gpu else "CPU second"
+    records = []
     for name in ("fp32", "bf16"):
         policy.generation_bf16 = name == "bf16"
         tokens, seconds = real_round(policy, prompts, args.steps, clock)
         print(f"real round, sample_completions 4 x 8 up to {args.steps} tokens with early stops, {name}: {tokens} tokens "
               f"in {seconds:.2f} {clock.unit} = {tokens / seconds:.1f} tokens per {per} (prefill, weight packing and "
               f"the shrinking batch included)")
-        records.append({"model": args.model, "device": str(device), "real_round": name, "tokens": tokens,
+        records.append({"model": args.model, "device": str(policy.device), "real_round": name, "tokens": tokens,
                         "seconds": seconds, "unit": clock.unit})
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from sapo.training.devices import resolve_device
+    from sapo.training.policy import load_policy
+    from sapo.training.tasks import TaskSampler, default_task_specs
+
+    device = resolve_device(args.device)
+    clock, kernels = Clock(device), kernels_on(device)
+    args.models_dir.mkdir(parents=True, exist_ok=True)
+    policy = load_policy(args.model, device=str(device), seed=0, models_dir=args.models_dir, generation_precision="fp32")
+    linears = model_linears(policy.model.config)
+    where = f"{torch.cuda.get_device_name(device)}, wall clock after a synchronize" if clock.gpu else "CPU clock"
+    print(f"roofline of decoding {args.model} on {device}: torch {torch.__version__}, {args.threads} thread(s), {where}")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu_flags()}), python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.2f} at the start (CONTENDED when above about 0.5)")
+    rates = measure_matmuls(args, linears, device, clock, kernels)
+    total, bandwidth, geometry, peak_tflops = print_flops_and_bandwidth(args, policy, linears, device, clock)
+
+    tasks = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=0, rng_seed=0)
+    prompts = [policy.prompt(p) for p in tasks.sample(4)]
+    prompt_tokens = max(len(ids) for ids in policy.tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    roof = Roof(linears, rates, kernels, geometry, prompt_tokens + args.steps / 2, bandwidth)
+    # generate: fp32 on a CPU (bf16 is emulated on most), a bf16 copy of the model on a GPU
+    hf_dtype = "bf16" if clock.gpu else "fp32"
+    hf_model = None
+    if args.hf:  # a copy: the policy stays fp32 for our decoder, which makes its own bf16 weights
+        import copy
+
+        hf_model = copy.deepcopy(policy.model).to(DTYPES[hf_dtype]) if clock.gpu else policy.model
+    table, records = [decode_header(args, clock, prompt_tokens, hf_dtype)], []
+    for batch in args.batch_list:
+        row, record = decode_row(args, policy, prompts, batch, roof, clock, hf_model, hf_dtype, (peak_tflops, total))
+        table.append(row)
+        records.append(record)
+        print(f"  B={batch} done, load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+    print_rows(table)
+    records += real_rounds(args, policy, prompts, clock)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     if args.json:
         args.json.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from round import print_rows
+from text_table import print_rows
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"

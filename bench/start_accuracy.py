@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from round import print_rows
+from text_table import print_rows
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 

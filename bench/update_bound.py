@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from matmul_rate import Clock, matmul_gflops, streamed_weights
+
 
 @dataclass(frozen=True)
 class UpdateWork:
@@ -70,8 +72,6 @@ def update_flops(config, work: UpdateWork) -> dict[str, float]:
 
 def matmul_rates(config, rows: int = 256, seconds: float = 0.1, stream_mb: float = 64) -> dict[str, dict[str, float]]:
     """GFLOPS per shape and dtype ('fp32', 'bf16'), the better of F.linear and the packed kernel."""
-    from roofline import Clock, matmul_gflops, streamed_weights  # lazily: roofline imports round
-
     clock = Clock(torch.device("cpu"))  # the bound is this CPU thread's: its CPU clock
     rates: dict[str, dict[str, float]] = {"fp32": {}, "bf16": {}}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from round import bench_node, print_rows
+from round_sapo import bench_node
+from text_table import print_rows
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
@@ -84,7 +85,7 @@ def round_rows(args: argparse.Namespace):
     from sapo.node.core.round import run_round
     from sapo.training.devices import configure_torch_threads
 
-    from round import SignalForcingVerifier
+    from round_sapo import SignalForcingVerifier
 
     configure_torch_threads(args.threads)
     bench = argparse.Namespace(lora=args.lora, models_dir=args.models_dir, questions=args.questions,
