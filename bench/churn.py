@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gossip import percentile  # noqa: E402
+from gossip_swarm import percentile  # noqa: E402
 from gossip_peer import PeerProcess, write_groups  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"

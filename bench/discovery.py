@@ -37,7 +37,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gossip import SWARM, BenchNode, Totals, build_groups, percentile, publish_rounds, receive  # noqa: E402
+from gossip_groups import build_groups  # noqa: E402
+from gossip_swarm import SWARM, BenchNode, Totals, percentile, publish_rounds, receive  # noqa: E402
 
 MECHANISMS = ("sapo", "rendezvous", "kademlia")
 NAMESPACE = "sapo/bench"

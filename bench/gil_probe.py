@@ -28,9 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-from gossip import percentile
+from gossip_swarm import percentile
 from gossip_during_update import DEFAULT_MODELS_DIR, Trainer
-from round import print_rows
+from text_table import print_rows
 
 SLEEP_SECONDS = 0.001
 PHASES = ("idle", "torch", "generate")

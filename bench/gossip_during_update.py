@@ -47,8 +47,9 @@ from pathlib import Path
 
 import trio
 
-from gossip import build_groups, percentile
-from round import print_rows
+from gossip_groups import build_groups
+from gossip_swarm import percentile
+from text_table import print_rows
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"

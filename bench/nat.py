@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gossip import percentile  # noqa: E402
+from gossip_swarm import percentile  # noqa: E402
 from gossip_peer import PeerProcess, write_groups  # noqa: E402
 from nat_topology import NatTopology, missing  # noqa: E402
 

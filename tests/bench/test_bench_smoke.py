@@ -262,6 +262,7 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
 
     monkeypatch.syspath_prepend(str(BENCH))
     import longrun
+    import longrun_verdicts
 
     meta = {"nodes": 2, "node_args": ["--model", "tiny"], "minutes": 60, "interval": 60, "warmup_minutes": 10,
             "keep_checkpoints": 3, "log_cap_bytes": 30 << 20, "started": "then", "note": ""}
@@ -284,7 +285,7 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
     assert verdicts[("rss", "node-0")] == "FAIL" and verdicts[("rss", "node-1")] == "PASS"
     assert verdicts[("fds", "node-0")] == "FAIL" and verdicts[("fds", "node-1")] == "PASS"
     assert verdicts[("threads", "node-0")] == verdicts[("threads", "node-1")] == "PASS"
-    results = {(v.check, v.node): v.passed for v in longrun.verdicts(meta, rows)}
+    results = {(v.check, v.node): v.passed for v in longrun_verdicts.verdicts(meta, rows)}
     assert results[("round time", "node-0")] is False and results[("round time", "node-1")] is True
     assert results[("cpu/token", "node-0")] is False and results[("cpu/token", "node-1")] is True
     assert results[("data dir", "node-1")] is True
