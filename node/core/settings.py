@@ -283,7 +283,7 @@ def explain(exc: ValidationError, field_at: int = 0, source_of: Mapping[str, str
         if len(loc) <= field_at or not isinstance(loc[field_at], str):
             lines.append(message)
             continue
-        name = loc[field_at]
+        name = str(loc[field_at])
         value = error.get("input")
         shown = " " + " ".join(map(str, value)) if isinstance(value, list) else "" if isinstance(value, dict) else f" {value!r}"
         where = f" ({source_of.get(name, 'defaults')})" if source_of is not None else ""

@@ -110,7 +110,7 @@ class MixConfig:
 def parse_configs(specs: list[str]) -> list[MixConfig]:
     """'8/0', '4/4', ... and 'adaptive' (I+J = the largest fixed total, starting half/half), each
     optionally followed by treatments: '4/4+positive+exact' (see TREATMENTS)."""
-    parsed = []
+    parsed: list[tuple[str, tuple[int, int] | None, tuple[str, ...]]] = []
     for spec in specs:
         mix, *treatments = spec.split("+")
         unknown = [t for t in treatments if t not in TREATMENTS]

@@ -36,8 +36,8 @@ class BatchedGeneration:
         else:
             del self._asked[round_index]
             async with torch_lock:
-                results = await trio.to_thread.run_sync(generate_round, asked)
-            self._results[round_index] = {id(n): r for (n, _), r in zip(asked, results)}
+                generated = await trio.to_thread.run_sync(generate_round, asked)
+            self._results[round_index] = {id(n): r for (n, _), r in zip(asked, generated)}
             del self._ready[round_index]
             ready.set()
         results = self._results[round_index]
