@@ -27,6 +27,7 @@ from sapo.sampling.screen import ScreenReference
 from sapo.training.grpo import group_advantages, has_signal
 from sapo.training.rewards import is_correct
 from sapo.training.rollouts import QuestionGroup, TrainingRow, TrainingRows
+from sapo.training.tasks import Problem
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def training_set(
         external = [augmented(group, ours) for group, ours in zip(external, own, strict=True)]
     if use.external_credit == "exact":
         external = [with_exact_credit(group) for group in external]
-    problems, rows = [], []
+    problems: list[Problem] = []
+    rows: list[TrainingRow] = []
     for group in [*local, *external]:
         if not has_signal(group.rewards):
             continue  # all-equal rewards: zero advantages, nothing to learn

@@ -178,9 +178,11 @@ def decode_samples(
     `weights_dtype` is the precision `LlamaDecoder` runs in (None: the model's own); `autocast`
     gives the precision context of a model that decodes through its own forward (Policy.autocast).
     """
-    return _decode(model, tokenizer, prompts, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
-                   temperature=temperature, seeds=[seed], device=device, stop_text=stop_text, stop=stop,
-                   autocast=autocast, weights_dtype=weights_dtype, record_logprobs=record_logprobs)[0]
+    batches = _decode(model, tokenizer, prompts, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
+                      temperature=temperature, seeds=[seed], device=device, stop_text=stop_text, stop=stop,
+                      autocast=autocast, weights_dtype=weights_dtype, record_logprobs=record_logprobs)
+    assert batches is not None  # only a mixed batch (adapters) gives None, when LlamaDecoder cannot run it
+    return batches[0]
 
 
 def decode_mixed(
@@ -237,6 +239,7 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
     try:
         with torch.inference_mode():
             decoder = LlamaDecoder.of(model, weights_dtype or next(model.parameters()).dtype, rows, adapters)
+            decoding: _StaticDecoding | _ModelDecoding
             if decoder is not None:
                 decoding = _StaticDecoding(decoder, input_ids, attention, samples_per_prompt, max_new_tokens,
                                            prompt_owners if adapters is not None else None)

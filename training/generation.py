@@ -90,11 +90,11 @@ def sample_completions_together(
     Policies that do not share one base, or a model LlamaDecoder cannot run, decode one by one."""
     from sapo.training.shared_base import AdapterView
 
-    models = [p.model for p in policies]
-    if all(isinstance(m, AdapterView) for m in models) and len({id(m.shared) for m in models}) == 1:
+    views = [p.model for p in policies if isinstance(p.model, AdapterView)]
+    if len(views) == len(policies) and len({id(v.shared) for v in views}) == 1:
         first = policies[0]
         decoded = decode_mixed(
-            models[0].shared, first.tokenizer, prompts, [m.name for m in models], seeds=seeds,
+            views[0].shared, first.tokenizer, prompts, [v.name for v in views], seeds=seeds,
             samples_per_prompt=num_generations, max_new_tokens=max_new_tokens, temperature=temperature,
             device=first.device, stop_text=ANSWER_CLOSE, stop=stop, weights_dtype=first.generation_dtype,
             record_logprobs=record_logprobs,

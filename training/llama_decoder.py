@@ -129,7 +129,8 @@ def _linear_parts(module, only_base: bool = False) -> tuple[torch.Tensor, torch.
     base = getattr(module, "base_layer", None)
     if base is None:
         return module.weight, module.bias, []
-    bias, adapters = base.bias, []
+    bias = base.bias
+    adapters: list[tuple[torch.Tensor, torch.Tensor, float]] = []
     if module.disable_adapters or only_base:
         if only_base and module.merged_adapters:
             raise ValueError("a mixed batch needs the adapters unmerged")
@@ -167,7 +168,8 @@ def _stack(modules: list, dtype, pack, only_base: bool = False) -> tuple[torch.T
 
 def _stack_adapters(modules: list, names: list[str], dtype) -> _Adapters:
     """Each adapter's factors for the linear layers `modules` stacked as one (see _Adapters)."""
-    down, up = [], []
+    down: list[torch.Tensor] = []
+    up: list[torch.Tensor] = []
     for name in names:
         missing = [m for m in modules if name not in getattr(m, "lora_A", {})]
         if missing:
@@ -236,17 +238,20 @@ class LlamaDecoder:
             attention, mlp = block.self_attn, block.mlp
             groups = ([attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj],
                       [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
-            stacked = [part for group in groups for part in _stack(group, dtype, pack, only_base=mixed)]
-            loras = [_stack_adapters(group, adapters, dtype) for group in groups] if mixed else [None] * 4
-            self.layers.append(_Layer(block.input_layernorm.weight, *stacked[:4], block.post_attention_layernorm.weight,
-                                      *stacked[4:], *loras))
+            (qkv, qkv_bias), (out, out_bias), (gate_up, gate_up_bias), (down, down_bias) = [
+                _stack(group, dtype, pack, only_base=mixed) for group in groups]
+            loras: list[_Adapters | None] = (
+                [_stack_adapters(group, adapters, dtype) for group in groups] if adapters is not None else [None] * 4)
+            self.layers.append(_Layer(block.input_layernorm.weight, qkv, qkv_bias, out, out_bias,
+                                      block.post_attention_layernorm.weight, gate_up, gate_up_bias, down, down_bias,
+                                      *loras))
 
     @staticmethod
     def unsupported(model) -> str | None:
         """Why `model` must decode through its own forward instead, or None if this decoder fits."""
         causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = getattr(causal_lm, "config", None)
-        if getattr(config, "model_type", None) not in _SUPPORTED_TYPES:
+        if config is None or getattr(config, "model_type", None) not in _SUPPORTED_TYPES:
             return f"model type {getattr(config, 'model_type', None)!r} is not one of {_SUPPORTED_TYPES}"
         if getattr(config, "hidden_act", None) != "silu":
             return f"activation {config.hidden_act!r} is not silu"
@@ -381,6 +386,8 @@ class LlamaDecoder:
         share a key/value head being that matmul's rows, so grouped-query attention needs no
         copies of the cache. One softmax spans both parts.
         """
+        if cache.prompt_bias is None:
+            raise ValueError("a decoding step needs the prompt part of the cache: run prefill first")
         rows, heads, head_dim = q.shape
         prompts, samples, length = cache.prompts, cache.samples, cache.prompt_length
         kv_heads, group, own = self.kv_heads, heads // self.kv_heads, cache.own_bias.shape[0]

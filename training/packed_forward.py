@@ -206,8 +206,9 @@ class PackedForward:
         outputs = []
         for (start, prompt, completions), mask in zip(packed.spans, masks):
             end = start + prompt + sum(completions)
-            part = [t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v)]  # [1, heads, Tg, head_dim]
-            outputs.append(F.scaled_dot_product_attention(*part, attn_mask=mask)[0].transpose(0, 1))
+            # each [1, heads, Tg, head_dim]
+            q_part, k_part, v_part = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            outputs.append(F.scaled_dot_product_attention(q_part, k_part, v_part, attn_mask=mask)[0].transpose(0, 1))
         return torch.cat(outputs).reshape(tokens, heads * head_dim)
 
     def logprobs(self, packed: PackedRows, device) -> torch.Tensor:

@@ -8,6 +8,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,12 +19,15 @@ from sapo.training.prompts import PromptStyle, render_prompt
 from sapo.training.sources import check_model_source, is_tiny, looks_local
 from sapo.training.tasks import Problem
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger("sapo.policy")
 
 @dataclass
 class Policy:
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     device: torch.device
     model_id: str
     prompt_style: PromptStyle

@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from sapo.training.devices import resolve_device
 from sapo.training.prompts import PromptStyle
 from sapo.training.sources import is_tiny
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+
 
 def adapter_name(index: int) -> str:
     return f"node{index}"
@@ -33,7 +37,9 @@ def adapter_name(index: int) -> str:
 class AdapterView(torch.nn.Module):
     """One node's adapter on a shared PEFT model, as the node's own model."""
 
-    def __init__(self, shared, name: str):
+    shared: PeftModel  # set through __dict__ in __init__, so that it is no submodule
+
+    def __init__(self, shared: PeftModel, name: str):
         super().__init__()
         # Not a submodule: `parameters()` (the optimizer's, the gradient clip's) must be this
         # node's adapter only, never the base or the other nodes' adapters.
@@ -44,7 +50,8 @@ class AdapterView(torch.nn.Module):
         if not self._own:
             raise ValueError(f"the shared model has no adapter {name!r}")
         for parameter in self._own:
-            parameter._sapo_adapter = True
+            # Our own mark on torch's Parameter, read back with getattr in activate; torch does not declare it.
+            parameter._sapo_adapter = True  # type: ignore[attr-defined]
             parameter.requires_grad_(True)
 
     def activate(self):
@@ -110,15 +117,17 @@ class SharedLoraBase:
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules="all-linear",
                             task_type="CAUSAL_LM")
         adapters_from = adapters_from or [None] * nodes
-        self.model = None
+        model = None
         for k in range(nodes):
             torch.manual_seed(seeds[k])  # each node's adapter initialised from its own seed, as alone
-            if self.model is None:
-                self.model = get_peft_model(base, config, adapter_name=adapter_name(k))
+            if model is None:
+                model = get_peft_model(base, config, adapter_name=adapter_name(k))
             else:
-                self.model.add_adapter(adapter_name(k), config)
+                model.add_adapter(adapter_name(k), config)
             if adapters_from[k] is not None:
-                self.model.load_adapter(str(adapters_from[k]), adapter_name=adapter_name(k), is_trainable=True)
+                model.load_adapter(str(adapters_from[k]), adapter_name=adapter_name(k), is_trainable=True)
+        assert model is not None  # nodes >= 1: with none, seeds[0] above has already raised
+        self.model = model
         self.model.to(self.device)
         self.source = source
         self.style: PromptStyle = ("plain" if is_tiny(source) else "chat") if prompt_style == "auto" else prompt_style  # type: ignore[assignment]

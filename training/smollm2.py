@@ -22,7 +22,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GgufConfig,
-    LlamaForCausalLM,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
@@ -76,7 +76,7 @@ def gguf_path() -> Path:
     )
 
 
-def load_smollm2(cache_dir: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def load_smollm2(cache_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """SmolLM2-135M-Instruct in fp32 with its ChatML tokenizer (pad = eos = <|im_end|>).
 
     The first call converts the GGUF and caches the result in `cache_dir`; later calls load the
@@ -124,13 +124,13 @@ def cache_problem(cache_dir: Path) -> str | None:
     return None
 
 
-def _load_checkpoint(folder: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def _load_checkpoint(folder: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return model, tokenizer
 
 
-def _load_gguf(path: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
+def _load_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     folder, name = str(path.parent), path.name
     # Ask for dense fp32 weights outright: by default transformers keeps them packed in GGUF
     # blocks whenever a `kernels` matmul kernel is installed, and such a model cannot be trained.
@@ -153,7 +153,7 @@ def _load_gguf(path: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     return model.eval(), tokenizer
 
 
-def _strip_quantization_marker(model: LlamaForCausalLM) -> None:
+def _strip_quantization_marker(model: PreTrainedModel) -> None:
     """Make a dequantized GGUF model an ordinary one, so `save_pretrained` accepts it.
 
     With `dequantize=True` transformers 5.24 already drops the marker; a plain `gguf_file=` load
@@ -173,9 +173,7 @@ def _strip_quantization_marker(model: LlamaForCausalLM) -> None:
         raise ModelSourceError(f"the GGUF model still holds packed GGUF modules {packed}")
 
 
-def _save_atomically(
-    model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, cache_dir: Path, source: Path
-) -> None:
+def _save_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cache_dir: Path, source: Path) -> None:
     """Write the checkpoint next to `cache_dir` and rename it into place when it is complete."""
     cache_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}.tmp-", dir=cache_dir.parent))

@@ -38,7 +38,7 @@ class EncodedBatch:
     pad_id: int
     # per row: the sampling policy's log-probs of its tokens, where they can be compared with
     # ours (an off-policy row from a peer with our tokenizer, at temperature 1); else None
-    behavior: tuple[list[float] | None, ...] = ()
+    behavior: tuple[tuple[float, ...] | None, ...] = ()
 
     @property
     def completion_length(self) -> int:
@@ -242,6 +242,8 @@ def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: f
 
 def make_optimizer(policy: Policy, settings: TrainingSettings) -> torch.optim.Optimizer:
     params = policy.trainable_parameters()
+    if settings.lr is None:
+        raise ValueError("settings.lr is None: set it, or fill it with training.config.default_learning_rate")
     if settings.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
     return torch.optim.Adam(params, lr=settings.lr)
@@ -369,14 +371,14 @@ class PassLayout:
         for row in rows:
             by_group.setdefault(self.batch.group_of[row], []).append(row)
         if self.packed is not None:
-            return self._packed_pieces(list(by_group.values()))
+            return self._packed_pieces(self.packed, list(by_group.values()))
         if not self.shared:
             return [rows[i : i + micro] for i in range(0, len(rows), micro)]
         return [part[i : i + micro] for part in by_group.values() for i in range(0, len(part), micro)]
 
-    def _packed_pieces(self, groups: list[list[int]]) -> list[list[int]]:
+    def _packed_pieces(self, packed: PackedForward, groups: list[list[int]]) -> list[list[int]]:
         """Groups' rows in order, a new pass whenever the next row would pass the budget (or `micro` rows)."""
-        per_token, per_logit = activation_bytes(self.packed.config)
+        per_token, per_logit = activation_bytes(packed.config)
         pieces: list[list[int]] = [[]]
         used = 0.0
         for members in groups:

@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedModel
 
 from sapo.training.policy import Policy, load_policy
 from sapo.training.scripted import wrong_answer
@@ -272,6 +273,8 @@ def _build_warm_start(
     partial = final.parent / f".partial-{final.name}-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(policy.model, PreTrainedModel):  # a policy loaded without LoRA is one
+        raise TypeError(f"a warm start saves a transformers model, not a {type(policy.model).__name__}")
     policy.model.save_pretrained(partial)
     policy.tokenizer.save_pretrained(partial)
     recipe = {
