@@ -50,9 +50,11 @@ test-all: $(STAMP)
 compose-test: $(STAMP)
 	$(PY) -m tests.docker.compose_swarm --out compose-test-out
 
-# Regenerate the settings reference (docs/settings.md) from the settings models.
+# Regenerate the settings reference (docs/settings.md) from the settings models, and the
+# architecture drawing (Graphviz's dot: apt install graphviz).
 docs: $(STAMP)
 	$(PY) -m sapo.node.daemon.settings_doc docs/settings.md
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
 clean:
 	rm -rf $(VENV) *.egg-info sapo-data sapo-swarm compose-test-out
