@@ -34,10 +34,11 @@ import trio
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
+from sapo.node.core.metrics import METRICS_FILE
 from sapo.node.core.node import Node
 from sapo.node.core.round import RoundResult
 from sapo.node.core.settings import NodeSettings, load_settings
-from sapo.node.study.nodes import Learner, RoundClock, StudyRun, peer_id_for
+from sapo.node.study.nodes import Learner, RecordsInMemory, RoundClock, StudyRun, peer_id_for
 from sapo.node.study.runs import run_lockstep
 from sapo.sampling.screen import judged, worst_stretch
 from sapo.training.rewards import score_group
@@ -88,13 +89,6 @@ class Attacker:
         return QuestionGroup(problem=problem, completions=texts, rewards=score_group(problem, texts))
 
 
-class _Records:
-    """Stands in for Node.metrics: the bench keeps its own rows."""
-
-    def append(self, record) -> None:
-        pass
-
-
 def node_settings(args: argparse.Namespace, index: int) -> NodeSettings:
     flags = {
         "model": args.model, "tasks": [args.task], "torch_threads": 1, "swarm": "poisoning", "checkpoint_every": 0,
@@ -112,10 +106,10 @@ def build(args: argparse.Namespace) -> tuple[StudyRun, list[Attacker]]:
     learners = []
     for k in range(args.honest):
         settings = node_settings(args, k)
-        node = Node(settings, peer_id=peer_id_for(args.seed, k))
-        node.metrics = _Records()
+        records = RecordsInMemory(settings.run.data_dir / METRICS_FILE)  # never written: the bench keeps its own rows
+        node = Node(settings, peer_id=peer_id_for(args.seed, k), metrics=records)
         exchange = hub.join(node.peer_id, settings, inbox=node.inbox, counters=node.counters, verifier=node.verifier)
-        learners.append(Learner(k, node, exchange, node.start_state()))
+        learners.append(Learner(k, node, exchange, node.start_state(), records))
     attackers = []
     base = learners[0].node.settings
     for k in range(args.attackers):

@@ -47,8 +47,9 @@ class SignalForcingVerifier:
         return taken
 
 
-def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier):
-    """A node alone, with the bench's round: Q local questions, no external groups, no checkpoints."""
+def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier, trains: bool = True):
+    """A node alone, with the bench's round: Q local questions, no external groups, no checkpoints
+    (and, unless it `trains`, no update: --generate-only)."""
     from sapo.node.core.node import Node
     from sapo.node.core.settings import load_settings
     from sapo.node.study.nodes import peer_id_for
@@ -58,7 +59,7 @@ def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier):
         "tasks": [TASK], "local": args.questions, "external": 0, "generations": args.generations,
         "max_new_tokens": args.max_new_tokens, "updates_per_batch": args.updates_per_batch,
         "minibatches": args.minibatches, "torch_threads": args.threads, "seed": args.seed,
-        "data_dir": data_dir, "checkpoint_every": 0, "precision": args.precision,
+        "data_dir": data_dir, "checkpoint_every": 0, "precision": args.precision, "generate_only": not trains,
     })
     # a real peer id: its local groups are framed for publishing, as the daemon's are
     return Node(settings, peer_id=peer_id_for(args.seed, 0), verifier=verifier)

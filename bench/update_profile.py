@@ -93,12 +93,12 @@ def round_rows(args: argparse.Namespace):
                                updates_per_batch=1, minibatches=1, threads=args.threads, seed=args.seed,
                                precision=args.precision, device="cpu")  # the profile is of the CPU update
     args.models_dir.mkdir(parents=True, exist_ok=True)
-    node = bench_node(bench, args.model, Path(tempfile.mkdtemp(prefix="bench-profile-")), SignalForcingVerifier(True))
-    taken = []
-    node.train = lambda training: taken.append(training)  # the rows, not an update: each setting starts afresh
+    # the rows, not an update (a node that does not train): each setting starts afresh
+    data_dir = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    node = bench_node(bench, args.model, data_dir, SignalForcingVerifier(True), trains=False)
     hub = MemoryHub(time.time, rg_version="bench").join(node.peer_id, node.settings, inbox=None, counters=NodeCounters())
     result = trio.run(run_round, node, node.start_state(), hub, trio.Lock())
-    return node, taken[0].rows, result.generation.new_tokens
+    return node, result.training_set.rows, result.generation.new_tokens
 
 
 def ancestors(event) -> list:

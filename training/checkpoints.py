@@ -1,7 +1,7 @@
 """Atomic, verifiable checkpoints under DATA_DIR/checkpoints/.
 
 Each checkpoint is a directory `round-NNNNNNNN/` holding the model in HF format (`model/`),
-the optimizer and RNG state (`trainer.pt`), the node's state (`state.json`) and a manifest of
+the optimizer's state (`trainer.pt`), the node's state (`state.json`) and a manifest of
 every file's size and SHA-256, written last. It is built in a `.partial-*` directory, fsynced,
 then renamed into place, so a crash at any point leaves either the old set or the new one.
 """

@@ -1,7 +1,8 @@
-"""A node: what it owns (policy, optimizer, inbox, task stream, random streams) and the blocking
-steps of its round. What rounds change is a `NodeState` value: each step takes what it needs
-as arguments and hands its result back, and `round.py:run_round` calls them in order, for the
-daemon, the study and the benchmarks alike.
+"""A node: what it owns (policy, optimizer, inbox, counters, where its records go, its stop
+signal), all given or built when it is constructed, and the blocking steps of its round. What
+rounds change, the random streams and the task cursor among it, is a `NodeState` value: each
+step takes what it needs as arguments and hands its result back, and `round.py:run_round` calls
+them in order, for the daemon, the study and the benchmarks alike.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.loading import load_node_policy
 from sapo.node.core.metrics import METRICS_FILE, MetricsLog, RoundRecord
 from sapo.node.core.settings import NodeSettings
-from sapo.node.core.state import NodeState, restore_state
+from sapo.node.core.state import NodeState, RandomStreams, RngState, TaskCursor, restore_state, stream_at
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.inbox import Inbox
@@ -34,7 +36,7 @@ from sapo.training.generation import GenerationRequest, GenerationResult, genera
 from sapo.training.policy import Policy
 from sapo.training.rewards import Verifier, has_answer_tag, is_correct, verifier_for
 from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, TaskSpec
+from sapo.training.tasks import Problem, TaskSampler, TaskSpec
 from sapo.training.typicality import excess_surprise
 from sapo.training.update import UpdateStats, grpo_update, make_optimizer
 
@@ -46,10 +48,19 @@ AUGMENT_SEED_OFFSET = 500_000_003
 
 @dataclass(frozen=True)
 class Selection:
-    """The external groups a round chose, and the sampler's state after choosing them."""
+    """The external groups a round chose, and the sampler's state and random stream after choosing them."""
 
     external: list[QuestionGroup]
     sampler: SamplerState
+    rng: RngState
+
+
+class RoundLog(Protocol):
+    """Where a node's round records go: DATA_DIR/metrics.jsonl (`MetricsLog`), or a harness's own."""
+
+    def append(self, record: RoundRecord) -> None: ...
+
+    def truncate_after(self, round_index: int) -> None: ...
 
 
 def node_inbox(settings: NodeSettings) -> Inbox:
@@ -77,10 +88,16 @@ class Node:
         warm_start_tasks: list[TaskSpec] | None = None,
         verifier: Verifier | None = None,
         policy: Policy | None = None,
+        metrics: RoundLog | None = None,
+        counters: NodeCounters | None = None,
+        stop: threading.Event | None = None,
     ):
         """`policy`: one the caller built (a node on a shared base, training/shared_base.py);
         such a node starts fresh and does not resume from checkpoints. Otherwise the node
-        resumes from its last checkpoint, if any: `start_state()` is where its rounds go on."""
+        resumes from its last checkpoint, if any: `start_state()` is where its rounds go on.
+        `metrics`: where its round records go (DATA_DIR/metrics.jsonl unless given).
+        `counters`: what it counts of its traffic (the daemon's carry the gossip layer's own).
+        `stop`: once it is set (on shutdown), generation, the longest step, stops at its next token."""
         self.settings = settings
         self.peer_id = peer_id
         # How this node scores its own completions (benchmarks substitute one that forces signal).
@@ -88,10 +105,9 @@ class Node:
         run = settings.run
         self.data_dir = run.data_dir
         self.checkpoints_dir = self.data_dir / "checkpoints"
-        self.metrics = MetricsLog(self.data_dir / METRICS_FILE)
-        self.counters = NodeCounters()
-        # Set on shutdown: generation (the longest step) stops at its next token.
-        self.stop_requested = threading.Event()
+        self.metrics: RoundLog = metrics if metrics is not None else MetricsLog(self.data_dir / METRICS_FILE)
+        self.counters = counters if counters is not None else NodeCounters()
+        self.stop_requested = stop if stop is not None else threading.Event()
         self.resumed_from = latest_checkpoint(self.checkpoints_dir) if policy is None else None
         self.policy = policy if policy is not None else load_node_policy(settings, self.resumed_from, warm_start_tasks)
         train = settings.training
@@ -100,26 +116,22 @@ class Node:
         self.training = train  # the training settings with the learning rate resolved
         self.use = settings.external_use
         self.optimizer = None if run.generate_only else make_optimizer(self.policy, train)
-        self.tasks = TaskSampler(settings.tasks.specs(), dataset_seed=run.seed, rng_seed=run.seed)
-        self.heldout = heldout_problems(settings.tasks.specs(), run.eval_questions) if run.eval_every else None
-        self.mix_rng = random.Random(run.seed + 1)
-        self.update_rng = random.Random(run.seed + 2)
+        self.task_specs = settings.tasks.specs()
+        self.heldout = heldout_problems(self.task_specs, run.eval_questions) if run.eval_every else None
         self.trust = settings.trust
         self.inbox = node_inbox(settings)
         self.balance = settings.sampling.balance_rule(trains=not run.generate_only)
 
     def start_state(self) -> NodeState:
-        """Where this node's rounds start: its checkpoint's state (restoring the optimizer and the
-        random streams to that round), or round 0."""
+        """Where this node's rounds start: its checkpoint's state (restoring the optimizer to that
+        round), or round 0, its random streams seeded by --seed."""
+        first = NodeState(balance=self.balance.initial(), streams=RandomStreams.from_seed(self.settings.run.seed))
         if self.resumed_from is None:
-            return NodeState(balance=self.balance.initial())
+            return first
         trainer = self.resumed_from.trainer_state()
         if self.optimizer is not None and trainer.get("optimizer") is not None:
             self.optimizer.load_state_dict(trainer["optimizer"])
-        self.mix_rng.setstate(_as_rng_state(trainer["mix_rng"]))
-        self.update_rng.setstate(_as_rng_state(trainer["update_rng"]))
-        self.tasks.load_state_dict(trainer["tasks"])
-        state = restore_state(self.resumed_from.state(), trainer, self.balance.initial())
+        state = restore_state(self.resumed_from.state(), trainer, first)
         self.metrics.truncate_after(state.round)
         log.info("resumed from %s at round %d", self.resumed_from.path, state.round)
         return state
@@ -147,21 +159,28 @@ class Node:
         # far from 0, so that no round after the resume meets the seed of a round before it
         return 2**20 + secrets.randbelow(2**31)
 
-    def generation_request(self, plan: RoundPlan) -> GenerationRequest:
-        """This round's I questions (drawn from the task stream now: once a round) and how this
-        node samples them."""
+    def questions(self, plan: RoundPlan, cursor: TaskCursor) -> tuple[list[Problem], TaskCursor]:
+        """This round's I questions, the next ones from the node's task stream at `cursor`, and
+        where the stream goes on after them."""
+        tasks = TaskSampler(self.task_specs, dataset_seed=self.settings.run.seed, rng_seed=0)
+        tasks.load_state_dict(cursor.model_dump())  # the stream's state is the cursor's, whatever the seed
+        problems = tasks.sample(plan.local)
+        return problems, TaskCursor.model_validate(tasks.state_dict())
+
+    def generation_request(self, plan: RoundPlan, questions: list[Problem]) -> GenerationRequest:
+        """How this node samples this round's questions."""
         return GenerationRequest(
             self.policy,
-            self.tasks.sample(plan.local),
+            questions,
             seed=self.generation_seed(plan),
             sender_round=plan.index,
             verifier=self.verifier,
             record_behavior=self.use.share_logprobs,  # published with the groups
         )
 
-    def generate(self, plan: RoundPlan) -> GenerationResult:
+    def generate(self, plan: RoundPlan, questions: list[Problem]) -> GenerationResult:
         """This round's I local groups, sampled from the node's own policy and scored by its verifier."""
-        request, t = self.generation_request(plan), self.training
+        request, t = self.generation_request(plan, questions), self.training
         return generate_groups(
             request.policy,
             request.problems,
@@ -175,11 +194,13 @@ class Node:
             record_behavior=request.record_behavior,
         )
 
-    def mix(self, plan: RoundPlan, sampler_state: SamplerState, now: float) -> Selection:
-        """Up to J external groups from the inbox, as of `now`, chosen by the node's sampler.
-        Reads the inbox; the round takes the chosen groups out of it. With standing, each author's
-        chance follows its standing (sampling/standing.py)."""
-        return Selection(*choose_from_inbox(self.inbox, self.use, plan.external, self.mix_rng, sampler_state, now))
+    def mix(self, plan: RoundPlan, state: NodeState, now: float) -> Selection:
+        """Up to J external groups from the inbox, as of `now`, chosen by the node's sampler from
+        the state's. Reads the inbox; the round takes the chosen groups out of it. With standing,
+        each author's chance follows its standing (sampling/standing.py)."""
+        rng = stream_at(state.streams.mix)
+        external, sampler = choose_from_inbox(self.inbox, self.use, plan.external, rng, state.sampler, now)
+        return Selection(external, sampler, rng.getstate())
 
     def prepare(
         self, plan: RoundPlan, generation: GenerationResult, selection: Selection, state: NodeState
@@ -224,10 +245,13 @@ class Node:
             verifier=self.verifier,
         )
 
-    def train(self, training: TrainingSet) -> UpdateStats | None:
+    def train(self, training: TrainingSet, rng: RngState) -> tuple[UpdateStats | None, RngState]:
+        """The GRPO step on the round's training set, its minibatches ordered by the stream at
+        `rng`; and where that stream goes on. None for a node that does not train."""
         if self.optimizer is None:
-            return None
-        return grpo_update(self.policy, self.optimizer, training.rows, self.training, self.update_rng)
+            return None, rng
+        stream = stream_at(rng)
+        return grpo_update(self.policy, self.optimizer, training.rows, self.training, stream), stream.getstate()
 
     def evaluation_due(self, round_index: int) -> bool:
         every = self.settings.run.eval_every
@@ -293,14 +317,16 @@ class Node:
         )
 
     def next_state(
-        self, state: NodeState, plan: RoundPlan, record: RoundRecord, selection: Selection, training: TrainingSet
+        self, state: NodeState, plan: RoundPlan, record: RoundRecord, selection: Selection, training: TrainingSet,
+        streams: RandomStreams,
     ) -> NodeState:
-        """The state after this round: its totals, what the balance learnt from it, the
-        sampler's state and the screen's reference."""
+        """The state after this round: its totals, what the balance learnt from it, where the
+        random streams got to, the sampler's state and the screen's reference."""
         return NodeState(
             round=plan.index,
             cumulative_reward=record.cumulative_reward,
             balance=self.balance.observe(state.balance, plan, record.external_groups, record.reward_mean),
+            streams=streams,
             sampler=selection.sampler,
             screen=training.screen if training.screen is not None else state.screen,
         )
@@ -318,12 +344,7 @@ class Node:
             policy.model.save_pretrained(path)
             policy.tokenizer.save_pretrained(path)
 
-        trainer_state = {
-            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "mix_rng": self.mix_rng.getstate(),
-            "update_rng": self.update_rng.getstate(),
-            "tasks": self.tasks.state_dict(),
-        }
+        trainer_state = {"optimizer": self.optimizer.state_dict() if self.optimizer else None}
         node_state = state.to_json() | {
             "peer_id": self.peer_id,
             "settings": self.settings.flat() | {"data_dir": str(self.data_dir)},
@@ -333,8 +354,3 @@ class Node:
         )
         log.info("checkpoint written: %s", checkpoint.path)
         return checkpoint
-
-
-def _as_rng_state(state):
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)

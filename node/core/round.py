@@ -11,11 +11,12 @@ import trio
 
 from sapo.node.core.metrics import RoundRecord
 from sapo.node.core.node import Node
-from sapo.node.core.state import NodeState
+from sapo.node.core.state import NodeState, RandomStreams
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.training_set import TrainingSet
 from sapo.training.generation import GenerationResult
 from sapo.training.rollouts import QuestionGroup
+from sapo.training.tasks import Problem
 from sapo.training.update import UpdateStats
 
 
@@ -42,13 +43,15 @@ class RoundResult:
     state: NodeState
 
 
-async def generate_alone(node: Node, plan: RoundPlan, torch_lock: trio.Lock) -> GenerationResult:
-    """A node's generation on its own: in a worker thread, holding the torch lock."""
+async def generate_alone(
+    node: Node, plan: RoundPlan, questions: list[Problem], torch_lock: trio.Lock
+) -> GenerationResult:
+    """A node's generation of the round's questions on its own: in a worker thread, holding the torch lock."""
     async with torch_lock:
-        return await trio.to_thread.run_sync(node.generate, plan)
+        return await trio.to_thread.run_sync(node.generate, plan, questions)
 
 
-Generate = Callable[[Node, RoundPlan, trio.Lock], Awaitable[GenerationResult]]
+Generate = Callable[[Node, RoundPlan, list[Problem], trio.Lock], Awaitable[GenerationResult]]
 
 
 async def run_round(
@@ -68,13 +71,14 @@ async def run_round(
     """
     started = time.perf_counter()
     plan = node.plan(state)
-    generation = await generate(node, plan, torch_lock)
+    questions, tasks = node.questions(plan, state.streams.tasks)
+    generation = await generate(node, plan, questions, torch_lock)
     await exchange.publish(generation.groups, plan.index)
-    selection = node.mix(plan, state.sampler, clock())
+    selection = node.mix(plan, state, clock())
     node.inbox.take(selection.external)  # a group trains once
     async with torch_lock:
         training_set = await trio.to_thread.run_sync(node.prepare, plan, generation, selection, state)
-        update = await trio.to_thread.run_sync(node.train, training_set)
+        update, update_rng = await trio.to_thread.run_sync(node.train, training_set, state.streams.update)
     heldout = None
     if node.evaluation_due(plan.index):
         async with torch_lock:
@@ -82,7 +86,8 @@ async def run_round(
     seconds = time.perf_counter() - started
     record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
     await trio.to_thread.run_sync(node.metrics.append, record)  # fsyncs, and now and then compacts the history
-    state = node.next_state(state, plan, record, selection, training_set)
+    streams = RandomStreams(tasks=tasks, mix=selection.rng, update=update_rng)
+    state = node.next_state(state, plan, record, selection, training_set, streams)
     if node.checkpoint_due(plan.index):
         async with torch_lock:
             await trio.to_thread.run_sync(node.checkpoint, state)

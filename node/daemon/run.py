@@ -19,6 +19,7 @@ from typing import Callable
 
 import trio
 
+from sapo.node.core.counters import NodeCounters
 from sapo.node.daemon.dialable import dialable_all, page_urls
 from sapo.node.core.exchange import GossipExchange, group_encoder, node_intake
 from sapo.node.daemon.live import LiveStatus, LoadingStopped
@@ -163,16 +164,19 @@ async def open_page(nursery: trio.Nursery, settings: NodeSettings, live: LiveSta
     return metrics
 
 
-async def load_node(settings: NodeSettings, peer_id: str, live: LiveStatus) -> tuple[Node, NodeState]:
+async def load_node(
+    settings: NodeSettings, peer_id: str, live: LiveStatus, counters: NodeCounters, stop: threading.Event
+) -> tuple[Node, NodeState]:
     """Load (or convert) the model, warm-start it if due, resume from the last checkpoint:
-    in a worker thread, so the network and the page keep answering meanwhile."""
+    in a worker thread, so the network and the page keep answering meanwhile. The node counts
+    into `counters` and stops generating when `stop` is set."""
     live.phase = "loading model"
     started = time.perf_counter()
     log.info("loading %s%s", settings.model.model, " (the page shows the progress)" if live.page else "")
 
     def build() -> tuple[Node, NodeState]:
         with watching_warm_start(live.warm_start_step):
-            node = Node(settings, peer_id)
+            node = Node(settings, peer_id, counters=counters, stop=stop)
             return node, node.start_state()
 
     node, state = await trio.to_thread.run_sync(build)
@@ -232,7 +236,7 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
     peer_id = peer_id_of(key_pair)
     stop = threading.Event()
     live = LiveStatus(settings, peer_id, stop)
-    transport: dict[str, int] = {}  # the gossip layer's counters; the node's own once it exists
+    transport: dict[str, int] = {}  # the gossip layer's counters, reported with the node's own
     torch_lock = trio.Lock()
     node: Node | None = None
     state = start = None
@@ -245,10 +249,9 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 service, receive = await open_network(nursery, settings, key_pair, transport, live)
                 metrics = await open_page(nursery, settings, live)
                 nursery.start_soon(live.keep_file)
-                node, state = await load_node(settings, peer_id, live)
+                # one stop flag for the whole daemon, set by the signal handler
+                node, state = await load_node(settings, peer_id, live, NodeCounters(transport=transport), stop)
                 start = state
-                node.counters.transport = transport
-                node.stop_requested = stop  # one flag for the whole daemon, set by the signal handler
                 exchange = start_intake(nursery, node, service, receive, settings)
                 live.judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
                 live.phase = "waiting for peers"

@@ -10,6 +10,7 @@ from typing import Any
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
+from sapo.node.core.metrics import METRICS_FILE
 from sapo.node.core.node import Node
 from sapo.node.core.round import Generate, generate_alone
 from sapo.node.core.settings import NodeSettings
@@ -65,8 +66,9 @@ def node_settings(
     return base.updated(values)
 
 
-class _RecordsInMemory:
-    """Stands in for Node.metrics during a study: no fsync per node-round; written once at the end."""
+class RecordsInMemory:
+    """Where a study's node keeps its round records (a `RoundLog`): no fsync per node-round;
+    written once at the end."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -74,6 +76,9 @@ class _RecordsInMemory:
 
     def append(self, record) -> None:
         self.records.append(record)
+
+    def truncate_after(self, round_index: int) -> None:
+        self.records = [r for r in self.records if r.round <= round_index]
 
     def flush(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,11 +91,8 @@ class Learner:
     node: Node
     exchange: MemoryExchange
     state: NodeState  # after its last round; each round hands it a new one
+    records: RecordsInMemory  # its node's round records
     joins_at: int = 1  # its first round (a late joiner's is later)
-
-    @property
-    def records(self) -> list:
-        return self.node.metrics.records
 
 
 @dataclass
@@ -138,14 +140,14 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
     for k, settings in enumerate(every):
         tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists == "tasks" else None
         policy = shared.policy(k) if shared is not None else None
-        node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks, policy=policy)
-        node.metrics = _RecordsInMemory(node.metrics.path)
+        records = RecordsInMemory(settings.run.data_dir / METRICS_FILE)
+        node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks, policy=policy, metrics=records)
         receives = config.adaptive or config.external > 0
         exchange = hub.join(node.peer_id, settings, inbox=node.inbox if receives else None, counters=node.counters,
                             verifier=node.verifier, joins_at=study.joins_at(k))
         # a late joiner's rounds are numbered from its join round, like everyone's in that round
         state = node.start_state().model_copy(update={"round": study.joins_at(k) - 1})
-        learners.append(Learner(k, node, exchange, state, study.joins_at(k)))
+        learners.append(Learner(k, node, exchange, state, records, study.joins_at(k)))
     solvers = []
     for k in range(study.scripted_solvers):
         peer_seed = base.run.seed + 1000 * seed + 500 + k

@@ -68,7 +68,7 @@ def run_one(
     if done < study.rounds:
         log.warning("%s seed %d: --max-minutes reached after %d rounds", config.name, seed, done)
     for learner in run.learners:
-        learner.node.metrics.flush()
+        learner.records.flush()
     seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
     # CPU time too: on a shared machine it predicts an uncontended run better than wall time
     return {"setup": setup_seconds, "total": seconds,

@@ -113,7 +113,7 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
         node.inbox.standing.credit(author, t)
     state = node.start_state()
     plan = node.plan(state)
-    prepared = node.prepare(plan, GenerationResult(groups[2:], 0.0, 0), Selection([honest, poisoned], SamplerState()), state)
+    prepared = node.prepare(plan, GenerationResult(groups[2:], 0.0, 0), Selection([honest, poisoned], SamplerState(), state.streams.mix), state)
     assert prepared.external == [honest] and prepared.refused == [poisoned]
     assert node.inbox.standing.of("mallory") == 0.0 < node.inbox.standing.of("alice")
     # the bar moves with this round's own winning completions

@@ -56,14 +56,15 @@ from types import SimpleNamespace
 from sapo.node.daemon.live import LiveStatus
 from sapo.node.core.metrics import METRICS_FILE, MetricsLog
 from sapo.node.core.settings import NodeSettings
-from sapo.node.core.state import NodeState
+from sapo.node.core.state import NodeState, RandomStreams
 from sapo.node.daemon.status import status_from_data_dir
 from sapo.sampling.balance import BalanceState
 
 data_dir, last = Path(sys.argv[1]), int(sys.argv[2])
 MetricsLog(data_dir / METRICS_FILE).truncate_after(last)
 live = LiveStatus(NodeSettings(), "peer", threading.Event())
-live.node_ready(SimpleNamespace(data_dir=data_dir), NodeState(round=last, balance=BalanceState(external=4)))
+state = NodeState(round=last, balance=BalanceState(external=4), streams=RandomStreams.from_seed(0))
+live.node_ready(SimpleNamespace(data_dir=data_dir), state)
 page = live._history.fields()["rounds"]
 status = status_from_data_dir(data_dir)
 print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "round": status.round,

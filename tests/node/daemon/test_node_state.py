@@ -87,25 +87,28 @@ async def test_a_stopped_node_resumes_with_its_sampler_memory_and_the_same_next_
     plan = node.plan(state)
     assert restored.plan(resumed) == plan and plan.index == 4
     now = time.time()
-    choice = node.mix(plan, state.sampler, now)
-    assert len(choice.external) == 3 and restored.mix(plan, resumed.sampler, now) == choice
-    assert restored.tasks.sample(3) == node.tasks.sample(3)
+    choice = node.mix(plan, state, now)
+    assert len(choice.external) == 3 and restored.mix(plan, resumed, now) == choice
+    assert restored.questions(plan, resumed.streams.tasks) == node.questions(plan, state.streams.tasks)
     assert len(node.metrics.path.read_text().splitlines()) == 3
 
 
 def test_a_checkpoint_of_sapo_0_2_resumes_its_round_totals_and_balance():
-    from sapo.node.core.state import restore_state
+    from sapo.node.core.state import NodeState, RandomStreams, restore_state
     from sapo.sampling.balance import BalanceState
+
+    def first(balance):
+        return NodeState(balance=balance, streams=RandomStreams.from_seed(0))
 
     # what sapo 0.2 wrote: the totals in state.json, the balance and last reward in trainer.pt
     saved = {"round": 40, "cumulative_reward": 12.5, "peer_id": "12D3KooWtest", "settings": {}}
     trainer = {"balance": {"external": 6, "history": [[10, 5], [20, 6]], "gains": {"plus": [0.1], "minus": []}},
                "last_reward": 0.4}
-    state = restore_state(saved, trainer, BalanceState(external=4))
+    state = restore_state(saved, trainer, first(BalanceState(external=4)))
     assert (state.round, state.cumulative_reward, state.balance.external) == (40, 12.5, 6)
     assert state.balance.history == ((10, 5), (20, 6)) and state.balance.plus == (0.1,)
     assert state.balance.last is None  # the probe in flight is dropped: the next round plans the centre
-    fixed = restore_state(saved, {"balance": None}, BalanceState(external=4))  # a fixed balance kept nothing
+    fixed = restore_state(saved, {"balance": None}, first(BalanceState(external=4)))  # a fixed balance kept nothing
     assert fixed.balance == BalanceState(external=4) and fixed.round == 40
     # and what this release writes comes back whole
-    assert restore_state(state.to_json() | {"peer_id": "x"}, {}, BalanceState(external=0)) == state
+    assert restore_state(state.to_json() | {"peer_id": "x"}, {}, first(BalanceState(external=0))) == state

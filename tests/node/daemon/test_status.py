@@ -100,17 +100,17 @@ def test_a_live_node_holds_the_same_memory_after_16000_rounds_as_after_8000(tmp_
     """The page's curves are bins, not every round a node ever ran (5.6 KB a round before)."""
     from sapo.node.core.flags import node_settings_from_flags
     from sapo.node.daemon.live import LiveStatus
-    from sapo.node.core.state import NodeState
+    from sapo.node.core.state import NodeState, RandomStreams
     from sapo.sampling.balance import BalanceState
 
     live = LiveStatus(node_settings_from_flags(["--data-dir", str(tmp_path)]), "12D3KooWme", threading.Event())
-    base = record(1)
+    base, streams = record(1), RandomStreams.from_seed(0)
     tracemalloc.start()
     try:
         held = []
         for n in range(1, 16001):
             done = base.model_copy(update={"round": n, "time": 1000.0 + n})
-            live.after_round(NodeState(round=n, cumulative_reward=0.0, balance=BalanceState(external=4)), done)
+            live.after_round(NodeState(round=n, balance=BalanceState(external=4), streams=streams), done)
             if n in (8000, 16000):
                 held.append(tracemalloc.get_traced_memory()[0])
     finally:
