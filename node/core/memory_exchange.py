@@ -94,16 +94,17 @@ class MemoryHub:
         `round_index`, if given), senders in join order; returns the frames delivered."""
         delivered = 0
         now = self.clock()
-        receivers = [m for m in self.members if m.intake is not None and (round_index is None or m.joins_at <= round_index)]
+        receivers = [(m, m.intake) for m in self.members
+                     if m.intake is not None and (round_index is None or m.joins_at <= round_index)]
         for sender in self.members:
             for frame in sender.pending_logprobs:
-                for member in receivers:
+                for member, intake in receivers:
                     if member is not sender:
-                        member.intake.accept_logprobs(frame, sender.peer_id, now)
+                        intake.accept_logprobs(frame, sender.peer_id, now)
             for frame in sender.pending:
-                for member in receivers:
+                for member, intake in receivers:
                     if member is not sender:
-                        member.intake.accept(frame, sender.peer_id, now)
+                        intake.accept(frame, sender.peer_id, now)
                         delivered += 1
             sender.pending.clear()
             sender.pending_logprobs.clear()

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.loading import load_node_policy
@@ -312,8 +312,8 @@ class Node:
             augment_tokens=training.augment_tokens,
             update_tokens=update.tokens if update else 0,
             tokens_per_second=generation.new_tokens / generation.seconds if generation.seconds > 0 else 0.0,
-            loss=update.loss if trained else None,
-            clip_fraction=update.clip_fraction if trained else None,
+            loss=update.loss if update is not None and trained else None,
+            clip_fraction=update.clip_fraction if update is not None and trained else None,
         )
 
     def next_state(
@@ -341,7 +341,8 @@ class Node:
         policy = self.policy
 
         def write_model(path: Path) -> None:
-            policy.model.save_pretrained(path)
+            model: Any = policy.model  # a transformers or a peft model: both save_pretrained
+            model.save_pretrained(path)
             policy.tokenizer.save_pretrained(path)
 
         trainer_state = {"optimizer": self.optimizer.state_dict() if self.optimizer else None}

@@ -114,7 +114,7 @@ class LiveStatus:
         )
         update: dict = {}
         transport = service.counters if service is not None else {}
-        if node is not None:
+        if node is not None and self.state is not None:  # set together, by node_ready
             counters = node.counters
             update |= {
                 "round": self.state.round,

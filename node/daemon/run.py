@@ -100,7 +100,7 @@ async def _cancel_on_signal(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
-            log.info("received %s (%s); finishing cleanly", signal.Signals(signum).name, SIGNAL_MEANING[signum])
+            log.info("received %s (%s); finishing cleanly", signal.Signals(signum).name, SIGNAL_MEANING[signal.Signals(signum)])
             _finish(scope, stop, live)
             return
 
@@ -268,7 +268,8 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 nursery.cancel_scope.cancel()
     except* LoadingStopped as stopped:
         log.info("%s", stopped.exceptions[0])
-    if node is not None and state.round > start.round and not node.checkpoint_due(state.round):
+    if node is not None and state is not None and start is not None and state.round > start.round \
+            and not node.checkpoint_due(state.round):
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(node.checkpoint, state)
     if live.phase != "finished":
