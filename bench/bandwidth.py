@@ -106,11 +106,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--size-mb", type=float, default=512, help="size of each of the two copied tensors")
     parser.add_argument("--repeats", type=int, default=5, help="copies timed; the best one counts")
     parser.add_argument("--threads", default="1,all", help="comma-separated torch thread counts ('all' = every CPU)")
-    parser.add_argument("--models", default="tiny,smollm2-135m", help="models to compute decode bounds for ('' for none)")
+    parser.add_argument(
+        "--models", default="tiny,smollm2-135m", help="models to compute decode bounds for ('' for none)"
+    )
     parser.add_argument("--batches", default="1,4,8,32", help="batch sizes of the decode bound table")
-    parser.add_argument("--context", type=float, default=150, help="context tokens per sequence (prompt + half the completion)")
+    parser.add_argument(
+        "--context", type=float, default=150, help="context tokens per sequence (prompt + half the completion)"
+    )
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
-    parser.add_argument("--smoke", action="store_true", help="64 MB, 2 repeats, tiny only: a quick check that this runs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="64 MB, 2 repeats, tiny only: a quick check that this runs"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.size_mb, args.repeats, args.models = 64, 2, "tiny"
@@ -136,14 +142,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     batches = [int(b) for b in args.batches.split(",")]
     print()
-    print(f"decode bound at {bandwidth:.1f} GB/s ({threads[0]} thread{'s' if threads[0] > 1 else ''}), "
-          f"context {args.context:g} tokens, fp32: tokens/s = B x bandwidth / (weights + B x KV/token x context)")
+    print(
+        f"decode bound at {bandwidth:.1f} GB/s ({threads[0]} thread{'s' if threads[0] > 1 else ''}), "
+        f"context {args.context:g} tokens, fp32: tokens/s = B x bandwidth / (weights + B x KV/token x context)"
+    )
     header = ["model", "weights MB", "KV KB/token"] + [f"B={b} tok/s" for b in batches]
     rows = [header]
     for name in models:
         g = model_geometry(name, args.models_dir)
-        rows.append([name, f"{g.weight_bytes / 1e6:.1f}", f"{g.kv_bytes_per_token / 1e3:.1f}"]
-                    + [f"{decode_bound_tokens_per_s(g, b, args.context, bandwidth):,.0f}" for b in batches])
+        rows.append(
+            [name, f"{g.weight_bytes / 1e6:.1f}", f"{g.kv_bytes_per_token / 1e3:.1f}"]
+            + [f"{decode_bound_tokens_per_s(g, b, args.context, bandwidth):,.0f}" for b in batches]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for n, row in enumerate(rows):
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))))

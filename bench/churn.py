@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gossip_swarm import percentile  # noqa: E402
 from gossip_peer import PeerProcess, write_groups  # noqa: E402
+from gossip_swarm import percentile  # noqa: E402
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
@@ -64,7 +64,9 @@ class Member:
     left_at: float | None = None
 
     def present(self, t: float, grace: float) -> bool:
-        return self.joined_at is not None and self.joined_at <= t and (self.left_at is None or t + grace <= self.left_at)
+        return (
+            self.joined_at is not None and self.joined_at <= t and (self.left_at is None or t + grace <= self.left_at)
+        )
 
 
 class Swarm:
@@ -79,8 +81,15 @@ class Swarm:
 
     def join(self, bootstrap: list[str]) -> Member:
         index = len(self.members)
-        process = PeerProcess(f"node{index}", self.tmp / f"node{index}", listen=LOOPBACK, peers=bootstrap,
-                              rate=self.args.rate, index=index, groups_file=self.groups)
+        process = PeerProcess(
+            f"node{index}",
+            self.tmp / f"node{index}",
+            listen=LOOPBACK,
+            peers=bootstrap,
+            rate=self.args.rate,
+            index=index,
+            groups_file=self.groups,
+        )
         member = Member(process)
         self.members.append(member)
         return member
@@ -107,7 +116,9 @@ class Swarm:
             member.process.proc.wait(10)
         code = member.process.stop()
         if how == "term" and code != 0:
-            raise RuntimeError(f"{member.process.name} did not leave cleanly (exit {code}): {member.process.log_tail()}")
+            raise RuntimeError(
+                f"{member.process.name} did not leave cleanly (exit {code}): {member.process.log_tail()}"
+            )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -171,23 +182,36 @@ def score(args: argparse.Namespace, swarm: Swarm, started: float, ended: float, 
                 else:
                     delivered += 1
                     latencies.append(at - t)
-    return {"expected": expected, "delivered": delivered, "latencies": latencies, "missed_by": missed_by,
-            "joined": len(swarm.members) - args.nodes, "left": sum(1 for m in swarm.members if m.how_it_left),
-            "killed": sum(1 for m in swarm.members if m.how_it_left == "kill"), "stayed": len(stayed),
-            "seconds": ended - started}
+    return {
+        "expected": expected,
+        "delivered": delivered,
+        "latencies": latencies,
+        "missed_by": missed_by,
+        "joined": len(swarm.members) - args.nodes,
+        "left": sum(1 for m in swarm.members if m.how_it_left),
+        "killed": sum(1 for m in swarm.members if m.how_it_left == "kill"),
+        "stayed": len(stayed),
+        "seconds": ended - started,
+    }
 
 
 def print_report(args: argparse.Namespace, r: dict) -> None:
     ratio = r["delivered"] / r["expected"] if r["expected"] else 0.0
     p50, p99, p100 = (1e3 * percentile(r["latencies"], q) for q in (50, 99, 100))
     print()
-    print(f"churn benchmark: {args.nodes} nodes on 127.0.0.1 (gossip peers, real GossipService), one leaves and "
-          f"one joins every {args.every:g} s for {r['seconds']:.0f} s, {args.rate:g} groups/s per node; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"left {r['left']} ({r['killed']} by SIGKILL, the rest SIGTERM), joined {r['joined']}, "
-          f"up at the end {r['stayed']}; no node stopped on its own")
-    print(f"delivered to present nodes: {r['delivered']} / {r['expected']} = {ratio:.4f}; "
-          f"latency p50 / p99 / max {p50:.0f} / {p99:.0f} / {p100:.0f} ms")
+    print(
+        f"churn benchmark: {args.nodes} nodes on 127.0.0.1 (gossip peers, real GossipService), one leaves and "
+        f"one joins every {args.every:g} s for {r['seconds']:.0f} s, {args.rate:g} groups/s per node; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(
+        f"left {r['left']} ({r['killed']} by SIGKILL, the rest SIGTERM), joined {r['joined']}, "
+        f"up at the end {r['stayed']}; no node stopped on its own"
+    )
+    print(
+        f"delivered to present nodes: {r['delivered']} / {r['expected']} = {ratio:.4f}; "
+        f"latency p50 / p99 / max {p50:.0f} / {p99:.0f} / {p100:.0f} ms"
+    )
     if r["missed_by"]:
         print("missed, by receiver: " + ", ".join(f"{k} {v}" for k, v in sorted(r["missed_by"].items())))
 

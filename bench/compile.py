@@ -58,11 +58,10 @@ from unittest import mock
 
 import torch
 import torch._dynamo
-from torch._dynamo.utils import counters
-
 from matmul_rate import Clock
-from roofline import DEFAULT_MODELS_DIR, DTYPES, hf_seconds, layout, _NoEndOfText
+from roofline import DEFAULT_MODELS_DIR, DTYPES, _NoEndOfText, hf_seconds, layout
 from text_table import print_rows
+from torch._dynamo.utils import counters
 
 VARIANTS = ("layer/F.linear", "layer/oneDNN op", "step/F.linear", "step/oneDNN op", "hf static")
 DEFAULT_VARIANTS = "layer/F.linear,layer/oneDNN op,hf static"
@@ -166,10 +165,22 @@ class CompiledDecoder:
                     raise ValueError("a mixed batch is not benchmarked here")
                 column = torch.tensor([cache.open_column()], device=tokens.device)
                 cos, sin = (t[positions].unsqueeze(1) for t in tables)
-                caches = [_LayerCache(cache.prompts, cache.samples, cache.prompt_length,
-                                      cache.prompt_keys_t[i : i + 1], cache.prompt_values[i : i + 1], cache.prompt_bias,
-                                      cache.keys_t[i : i + 1], cache.values[i : i + 1], cache.own_bias, cache.live,
-                                      cache.slots) for i in range(len(self.layers))]
+                caches = [
+                    _LayerCache(
+                        cache.prompts,
+                        cache.samples,
+                        cache.prompt_length,
+                        cache.prompt_keys_t[i : i + 1],
+                        cache.prompt_values[i : i + 1],
+                        cache.prompt_bias,
+                        cache.keys_t[i : i + 1],
+                        cache.values[i : i + 1],
+                        cache.own_bias,
+                        cache.live,
+                        cache.slots,
+                    )
+                    for i in range(len(self.layers))
+                ]
                 x = body(self, self.embed(tokens).float(), cos, sin, column, caches, layer_fn)
                 cache.column += 1
                 return self._logits(x)
@@ -209,9 +220,18 @@ def round_tokens(policy, prompts: list[str], samples: int, max_new_tokens: int, 
     from sapo.training.decoding import decode_samples
     from sapo.training.generation import ANSWER_CLOSE
 
-    decoded = decode_samples(policy.model, policy.tokenizer, prompts, samples_per_prompt=samples,
-                             max_new_tokens=max_new_tokens, temperature=1.0, seed=0, device=policy.device,
-                             stop_text=ANSWER_CLOSE, weights_dtype=dtype)
+    decoded = decode_samples(
+        policy.model,
+        policy.tokenizer,
+        prompts,
+        samples_per_prompt=samples,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        seed=0,
+        device=policy.device,
+        stop_text=ANSWER_CLOSE,
+        weights_dtype=dtype,
+    )
     return decoded.new_tokens, decoded.token_ids
 
 
@@ -220,8 +240,17 @@ def fixed_batch(policy, prompts: list[str], batch: int, steps: int, dtype) -> tu
     from sapo.training.decoding import decode_samples
 
     chosen, samples = layout(batch, prompts)
-    decode_samples(policy.model, _NoEndOfText(policy.tokenizer), chosen, samples_per_prompt=samples,
-                   max_new_tokens=steps, temperature=1.0, seed=0, device=policy.device, weights_dtype=dtype)
+    decode_samples(
+        policy.model,
+        _NoEndOfText(policy.tokenizer),
+        chosen,
+        samples_per_prompt=samples,
+        max_new_tokens=steps,
+        temperature=1.0,
+        seed=0,
+        device=policy.device,
+        weights_dtype=dtype,
+    )
     return batch * steps, []
 
 
@@ -247,8 +276,10 @@ def workload(variant: str, policy, rounds: list[list[str]], args, dtype) -> list
         measure = static_generate
     else:
         measure = fixed_batch
-        items += [Item(f"round {i}", lambda p=p: round_tokens(policy, p, args.round_samples, args.round_tokens, dtype))
-                  for i, p in enumerate(rounds)]
+        items += [
+            Item(f"round {i}", lambda p=p: round_tokens(policy, p, args.round_samples, args.round_tokens, dtype))
+            for i, p in enumerate(rounds)
+        ]
     for b in args.batch_list:
         for steps in (args.steps, 1):
             items.append(Item(f"B={b} x {steps}", lambda b=b, s=steps: measure(policy, rounds[0], b, s, dtype)))
@@ -313,15 +344,23 @@ def measure(variant: str, dtype_name: str, mode: str, policy, rounds: list[list[
         with inside():
             cold = run_pass(items)
         first_graphs = counters["stats"]["unique_graphs"]
-        print(f"  {label}: cold pass {sum(t[0] for t in cold):.1f} CPU s, {first_graphs} graphs, "
-              f"load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+        print(
+            f"  {label}: cold pass {sum(t[0] for t in cold):.1f} CPU s, {first_graphs} graphs, "
+            f"load average {os.getloadavg()[0]:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
         warm, plain = [], []
         for _ in range(args.repeats):
             with inside():
                 warm.append(run_pass(items))
             plain.append(run_pass(items))
-            print(f"  {label}: warm pass {sum(t[0] for t in warm[-1]):.1f} CPU s, uncompiled "
-                  f"{sum(t[0] for t in plain[-1]):.1f}, load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+            print(
+                f"  {label}: warm pass {sum(t[0] for t in warm[-1]):.1f} CPU s, uncompiled "
+                f"{sum(t[0] for t in plain[-1]):.1f}, load average {os.getloadavg()[0]:.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
     best = [min(p[i][0] for p in warm) for i in range(len(items))]
     compile_cpu = sum(t[0] for t in cold) - sum(best)
     compile_wall = sum(t[1] for t in cold) - sum(min(p[i][1] for p in warm) for i in range(len(items)))
@@ -331,8 +370,20 @@ def measure(variant: str, dtype_name: str, mode: str, policy, rounds: list[list[
     rows = [(x, y) for a, b in pairs for x, y in zip(a, b)]
     same_rows = f"{sum(x == y for x, y in rows)}/{len(rows)}" if rows else ""
     graphs = counters["stats"]["unique_graphs"]
-    return Result(variant, dtype_name, mode, compile_cpu, compile_wall, graphs, sum(counters["graph_break"].values()),
-                  graphs - first_graphs, rates, plain_rates, tokens, same_rows)
+    return Result(
+        variant,
+        dtype_name,
+        mode,
+        compile_cpu,
+        compile_wall,
+        graphs,
+        sum(counters["graph_break"].values()),
+        graphs - first_graphs,
+        rates,
+        plain_rates,
+        tokens,
+        same_rows,
+    )
 
 
 # --- the report -------------------------------------------------------------------------------------
@@ -340,12 +391,16 @@ def measure(variant: str, dtype_name: str, mode: str, policy, rounds: list[list[
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="model name (a tiny variant, smollm2-135m, a local HF directory)")
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="model name (a tiny variant, smollm2-135m, a local HF directory)"
+    )
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument("--dtypes", default="bf16", help="comma-separated: fp32, bf16 (what a node decodes in here)")
     parser.add_argument("--modes", default="default", help="torch.compile modes, comma-separated")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend (eager: dynamo alone, no code generation)")
+    parser.add_argument(
+        "--backend", default="inductor", help="torch.compile backend (eager: dynamo alone, no code generation)"
+    )
     parser.add_argument("--batches", default="8,32", help="fixed decode batch sizes")
     parser.add_argument("--steps", type=int, default=32, help="decoding steps per row in the fixed batches")
     parser.add_argument("--round-prompts", type=int, default=4, help="questions per measured round")
@@ -396,12 +451,18 @@ def main(argv: list[str] | None = None) -> int:
     tasks = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=0, rng_seed=0)
     rounds = [[policy.prompt(p) for p in tasks.sample(args.round_prompts)] for _ in range(2)]
     lengths = [max(len(ids) for ids in policy.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in rounds]
-    print(f"torch.compile and decoding {args.model}: torch {torch.__version__}, {args.threads} thread(s), backend "
-          f"{args.backend}, CPU clock (process + gcc children)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f} at the start")
-    print(f"rounds: {args.round_prompts} x {args.round_samples} up to {args.round_tokens} tokens, prompts of "
-          f"{lengths[0]} and {lengths[1]} tokens; fixed batches {args.batches} x {args.steps} steps")
+    print(
+        f"torch.compile and decoding {args.model}: torch {torch.__version__}, {args.threads} thread(s), backend "
+        f"{args.backend}, CPU clock (process + gcc children)"
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.2f} at the start"
+    )
+    print(
+        f"rounds: {args.round_prompts} x {args.round_samples} up to {args.round_tokens} tokens, prompts of "
+        f"{lengths[0]} and {lengths[1]} tokens; fixed batches {args.batches} x {args.steps} steps"
+    )
 
     results: list[Result] = []
     failures = []
@@ -418,21 +479,33 @@ def main(argv: list[str] | None = None) -> int:
 
     keys = [f"B={b}" for b in args.batch_list] + ["round"]
     header = ["variant", "dtype", "mode", "compile CPU s", "compile wall s", "graphs", "breaks"]
-    header += [f"tok/CPU-s {k} compiled / not" for k in keys] + ["speedup " + " / ".join(keys), "break-even tokens",
-                                                                   "rounds", "rows = uncompiled"]
+    header += [f"tok/CPU-s {k} compiled / not" for k in keys] + [
+        "speedup " + " / ".join(keys),
+        "break-even tokens",
+        "rounds",
+        "rows = uncompiled",
+    ]
     table = [header]
     for r in results:
         tokens, rounds_needed = break_even(r)
         graphs = f"{r.graphs}" + (f" (+{r.later_graphs} later)" if r.later_graphs else "")
-        table.append([r.variant, r.dtype, r.mode, f"{r.compile_cpu:.1f}", f"{r.compile_wall:.1f}", graphs, str(r.graph_breaks)]
-                     + [f"{r.rates[k]:.1f} / {r.plain[k]:.1f}" if k in r.rates else "-" for k in keys]
-                     + [" / ".join(f"{r.rates[k] / r.plain[k]:.2f}" if k in r.rates else "-" for k in keys),
-                        tokens, rounds_needed, r.same_rows])
+        table.append(
+            [r.variant, r.dtype, r.mode, f"{r.compile_cpu:.1f}", f"{r.compile_wall:.1f}", graphs, str(r.graph_breaks)]
+            + [f"{r.rates[k]:.1f} / {r.plain[k]:.1f}" if k in r.rates else "-" for k in keys]
+            + [
+                " / ".join(f"{r.rates[k] / r.plain[k]:.2f}" if k in r.rates else "-" for k in keys),
+                tokens,
+                rounds_needed,
+                r.same_rows,
+            ]
+        )
     print()
-    print("compile s: the cold pass over the workload minus the best warm one (CPU: process + gcc; wall: inflated by "
-          "load); graphs: dynamo graphs compiled (each a compile or recompile); 'not': the same workload uncompiled "
-          "(LlamaDecoder as decode_samples runs it; hf: generate with the static cache), between the warm passes; "
-          "break-even at the rounds' rate (hf: the largest batch's); rounds: break-even tokens / tokens of one measured round")
+    print(
+        "compile s: the cold pass over the workload minus the best warm one (CPU: process + gcc; wall: inflated by "
+        "load); graphs: dynamo graphs compiled (each a compile or recompile); 'not': the same workload uncompiled "
+        "(LlamaDecoder as decode_samples runs it; hf: generate with the static cache), between the warm passes; "
+        "break-even at the rounds' rate (hf: the largest batch's); rounds: break-even tokens / tokens of one measured round"
+    )
     print_rows(table)
     for failure in failures:
         print(f"failed: {failure}")

@@ -51,8 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--target", type=int, default=4, help="connections each node should reach (discover_peers)")
     parser.add_argument("--mechanisms", default=",".join(MECHANISMS))
     parser.add_argument("--seconds", type=float, default=20.0, help="publishing, once formed")
-    parser.add_argument("--rate", type=float, default=0.25,
-                        help="groups per second per node (all nodes share one process: keep it below saturation)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.25,
+        help="groups per second per node (all nodes share one process: keep it below saturation)",
+    )
     parser.add_argument("--replace", type=int, default=4, help="nodes that leave and are replaced, afterwards")
     parser.add_argument("--timeout", type=float, default=90.0, help="give up forming after this long")
     parser.add_argument("--smoke", action="store_true", help="4 nodes, target 2, 2 s, replace 1")
@@ -81,7 +85,9 @@ async def dial_candidates(member: Member, candidates, target: int) -> None:
     gossip service's own bounded dial, which refuses banned and not-allowed peers."""
     service = member.node.service
     connected = set(service.connected_peers())
-    pool = [c for c in candidates if c.peer_id.to_base58() not in connected and c.peer_id.to_base58() != service.peer_id]
+    pool = [
+        c for c in candidates if c.peer_id.to_base58() not in connected and c.peer_id.to_base58() != service.peer_id
+    ]
     random.shuffle(pool)
     for info in pool[: max(0, target - len(connected))]:
         if not await service._dial_discovered(info):
@@ -131,22 +137,33 @@ async def kademlia_loop(member: Member, hub_id, target: int) -> None:
             await trio.sleep(ASK_SECONDS if len(member.node.service.connected_peers()) < target else 10.0)
 
 
-async def start_member(nursery, index: int, mechanism: str, args, tmp: Path, hub: Member | None, totals: Totals,
-                       groups) -> Member:
+async def start_member(
+    nursery, index: int, mechanism: str, args, tmp: Path, hub: Member | None, totals: Totals, groups
+) -> Member:
     from sapo.protocol.codec import DecodeLimits
     from sapo.protocol.gossip import GossipService
-    from sapo.protocol.settings import NetworkSettings
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
+    from sapo.protocol.settings import NetworkSettings
     from sapo.training.tasks import reasoning_gym_version
 
     key_pair = load_or_create_identity(tmp / f"{mechanism}-{index}")
     send, incoming = trio.open_memory_channel(1024)
     peers = [hub.node.service.listen_addrs[0]] if hub is not None else []
-    settings = NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM,
-                              discover_peers=args.target if mechanism == "sapo" else 0)
+    settings = NetworkSettings(
+        listen="/ip4/127.0.0.1/tcp/0",
+        peers=peers,
+        swarm=SWARM,
+        discover_peers=args.target if mechanism == "sapo" else 0,
+    )
     service = GossipService(settings, key_pair, send)
-    node = BenchNode(index=index, peer_id=peer_id_of(key_pair), service=service, groups=groups,
-                     incoming=incoming, rg_version=reasoning_gym_version())
+    node = BenchNode(
+        index=index,
+        peer_id=peer_id_of(key_pair),
+        service=service,
+        groups=groups,
+        incoming=incoming,
+        rg_version=reasoning_gym_version(),
+    )
     scope = trio.CancelScope()
     member = Member(node, scope, joined_at=time.monotonic())
 
@@ -205,8 +222,10 @@ async def run_mechanism(mechanism: str, args, tmp: Path, groups_pool) -> dict:
             m.scope.cancel()
         await trio.sleep(1.0)
         joined_at = time.monotonic()
-        joiners = [await start_member(nursery, args.nodes + k, mechanism, args, tmp, hub, totals, groups_pool[k % 4])
-                   for k in range(args.replace)]
+        joiners = [
+            await start_member(nursery, args.nodes + k, mechanism, args, tmp, hub, totals, groups_pool[k % 4])
+            for k in range(args.replace)
+        ]
         result["rejoin s"] = await wait_formed(joiners, want, joined_at, args.timeout)
         result["rejoin failed dials"] = sum(m.dial_failures for m in joiners)
         result["hub table"] = hub_knows(hub, mechanism)
@@ -238,14 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         for mechanism in args.mechanisms:
             results.append(trio.run(run_mechanism, mechanism, args, Path(tmp), groups_pool))
     print()
-    print(f"discovery benchmark: {args.nodes} nodes in ONE trio process on 127.0.0.1, star around node 0, target "
-          f"{args.target} connections, {args.rate:g} groups/s per node for {args.seconds:g} s, then {args.replace} replaced; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"discovery benchmark: {args.nodes} nodes in ONE trio process on 127.0.0.1, star around node 0, target "
+        f"{args.target} connections, {args.rate:g} groups/s per node for {args.seconds:g} s, then {args.replace} replaced; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     columns = ["formed s", "links mean", "links max", "delivery", "p50 ms", "p99 ms", "rejoin s", "rejoin failed dials"]
     print(f"{'mechanism':<11}" + "".join(f"{c:>21}" for c in columns))
     for r in results:
-        print(f"{r['mechanism']:<11}" + "".join(f"{r[c]:>21.3f}" if isinstance(r[c], float) else f"{r[c]:>21}"
-                                              for c in columns))
+        print(
+            f"{r['mechanism']:<11}"
+            + "".join(f"{r[c]:>21.3f}" if isinstance(r[c], float) else f"{r[c]:>21}" for c in columns)
+        )
     return 0
 
 

@@ -59,6 +59,7 @@ def run_worker(seed: int, rounds: int, generation_precision: str, precision: str
         def trained(groups):
             return training_set(groups, [], ExternalUse(), policy.tokenizer_fingerprint).rows
     except ImportError:  # older trees train on the groups themselves
+
         def trained(groups):
             return groups
 
@@ -85,8 +86,14 @@ def run_worker(seed: int, rounds: int, generation_precision: str, precision: str
         rewards.append(sum(batch) / len(batch))
         grpo_update(policy, optimizer, trained(generation.groups), settings, rng)
     after = heldout_accuracy(policy, heldout, max_new_tokens=24)["basic_arithmetic"]
-    return {"seed": seed, "sampled_mean": statistics.fmean(rewards), "greedy_before": before, "greedy_after": after,
-            "generation": sampled_in, "update": "bf16" if policy.bf16 else "fp32"}
+    return {
+        "seed": seed,
+        "sampled_mean": statistics.fmean(rewards),
+        "greedy_before": before,
+        "greedy_after": after,
+        "generation": sampled_in,
+        "update": "bf16" if policy.bf16 else "fp32",
+    }
 
 
 def tree_path(tree: Path) -> Path:
@@ -100,12 +107,22 @@ def tree_path(tree: Path) -> Path:
 
 def run_tree(tree: Path, seed: int, rounds: int, generation_precision: str, precision: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree_path(tree)))
-    command = [sys.executable, __file__, "--worker", str(seed), "--rounds", str(rounds),
-               "--generation-precision", generation_precision, "--precision", precision]
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        str(seed),
+        "--rounds",
+        str(rounds),
+        "--generation-precision",
+        generation_precision,
+        "--precision",
+        precision,
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     for line in done.stdout.splitlines():
         if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER):])
+            return json.loads(line[len(RESULT_MARKER) :])
     raise RuntimeError(f"{tree} seed {seed} failed:\n{done.stderr[-3000:]}")
 
 
@@ -115,39 +132,68 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=Path, default=HERE, help="source tree under test (default: this one)")
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--generation-precision", choices=("auto", "fp32", "bf16"), default="fp32",
-                        help="decoding precision, for trees that have the setting (default fp32: the code alone differs)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="fp32",
-                        help="the update's precision in both trees (default fp32: the code alone differs)")
-    parser.add_argument("--after-precision", choices=("auto", "fp32", "bf16"), default=None,
-                        help="the update's precision in the tree under test (default: --precision)")
+    parser.add_argument(
+        "--generation-precision",
+        choices=("auto", "fp32", "bf16"),
+        default="fp32",
+        help="decoding precision, for trees that have the setting (default fp32: the code alone differs)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="fp32",
+        help="the update's precision in both trees (default fp32: the code alone differs)",
+    )
+    parser.add_argument(
+        "--after-precision",
+        choices=("auto", "fp32", "bf16"),
+        default=None,
+        help="the update's precision in the tree under test (default: --precision)",
+    )
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker is not None:
         import sapo.training
 
         assert sapo.training.__path__, "sapo not importable"
-        print(RESULT_MARKER + json.dumps(run_worker(args.worker, args.rounds, args.generation_precision, args.precision) | {"tree": str(Path(sapo.training.__path__[0]).resolve().parent)}), flush=True)
+        print(
+            RESULT_MARKER
+            + json.dumps(
+                run_worker(args.worker, args.rounds, args.generation_precision, args.precision)
+                | {"tree": str(Path(sapo.training.__path__[0]).resolve().parent)}
+            ),
+            flush=True,
+        )
         return 0
     if args.before is None:
         parser.error("--before TREE is required")
     rows = []
     for seed in range(args.seeds):
         before = run_tree(args.before, seed, args.rounds, args.generation_precision, args.precision)
-        after = run_tree(args.after, seed, args.rounds, args.generation_precision, args.after_precision or args.precision)
+        after = run_tree(
+            args.after, seed, args.rounds, args.generation_precision, args.after_precision or args.precision
+        )
         if seed == 0:
-            print(f"sampling precision: {before['generation']} (before), {after['generation']} (after); update "
-                  f"precision: {before['update']} (before), {after['update']} (after)", flush=True)
+            print(
+                f"sampling precision: {before['generation']} (before), {after['generation']} (after); update "
+                f"precision: {before['update']} (before), {after['update']} (after)",
+                flush=True,
+            )
         rows.append((seed, before, after))
-        print(f"seed {seed}: sampled mean {before['sampled_mean']:.3f} -> {after['sampled_mean']:.3f}   "
-              f"greedy {before['greedy_before']:.3f}->{before['greedy_after']:.3f} (before)  "
-              f"{after['greedy_before']:.3f}->{after['greedy_after']:.3f} (after)", flush=True)
+        print(
+            f"seed {seed}: sampled mean {before['sampled_mean']:.3f} -> {after['sampled_mean']:.3f}   "
+            f"greedy {before['greedy_before']:.3f}->{before['greedy_after']:.3f} (before)  "
+            f"{after['greedy_before']:.3f}->{after['greedy_after']:.3f} (after)",
+            flush=True,
+        )
     for key in ("sampled_mean", "greedy_after"):
         diffs = [a[key] - b[key] for _, b, a in rows]
         mean = statistics.fmean(diffs)
         error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
-        print(f"{key}: before {statistics.fmean(b[key] for _, b, _ in rows):.3f}, after "
-              f"{statistics.fmean(a[key] for _, _, a in rows):.3f}, paired difference {mean:+.3f} ± {error:.3f} (s.e.)")
+        print(
+            f"{key}: before {statistics.fmean(b[key] for _, b, _ in rows):.3f}, after "
+            f"{statistics.fmean(a[key] for _, _, a in rows):.3f}, paired difference {mean:+.3f} ± {error:.3f} (s.e.)"
+        )
     return 0
 
 

@@ -28,8 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from gossip_swarm import percentile
 from gossip_during_update import DEFAULT_MODELS_DIR, Trainer
+from gossip_swarm import percentile
 from text_table import print_rows
 
 SLEEP_SECONDS = 0.001
@@ -46,7 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="generation cap per completion")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     parser.add_argument("--cycles", type=int, default=3, help="idle / torch / generate rounds")
-    parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval, seconds (default 0.005)")
+    parser.add_argument(
+        "--switch-interval", type=float, default=None, help="sys.setswitchinterval, seconds (default 0.005)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="model, task and sampling seed")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
     parser.add_argument("--smoke", action="store_true", help="tiny, one short cycle")
@@ -90,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.cycles):
         for phase in PHASES:
             stop = threading.Event()
-            work = {"idle": None, "torch": lambda: busy_torch(stop), "generate": lambda: busy_generate(trainer, args, stop)}[phase]
+            work = {
+                "idle": None,
+                "torch": lambda: busy_torch(stop),
+                "generate": lambda: busy_generate(trainer, args, stop),
+            }[phase]
             worker = threading.Thread(target=work) if work else None
             if worker:
                 worker.start()
@@ -99,19 +105,25 @@ def main(argv: list[str] | None = None) -> int:
             if worker:
                 worker.join()
     ms = lambda values, q: f"{1e3 * percentile(values, q):.2f}"  # noqa: E731
-    print(f"GIL probe: 1 ms sleeps in the main thread while a worker thread is idle, in torch ops, or generating; "
-          f"model {args.model}{' LoRA' if args.lora else ''}, {args.questions} x {args.generations} x up to "
-          f"{args.max_new_tokens} tokens, torch threads {args.threads}, GIL switch interval "
-          f"{1e3 * sys.getswitchinterval():g} ms, {args.cycles} x 3 phases of {args.seconds:g} s")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
-          f"{os.getloadavg()[0]:.2f} at the end (CONTENDED when above about 0.5)")
+    print(
+        f"GIL probe: 1 ms sleeps in the main thread while a worker thread is idle, in torch ops, or generating; "
+        f"model {args.model}{' LoRA' if args.lora else ''}, {args.questions} x {args.generations} x up to "
+        f"{args.max_new_tokens} tokens, torch threads {args.threads}, GIL switch interval "
+        f"{1e3 * sys.getswitchinterval():g} ms, {args.cycles} x 3 phases of {args.seconds:g} s"
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
+        f"{os.getloadavg()[0]:.2f} at the end (CONTENDED when above about 0.5)"
+    )
     rows = [["phase", "wake-ups", "late p50 ms", "late p90 ms", "late p99 ms", "late max ms"]]
     for phase, values in lateness.items():
         rows.append([phase, str(len(values)), ms(values, 50), ms(values, 90), ms(values, 99), ms(values, 100)])
     print_rows(rows)
     extra = percentile(lateness["generate"], 99) - percentile(lateness["torch"], 99)
-    print(f"p99 lateness, generate minus torch (the GIL's share): {1e3 * extra:.2f} ms; "
-          f"ratio generate / torch: {percentile(lateness['generate'], 99) / percentile(lateness['torch'], 99):.2f}")
+    print(
+        f"p99 lateness, generate minus torch (the GIL's share): {1e3 * extra:.2f} ms; "
+        f"ratio generate / torch: {percentile(lateness['generate'], 99) / percentile(lateness['torch'], 99):.2f}"
+    )
     return 0
 
 

@@ -66,23 +66,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the results (on the box: $OUT)")
     parser.add_argument("--device", default="cuda", help="cuda (the box), cuda:N, or cpu (a rehearsal)")
-    parser.add_argument("--minutes", type=float, default=None,
-                        help="the whole check's budget (default: 9, inside the device's 10 minutes a command; rehearsal 8)")
-    parser.add_argument("--rehearsal", action="store_true", help="tiny models and tiny budgets: the script runs in one go")
-    parser.add_argument("--bundle", type=Path, default=None,
-                        help="the last transfer's folder (bench/gpu_bundle.sh): install it first; without it, use "
-                             "this interpreter's sapo as it is")
-    parser.add_argument("--parts", type=Path, default=Path("/var/tmp/sapo-gpu/parts"),
-                        help="where the earlier transfers' commands left their GGUF parts")
-    parser.add_argument("--work", type=Path, default=None,
-                        help="scratch folder: the bundle's site, the converted model, this run's files in run/ "
-                             "(default: /var/tmp/sapo-gpu, or a folder beside --out in a rehearsal)")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="the whole check's budget (default: 9, inside the device's 10 minutes a command; rehearsal 8)",
+    )
+    parser.add_argument(
+        "--rehearsal", action="store_true", help="tiny models and tiny budgets: the script runs in one go"
+    )
+    parser.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        help="the last transfer's folder (bench/gpu_bundle.sh): install it first; without it, use "
+        "this interpreter's sapo as it is",
+    )
+    parser.add_argument(
+        "--parts",
+        type=Path,
+        default=Path("/var/tmp/sapo-gpu/parts"),
+        help="where the earlier transfers' commands left their GGUF parts",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="scratch folder: the bundle's site, the converted model, this run's files in run/ "
+        "(default: /var/tmp/sapo-gpu, or a folder beside --out in a rehearsal)",
+    )
     parser.add_argument("--only", default=",".join(PARTS[1:]), help=f"parts to run, of {', '.join(PARTS[1:])}")
     parser.add_argument("--task", default=STUDY_TASK, help="the study's ReasoningGYM task")
     parser.add_argument("--task-config", default=STUDY_TASK_CONFIG, help="its settings over the easy ones (JSON)")
-    parser.add_argument("--tests", default=None,
-                        help="comma-separated test paths for `pytest -m cuda` (default: tests; in a rehearsal the CUDA "
-                             "tests' own files, which skip on a CPU, without collecting the whole suite)")
+    parser.add_argument(
+        "--tests",
+        default=None,
+        help="comma-separated test paths for `pytest -m cuda` (default: tests; in a rehearsal the CUDA "
+        "tests' own files, which skip on a CPU, without collecting the whole suite)",
+    )
     args = parser.parse_args(argv)
     args.budget = REHEARSAL if args.rehearsal else REAL
     args.minutes = args.minutes or (8.0 if args.rehearsal else 9.0)
@@ -92,8 +113,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--only: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS[1:])}")
     if args.bundle is not None and not (args.bundle / "manifest.json").is_file():
-        parser.error(f"--bundle {args.bundle}: no manifest.json there; give the last transfer's folder "
-                     "(bench/gpu_bundle.sh prints it)")
+        parser.error(
+            f"--bundle {args.bundle}: no manifest.json there; give the last transfer's folder "
+            "(bench/gpu_bundle.sh prints it)"
+        )
     return args
 
 
@@ -106,13 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     work = home / "run"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "MPLBACKEND": "Agg",
+    }
     if args.bundle is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(home / "site"), os.environ.get("PYTHONPATH")]))
     tiny = args.rehearsal
-    setup = Setup(sys.executable, env, work, home / "site", home / "models", "tiny" if tiny else "smollm2-135m",
-                  "tiny-micro" if tiny else "smollm2-135m")
+    setup = Setup(
+        sys.executable,
+        env,
+        work,
+        home / "site",
+        home / "models",
+        "tiny" if tiny else "smollm2-135m",
+        "tiny-micro" if tiny else "smollm2-135m",
+    )
     if args.bundle is None and not tiny:
         setup.models_dir = BENCH / ".cache" / "models"  # this interpreter's own SmolLM2 cache
 
@@ -144,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     written = write_outputs(args.out, work, outcomes, info, args, wall)
     print(f"[gpu_check] wrote {', '.join(p.name for p in written)} to {args.out}", flush=True)
-    print(f"gpu_check {card_slug(info, args.rehearsal)}: " + " | ".join(f"{o.part} {o.status}" for o in outcomes)
-          + f" | {wall / 60:.1f} min", flush=True)
+    print(
+        f"gpu_check {card_slug(info, args.rehearsal)}: "
+        + " | ".join(f"{o.part} {o.status}" for o in outcomes)
+        + f" | {wall / 60:.1f} min",
+        flush=True,
+    )
     return 0 if all(o.status in ("ok", "skipped") for o in outcomes) else 1
 
 

@@ -36,13 +36,27 @@ print(json.dumps(info))
 
 def machine_info(setup: Setup) -> dict:
     try:
-        child = subprocess.run([setup.python, "-c", MACHINE], capture_output=True, text=True, env=setup.env, timeout=120)
-        info = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else {"error": child.stderr[-500:]}
+        child = subprocess.run(
+            [setup.python, "-c", MACHINE], capture_output=True, text=True, env=setup.env, timeout=120
+        )
+        info = (
+            json.loads(child.stdout.strip().splitlines()[-1])
+            if child.returncode == 0
+            else {"error": child.stderr[-500:]}
+        )
     except (subprocess.TimeoutExpired, IndexError, json.JSONDecodeError) as error:
         info = {"error": str(error)}
     if shutil.which("nvidia-smi"):  # read only: the card's settings are left as they are
-        query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
-                                "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        query = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         info["nvidia_smi"] = query.stdout.strip()
     return info
 
@@ -54,19 +68,34 @@ def card_slug(info: dict, rehearsal: bool) -> str:
 
 def write_outputs(out: Path, work: Path, outcomes: list[Outcome], info: dict, args, wall: float) -> list[Path]:
     slug = card_slug(info, args.rehearsal)
-    summary = {"card": slug, "machine": info, "command": sys.argv, "rehearsal": args.rehearsal, "device": args.device,
-               "minutes_budget": args.minutes, "wall_seconds": wall, "task": args.task, "task_config": args.task_config,
-               "parts": [{k: v for k, v in asdict(o).items() if k != "rows"} | {"rows": len(o.rows)} for o in outcomes]}
+    summary = {
+        "card": slug,
+        "machine": info,
+        "command": sys.argv,
+        "rehearsal": args.rehearsal,
+        "device": args.device,
+        "minutes_budget": args.minutes,
+        "wall_seconds": wall,
+        "task": args.task,
+        "task_config": args.task_config,
+        "parts": [{k: v for k, v in asdict(o).items() if k != "rows"} | {"rows": len(o.rows)} for o in outcomes],
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     with (out / "raw.jsonl").open("w") as raw:
         for o in outcomes:
             for row in o.rows:
                 raw.write(json.dumps({"part": o.part, **row}) + "\n")
-    lines = [f"# GPU check: {info.get('card', 'no GPU')} ({'rehearsal, ' if args.rehearsal else ''}{args.device})", "",
-             f"`{' '.join(sys.argv)}`, {wall / 60:.1f} of {args.minutes} minutes. "
-             f"torch {info.get('torch')}, transformers {info.get('transformers')}, python {info.get('python')}, "
-             f"{info.get('cpus')} CPUs" + (f"; {info['nvidia_smi']}" if info.get("nvidia_smi") else "") + ".",
-             f"File it under `bench/results/gpu/{slug}/`.", "", "| part | status | seconds | result |", "|---|---|---|---|"]
+    lines = [
+        f"# GPU check: {info.get('card', 'no GPU')} ({'rehearsal, ' if args.rehearsal else ''}{args.device})",
+        "",
+        f"`{' '.join(sys.argv)}`, {wall / 60:.1f} of {args.minutes} minutes. "
+        f"torch {info.get('torch')}, transformers {info.get('transformers')}, python {info.get('python')}, "
+        f"{info.get('cpus')} CPUs" + (f"; {info['nvidia_smi']}" if info.get("nvidia_smi") else "") + ".",
+        f"File it under `bench/results/gpu/{slug}/`.",
+        "",
+        "| part | status | seconds | result |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {o.part} | {o.status} | {o.seconds:.0f} | {o.headline} |" for o in outcomes]
     for o in outcomes:
         if o.detail:

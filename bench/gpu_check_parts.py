@@ -66,41 +66,160 @@ class Setup:
 
 def tests_command(args, setup: Setup) -> list[str]:
     paths = args.tests.split(",")
-    return [setup.python, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "--continue-on-collection-errors",
-            f"--junitxml={setup.work / 'tests.xml'}", *paths]
+    return [
+        setup.python,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "cuda",
+        "-p",
+        "no:cacheprovider",
+        "--continue-on-collection-errors",
+        f"--junitxml={setup.work / 'tests.xml'}",
+        *paths,
+    ]
 
 
 def round_command(args, setup: Setup) -> list[str]:
-    sizes = ["--questions", "2", "--generations", "4", "--max-new-tokens", "8", "--bandwidth-mb", "16"] if args.rehearsal \
+    sizes = (
+        ["--questions", "2", "--generations", "4", "--max-new-tokens", "8", "--bandwidth-mb", "16"]
+        if args.rehearsal
         else ["--questions", "4", "--generations", "8", "--max-new-tokens", "128"]
-    return [setup.python, str(BENCH / "round.py"), "--models", setup.model, "--device", args.device, "--precision", "bf16",
-            "--rounds", "2", "--peers", "none", "--hf-generate", "--models-dir", str(setup.models_dir),
-            "--json", str(setup.work / "round.jsonl"), *sizes]
+    )
+    return [
+        setup.python,
+        str(BENCH / "round.py"),
+        "--models",
+        setup.model,
+        "--device",
+        args.device,
+        "--precision",
+        "bf16",
+        "--rounds",
+        "2",
+        "--peers",
+        "none",
+        "--hf-generate",
+        "--models-dir",
+        str(setup.models_dir),
+        "--json",
+        str(setup.work / "round.jsonl"),
+        *sizes,
+    ]
 
 
 def roofline_command(args, setup: Setup) -> list[str]:
-    sizes = ["--batches", "4,8", "--steps", "4", "--matmul-seconds", "0.01", "--stream-mb", "2", "--bandwidth-mb", "16"] \
-        if args.rehearsal else ["--batches", "32,256", "--steps", "64", "--matmul-seconds", "0.05", "--stream-mb", "128",
-                                "--bandwidth-mb", "1024"]
-    return [setup.python, str(BENCH / "roofline.py"), "--model", setup.model, "--device", args.device,
-            "--models-dir", str(setup.models_dir), "--json", str(setup.work / "roofline.jsonl"), *sizes]
+    sizes = (
+        ["--batches", "4,8", "--steps", "4", "--matmul-seconds", "0.01", "--stream-mb", "2", "--bandwidth-mb", "16"]
+        if args.rehearsal
+        else [
+            "--batches",
+            "32,256",
+            "--steps",
+            "64",
+            "--matmul-seconds",
+            "0.05",
+            "--stream-mb",
+            "128",
+            "--bandwidth-mb",
+            "1024",
+        ]
+    )
+    return [
+        setup.python,
+        str(BENCH / "roofline.py"),
+        "--model",
+        setup.model,
+        "--device",
+        args.device,
+        "--models-dir",
+        str(setup.models_dir),
+        "--json",
+        str(setup.work / "roofline.jsonl"),
+        *sizes,
+    ]
 
 
 def shared_command(args, setup: Setup) -> list[str]:
-    sizes = ["--nodes", "2", "--rounds", "1", "--questions", "2", "--generations", "4", "--max-new-tokens", "8",
-             "--threads", "1", "--generation-precision", "fp32"] if args.rehearsal \
+    sizes = (
+        [
+            "--nodes",
+            "2",
+            "--rounds",
+            "1",
+            "--questions",
+            "2",
+            "--generations",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--threads",
+            "1",
+            "--generation-precision",
+            "fp32",
+        ]
+        if args.rehearsal
         else ["--nodes", "8", "--rounds", "2", "--questions", "4", "--generations", "8", "--max-new-tokens", "48"]
-    return [setup.python, str(BENCH / "shared_base.py"), "--model", setup.model, "--device", args.device,
-            "--models-dir", str(setup.models_dir), "--json", str(setup.work / "shared.jsonl"), *sizes]
+    )
+    return [
+        setup.python,
+        str(BENCH / "shared_base.py"),
+        "--model",
+        setup.model,
+        "--device",
+        args.device,
+        "--models-dir",
+        str(setup.models_dir),
+        "--json",
+        str(setup.work / "shared.jsonl"),
+        *sizes,
+    ]
 
 
 def study_command(args, setup: Setup, minutes: float) -> list[str]:
-    sizes = ["--nodes", "2", "--configs", "2/0,1/1", "--rounds", "3", "--max-new-tokens", "8", "--generations", "4",
-             "--jobs", "1"] if args.rehearsal else ["--nodes", "8", "--configs", "8/0,4/4", "--rounds", "2000", "--max-new-tokens", "128", "--jobs", "2"]
-    return [setup.python, "-m", "sapo.node.cli", "experiment", "--model", setup.study_model, "--lora", "--shared-base",
-            "--device", args.device, "--tasks", args.task, "--task-config", args.task_config, "--max-minutes", f"{minutes:.2f}", "--no-progress",
-            "--models-dir", str(setup.models_dir), "--out", str(setup.work / "study"), *sizes]
-
+    sizes = (
+        [
+            "--nodes",
+            "2",
+            "--configs",
+            "2/0,1/1",
+            "--rounds",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--generations",
+            "4",
+            "--jobs",
+            "1",
+        ]
+        if args.rehearsal
+        else ["--nodes", "8", "--configs", "8/0,4/4", "--rounds", "2000", "--max-new-tokens", "128", "--jobs", "2"]
+    )
+    return [
+        setup.python,
+        "-m",
+        "sapo.node.cli",
+        "experiment",
+        "--model",
+        setup.study_model,
+        "--lora",
+        "--shared-base",
+        "--device",
+        args.device,
+        "--tasks",
+        args.task,
+        "--task-config",
+        args.task_config,
+        "--max-minutes",
+        f"{minutes:.2f}",
+        "--no-progress",
+        "--models-dir",
+        str(setup.models_dir),
+        "--out",
+        str(setup.work / "study"),
+        *sizes,
+    ]
 
 
 # the study's command takes its minutes too: what is left when it starts
@@ -116,7 +235,9 @@ def run_logged(command: list[str], log: Path, timeout: float, env: dict[str, str
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
-        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        child = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
         try:
             code = child.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
@@ -162,8 +283,14 @@ def tests_outcome(setup: Setup, status: str, seconds: float, log: Path) -> Outco
         for case in ElementTree.parse(report).iter("testcase"):
             outcome = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
             message = next((child.get("message", "") for child in case if child.tag != "system-out"), "")
-            rows.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                         "seconds": float(case.get("time", 0)), "message": message[:500]})
+            rows.append(
+                {
+                    "test": f"{case.get('classname')}::{case.get('name')}",
+                    "outcome": outcome,
+                    "seconds": float(case.get("time", 0)),
+                    "message": message[:500],
+                }
+            )
     counts = {o: sum(r["outcome"] == o for r in rows) for o in ("passed", "failure", "error", "skipped")}
     headline = ", ".join(f"{n} {o}" for o, n in counts.items() if n) or "no tests ran"
     # pytest exits 5 when every test was deselected; with all of them skipped it is 0
@@ -175,10 +302,14 @@ def round_outcome(setup: Setup, status: str, seconds: float, log: Path) -> Outco
     headline = ""
     for r in rows:
         hf = r.get("hf_generate") or {}
-        headline = (f"{r['model']} round {r['total_s']:.2f} s (generate {r['generate_s']:.2f}, update {r['update_s']:.2f}); "
-                    f"generate {r['tokens_per_s']:.0f} tok/s")
+        headline = (
+            f"{r['model']} round {r['total_s']:.2f} s (generate {r['generate_s']:.2f}, update {r['update_s']:.2f}); "
+            f"generate {r['tokens_per_s']:.0f} tok/s"
+        )
         if hf:
-            headline += f" vs plain HF generate {hf['tokens_per_s']:.0f} tok/s ({r['tokens_per_s'] / hf['tokens_per_s']:.2f}x)"
+            headline += (
+                f" vs plain HF generate {hf['tokens_per_s']:.0f} tok/s ({r['tokens_per_s'] / hf['tokens_per_s']:.2f}x)"
+            )
         if r.get("gpu_peak_mb"):
             headline += f"; peak GPU {r['gpu_peak_mb']:.0f} MB"
     return Outcome("round", status, seconds, headline, tail(log, 30), rows)
@@ -191,9 +322,11 @@ def roofline_outcome(setup: Setup, status: str, seconds: float, log: Path) -> Ou
         if "batch" not in r:
             continue
         roof = r.get("card_bf16_roof") or r["bf16_roof"]
-        cells.append(f"B={r['batch']} bf16 {r['ours_bf16']:.0f} tok/s = {100 * r['ours_bf16'] / roof:.1f}% of "
-                     f"{'the card' if r.get('card_bf16_roof') else 'the'} roof ({roof:.0f})"
-                     + (f", HF {r['hf_generate']:.0f}" if r.get("hf_generate") else ""))
+        cells.append(
+            f"B={r['batch']} bf16 {r['ours_bf16']:.0f} tok/s = {100 * r['ours_bf16'] / roof:.1f}% of "
+            f"{'the card' if r.get('card_bf16_roof') else 'the'} roof ({roof:.0f})"
+            + (f", HF {r['hf_generate']:.0f}" if r.get("hf_generate") else "")
+        )
     return Outcome("roofline", status, seconds, "; ".join(cells), tail(log, 30), rows)
 
 
@@ -205,8 +338,10 @@ def shared_outcome(setup: Setup, status: str, seconds: float, log: Path) -> Outc
         memory = mixed["gpu_vs_separate"] if mixed.get("peak_gpu_bytes") is not None else mixed["rss_vs_separate"]
         kind = "GPU memory" if mixed.get("peak_gpu_bytes") is not None else "RSS"
         met = mixed["speedup_vs_separate"] >= 3 and memory <= 0.25
-        headline = (f"{mixed['nodes']} nodes, mixed batch: {mixed['speedup_vs_separate']:.2f}x the speed of separate "
-                    f"models in {memory:.2f} of their {kind} (goal >= 3x in <= 0.25: {'met' if met else 'NOT met'})")
+        headline = (
+            f"{mixed['nodes']} nodes, mixed batch: {mixed['speedup_vs_separate']:.2f}x the speed of separate "
+            f"models in {memory:.2f} of their {kind} (goal >= 3x in <= 0.25: {'met' if met else 'NOT met'})"
+        )
     return Outcome("shared", status, seconds, headline, tail(log, 30), rows)
 
 
@@ -219,8 +354,10 @@ def study_outcome(setup: Setup, status: str, seconds: float, log: Path) -> Outco
         summary = json.loads(summary_path.read_text())
         cells = []
         for name, arm in summary["results"].items():
-            cell = (f"{name}: accuracy {arm['accuracy_start']['mean']:.2f} -> {arm['accuracy_end']['mean']:.2f}, "
-                    f"cumulative {arm['cumulative_accuracy']['mean']:.2f}")
+            cell = (
+                f"{name}: accuracy {arm['accuracy_start']['mean']:.2f} -> {arm['accuracy_end']['mean']:.2f}, "
+                f"cumulative {arm['cumulative_accuracy']['mean']:.2f}"
+            )
             ratio = (arm.get("ratio_to_baseline") or {}).get("cumulative_accuracy")
             if ratio:
                 cell += f" ({ratio['mean']:.3f}x {arm['ratio_to_baseline']['reference']})"
@@ -229,5 +366,10 @@ def study_outcome(setup: Setup, status: str, seconds: float, log: Path) -> Outco
     return Outcome("study", status, seconds, headline, tail(log, 30), rows)
 
 
-READERS = {"tests": tests_outcome, "round": round_outcome, "roofline": roofline_outcome, "shared": shared_outcome,
-           "study": study_outcome}
+READERS = {
+    "tests": tests_outcome,
+    "round": round_outcome,
+    "roofline": roofline_outcome,
+    "shared": shared_outcome,
+    "study": study_outcome,
+}

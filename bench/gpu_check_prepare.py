@@ -38,8 +38,10 @@ def reassemble(manifest: dict, folders: list[Path], dest: Path) -> str | None:
     for part in manifest["parts"]:
         where = next((f / part["name"] for f in folders if (f / part["name"]).is_file()), None)
         if where is None:
-            return (f"part {part['name']} (transfer {part['transfer']}) is not on this machine: the machine that took "
-                    f"transfer {part['transfer']} went back before this call; send the transfers again, one right after another")
+            return (
+                f"part {part['name']} (transfer {part['transfer']}) is not on this machine: the machine that took "
+                f"transfer {part['transfer']} went back before this call; send the transfers again, one right after another"
+            )
         if where.stat().st_size != part["bytes"] or sha256_of(where) != part["sha256"]:
             return f"part {where} is damaged (size or SHA-256 differ from the manifest); send transfer {part['transfer']} again"
         found.append(where)
@@ -61,8 +63,22 @@ def reassemble(manifest: dict, folders: list[Path], dest: Path) -> str | None:
 
 
 def pip_install(python: str, wheels: list[Path], target: Path, log: Path, env: dict, extra: list[str] = ()) -> str:
-    command = [python, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-               "--disable-pip-version-check", "--upgrade", "--target", str(target), *extra, *map(str, wheels)]
+    command = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--upgrade",
+        "--target",
+        str(target),
+        *extra,
+        *map(str, wheels),
+    ]
     status, _ = run_logged(command, log, 300, env)
     return status
 
@@ -110,24 +126,37 @@ def prepare(args, setup: Setup, log: Path) -> Outcome:
     if wheels and (not stamp.is_file() or stamp.read_text() != installed):  # a second run on one machine skips this
         status = pip_install(setup.python, [w for w in wheels if w not in tools], site, log, setup.env)
         if status != "ok":
-            return Outcome("prepare", "failed", time.perf_counter() - started, "installing the wheels failed", tail(log))
+            return Outcome(
+                "prepare", "failed", time.perf_counter() - started, "installing the wheels failed", tail(log)
+            )
         if tools:
             pip_install(setup.python, tools, build, log, setup.env)
         stamp.write_text(installed)
     env = {**setup.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(build), setup.env.get("PYTHONPATH")]))}
     status = pip_install(setup.python, [ROOT], site, log, env, ["--no-build-isolation"])
     if status != "ok":
-        return Outcome("prepare", "failed", time.perf_counter() - started, "installing sapo from the repo failed", tail(log))
-    check = subprocess.run([setup.python, "-c", REQUIREMENTS_CHECK, str(site)], capture_output=True, text=True,
-                           env=setup.env, timeout=60)
+        return Outcome(
+            "prepare", "failed", time.perf_counter() - started, "installing sapo from the repo failed", tail(log)
+        )
+    check = subprocess.run(
+        [setup.python, "-c", REQUIREMENTS_CHECK, str(site)], capture_output=True, text=True, env=setup.env, timeout=60
+    )
     unmet = json.loads(check.stdout) if check.returncode == 0 else [f"requirements check failed: {check.stderr[-300:]}"]
     setup.notes += [f"unmet requirement: {u}" for u in unmet]
     gguf = site / GGUF_PACKAGE / manifest["gguf"]["file"]  # where sapo's gguf_path() finds it
-    problem = None if gguf.is_file() and gguf.stat().st_size == manifest["gguf"]["bytes"] else \
-        reassemble(manifest, [args.parts, bundle], gguf)
+    problem = (
+        None
+        if gguf.is_file() and gguf.stat().st_size == manifest["gguf"]["bytes"]
+        else reassemble(manifest, [args.parts, bundle], gguf)
+    )
     if problem is None:
-        convert = [setup.python, "-c", "import sys; from pathlib import Path; from sapo.training.smollm2 import "
-                   "load_smollm2; load_smollm2(Path(sys.argv[1]))", str(setup.models_dir / "smollm2-135m")]
+        convert = [
+            setup.python,
+            "-c",
+            "import sys; from pathlib import Path; from sapo.training.smollm2 import "
+            "load_smollm2; load_smollm2(Path(sys.argv[1]))",
+            str(setup.models_dir / "smollm2-135m"),
+        ]
         status, _ = run_logged(convert, log, max(30, args.budget.prepare - (time.perf_counter() - started)), setup.env)
         problem = None if status == "ok" else f"converting the GGUF {status}"
     if problem is None:

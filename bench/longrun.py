@@ -52,10 +52,37 @@ from longrun_report import report
 from longrun_swarm import ROOT, run
 
 # RUN_ARGS of the Makefile (`make run`), less --nodes and --data-dir, which the bench sets.
-MAKE_RUN_ARGS = ["--model", "smollm2-135m", "--lora", "--tasks", "basic_arithmetic",
-                 "--local", "2", "--external", "2", "--max-new-tokens", "128"]
-SMOKE_ARGS = ["--model", "tiny", "--tasks", "basic_arithmetic", "--local", "2", "--external", "2",
-              "--max-new-tokens", "24", "--generations", "4", "--warm-start-steps", "0", "--checkpoint-every", "2"]
+MAKE_RUN_ARGS = [
+    "--model",
+    "smollm2-135m",
+    "--lora",
+    "--tasks",
+    "basic_arithmetic",
+    "--local",
+    "2",
+    "--external",
+    "2",
+    "--max-new-tokens",
+    "128",
+]
+SMOKE_ARGS = [
+    "--model",
+    "tiny",
+    "--tasks",
+    "basic_arithmetic",
+    "--local",
+    "2",
+    "--external",
+    "2",
+    "--max-new-tokens",
+    "24",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
+    "--checkpoint-every",
+    "2",
+]
 
 
 def keep_checkpoints(node_args: list[str]) -> int:
@@ -81,13 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--minutes", type=float, default=120.0, help="how long the swarm runs (default: 120)")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between samples (default: 60)")
-    parser.add_argument("--warmup-minutes", type=float, default=None,
-                        help="samples before this are not judged (default: 15, or a quarter of a shorter run, or "
-                        "a node's first checkpoint if later; with --from, judge again from another minute)")
+    parser.add_argument(
+        "--warmup-minutes",
+        type=float,
+        default=None,
+        help="samples before this are not judged (default: 15, or a quarter of a shorter run, or "
+        "a node's first checkpoint if later; with --from, judge again from another minute)",
+    )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="results dir (default: bench/results/longrun-<time>)")
-    parser.add_argument("--from", dest="from_dir", type=Path, default=None, help="re-render an earlier run's table, plot and verdicts")
-    parser.add_argument("--table-minutes", type=float, default=None, help="table rows every this many minutes (default: 10)")
+    parser.add_argument(
+        "--from", dest="from_dir", type=Path, default=None, help="re-render an earlier run's table, plot and verdicts"
+    )
+    parser.add_argument(
+        "--table-minutes", type=float, default=None, help="table rows every this many minutes (default: 10)"
+    )
     parser.add_argument("--note", default="", help="what else ran on the machine, for the record")
     parser.add_argument("--smoke", action="store_true", help="the tiny model for 30 s, sampled every 3 s")
     args, node_args = parser.parse_known_args(argv)
@@ -104,10 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "bench" / "results" / time.strftime("longrun-%Y%m%d-%H%M")
     warmup = args.warmup_minutes if args.warmup_minutes is not None else min(15.0, args.minutes / 4)
     meta = {
-        "nodes": args.nodes, "node_args": node_args, "minutes": args.minutes, "interval": args.interval,
-        "warmup_minutes": warmup, "warmup_given": args.warmup_minutes is not None, "keep_checkpoints": keep_checkpoints(node_args), "log_cap_bytes": log_cap_bytes(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": git_commit(), "cpus": os.cpu_count(),
-        "load_at_start": os.getloadavg()[0], "note": args.note,
+        "nodes": args.nodes,
+        "node_args": node_args,
+        "minutes": args.minutes,
+        "interval": args.interval,
+        "warmup_minutes": warmup,
+        "warmup_given": args.warmup_minutes is not None,
+        "keep_checkpoints": keep_checkpoints(node_args),
+        "log_cap_bytes": log_cap_bytes(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": git_commit(),
+        "cpus": os.cpu_count(),
+        "load_at_start": os.getloadavg()[0],
+        "note": args.note,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")

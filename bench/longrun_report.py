@@ -33,8 +33,10 @@ def load(out: Path) -> tuple[dict, list[dict]]:
 
 
 def table(meta: dict, rows: list[dict], every: float) -> str:
-    head = f"{'node':8} {'minute':>6} {'round':>5} {'RSS MB':>7} {'fds':>4} {'thr':>4} {'data MB':>8} {'ckpts':>5} " \
-           f"{'log KB':>7} {'metrics KB':>10} {'inbox':>5} {'round s':>7} {'CPU ms/tok':>10} {'load':>5}"
+    head = (
+        f"{'node':8} {'minute':>6} {'round':>5} {'RSS MB':>7} {'fds':>4} {'thr':>4} {'data MB':>8} {'ckpts':>5} "
+        f"{'log KB':>7} {'metrics KB':>10} {'inbox':>5} {'round s':>7} {'CPU ms/tok':>10} {'load':>5}"
+    )
     lines = [head]
     for node, samples in by_node(rows).items():
         buckets: dict[int, list[dict]] = {}
@@ -81,14 +83,23 @@ def plot(meta: dict, rows: list[dict], path: Path) -> None:
                 points = [(s["minute"], s[key] / divisor) for s in samples if s.get(key) is not None]
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, label=node, linestyle="--" if node == "swarm" else "-", marker="." if key == "round_seconds" else None)
+                ax.plot(
+                    xs,
+                    ys,
+                    label=node,
+                    linestyle="--" if node == "swarm" else "-",
+                    marker="." if key == "round_seconds" else None,
+                )
         ax.axvline(meta["warmup_minutes"], color="grey", linewidth=0.8, linestyle=":")
         ax.set_ylabel(f"{title}\n({unit})" if unit else title, fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, ncol=len(nodes))
     args = textwrap.fill(" ".join(meta["node_args"]), 110)
-    axes[0].set_title(f"{meta['nodes']}-node swarm, {args}\n"
-                      f"{meta['minutes']:g} min, samples every {meta['interval']:g} s (dotted: end of warm-up)", fontsize=9)
+    axes[0].set_title(
+        f"{meta['nodes']}-node swarm, {args}\n"
+        f"{meta['minutes']:g} min, samples every {meta['interval']:g} s (dotted: end of warm-up)",
+        fontsize=9,
+    )
     axes[-1].set_xlabel("minutes since the swarm started")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -99,8 +110,10 @@ def report(out: Path, every: float, warmup_minutes: float | None = None) -> int:
     meta, rows = load(out)
     if warmup_minutes is not None:
         meta["warmup_minutes"], meta["warmup_given"] = warmup_minutes, True
-    print(f"long run: {meta['nodes']} nodes, {' '.join(meta['node_args'])}; {meta['minutes']:g} min planned, "
-          f"samples every {meta['interval']:g} s, warm-up {meta['warmup_minutes']:g} min; started {meta['started']}")
+    print(
+        f"long run: {meta['nodes']} nodes, {' '.join(meta['node_args'])}; {meta['minutes']:g} min planned, "
+        f"samples every {meta['interval']:g} s, warm-up {meta['warmup_minutes']:g} min; started {meta['started']}"
+    )
     if meta.get("note"):
         print(f"note: {meta['note']}")
     print(table(meta, rows, every))

@@ -28,14 +28,20 @@ STOP_TIMEOUT_SECONDS = 300.0
 def proc_stats(pid: int) -> dict:
     """RSS, threads, open fds and CPU seconds so far of a live process, from /proc; {} if it is gone."""
     try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         # utime and stime, the 14th and 15th fields, counted after the ")" that ends the command name
         utime, stime = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]
     except (OSError, ValueError):
         return {}
-    return {"rss_bytes": int(fields["VmRSS"].split()[0]) * 1024, "threads": int(fields["Threads"]), "fds": fds,
-            "cpu_seconds": (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")}
+    return {
+        "rss_bytes": int(fields["VmRSS"].split()[0]) * 1024,
+        "threads": int(fields["Threads"]),
+        "fds": fds,
+        "cpu_seconds": (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK"),
+    }
 
 
 def tree_bytes(path: Path) -> int:
@@ -130,7 +136,17 @@ def sample_member(member: Member, now: float, started: float) -> dict:
 
 def start_swarm(out: Path, nodes: int, node_args: list[str]) -> tuple[subprocess.Popen, Path]:
     log_path = out / "swarm.out"
-    command = [sys.executable, "-m", "sapo.node.cli", "swarm", "--nodes", str(nodes), "--data-dir", str(out / "swarm"), *node_args]
+    command = [
+        sys.executable,
+        "-m",
+        "sapo.node.cli",
+        "swarm",
+        "--nodes",
+        str(nodes),
+        "--data-dir",
+        str(out / "swarm"),
+        *node_args,
+    ]
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     return process, log_path
@@ -146,7 +162,9 @@ def wait_for_members(process: subprocess.Popen, log_path: Path, nodes: int, time
         if len(members) == nodes:
             return members
         if process.poll() is not None:
-            raise RuntimeError(f"the swarm exited (code {process.returncode}) before every node listened; see {log_path}")
+            raise RuntimeError(
+                f"the swarm exited (code {process.returncode}) before every node listened; see {log_path}"
+            )
         time.sleep(1.0)
     raise RuntimeError(f"not every node listened within {timeout:.0f}s; see {log_path}")
 
@@ -162,7 +180,9 @@ def stop_swarm(process: subprocess.Popen, pids: list[int], data_dir: Path) -> No
             process.wait()
     for pid in pids:  # the nodes run in sessions of their own: none may outlive the bench
         try:
-            if str(data_dir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):  # ours, not a reused pid
+            if str(data_dir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode(
+                errors="replace"
+            ):  # ours, not a reused pid
                 os.kill(pid, signal.SIGKILL)
         except (OSError, ProcessLookupError):
             pass
@@ -186,8 +206,16 @@ def run(out: Path, meta: dict) -> None:
             while time.time() - started < minutes * 60 and process.poll() is None:
                 now = time.time()
                 rows = [sample_member(m, now, started) for m in members]
-                rows.append({"node": "swarm", "time": now, "minute": (now - started) / 60, "pid": process.pid,
-                             **proc_stats(process.pid), "load": os.getloadavg()[0]})
+                rows.append(
+                    {
+                        "node": "swarm",
+                        "time": now,
+                        "minute": (now - started) / 60,
+                        "pid": process.pid,
+                        **proc_stats(process.pid),
+                        "load": os.getloadavg()[0],
+                    }
+                )
                 pids.update(r["pid"] for r in rows[:-1] if r.get("pid"))
                 for row in rows:
                     samples.write(json.dumps(row) + "\n")
@@ -206,6 +234,8 @@ def progress_line(rows: list[dict]) -> str:
     for r in rows:
         if r["node"] == "swarm":
             continue
-        parts.append(f"{r['node']}: r{r.get('round')} rss {r.get('rss_bytes', 0) / 2**20:.0f}MB fds {r.get('fds')} "
-                     f"thr {r.get('threads')} log {r.get('logs_bytes', 0) / 1024:.0f}KB inbox {r.get('inbox_size')}")
+        parts.append(
+            f"{r['node']}: r{r.get('round')} rss {r.get('rss_bytes', 0) / 2**20:.0f}MB fds {r.get('fds')} "
+            f"thr {r.get('threads')} log {r.get('logs_bytes', 0) / 1024:.0f}KB inbox {r.get('inbox_size')}"
+        )
     return " | ".join(parts)

@@ -68,18 +68,34 @@ def verdicts(meta: dict, rows: list[dict]) -> list[Verdict]:
         warmup = warmup_end(meta, samples)
         after = [s for s in samples if s["minute"] >= warmup and "rss_bytes" in s]
         if len(after) < 6:
-            found.append(Verdict("samples", node, False, f"{len(after)} samples after the warm-up (to minute {warmup:.0f}); need 6"))
+            found.append(
+                Verdict(
+                    "samples", node, False, f"{len(after)} samples after the warm-up (to minute {warmup:.0f}); need 6"
+                )
+            )
             continue
         first, last = _ends([s["rss_bytes"] for s in after])
         growth = last / first - 1
-        found.append(Verdict("rss", node, growth <= RSS_GROWTH_LIMIT,
-                             f"{first / 2**20:.0f} -> {last / 2**20:.0f} MB from minute {warmup:.0f} "
-                             f"({growth:+.1%}; limit +{RSS_GROWTH_LIMIT:.0%})"))
+        found.append(
+            Verdict(
+                "rss",
+                node,
+                growth <= RSS_GROWTH_LIMIT,
+                f"{first / 2**20:.0f} -> {last / 2**20:.0f} MB from minute {warmup:.0f} "
+                f"({growth:+.1%}; limit +{RSS_GROWTH_LIMIT:.0%})",
+            )
+        )
         for key, tolerance in (("fds", FD_TOLERANCE), ("threads", THREAD_TOLERANCE)):
             first, last = _ends([s[key] for s in after])
             peak = max(s[key] for s in after)
-            found.append(Verdict(key, node, last - first <= tolerance,
-                                 f"median {first:g} -> {last:g} (max {peak}; limit +{tolerance})"))
+            found.append(
+                Verdict(
+                    key,
+                    node,
+                    last - first <= tolerance,
+                    f"median {first:g} -> {last:g} (max {peak}; limit +{tolerance})",
+                )
+            )
         if node != "swarm":
             found += node_verdicts(meta, node, samples, after)
     return found
@@ -91,27 +107,53 @@ def node_verdicts(meta: dict, node: str, samples: list[dict], after: list[dict])
     checkpoint = max((s["checkpoints_bytes"] / s["checkpoints"] for s in samples if s.get("checkpoints")), default=0)
     bound = (keep + 1) * checkpoint + DATA_SLACK_BYTES
     rest = max(s["data_dir_bytes"] - s["metrics_bytes"] - s["logs_bytes"] for s in after)
-    found.append(Verdict("data dir", node, rest <= bound,
-                         f"max {rest / 2**20:.1f} MB without logs and metrics; bound ({keep}+1) x {checkpoint / 2**20:.1f} MB + 1 MB "
-                         f"= {bound / 2**20:.1f} MB"))
+    found.append(
+        Verdict(
+            "data dir",
+            node,
+            rest <= bound,
+            f"max {rest / 2**20:.1f} MB without logs and metrics; bound ({keep}+1) x {checkpoint / 2**20:.1f} MB + 1 MB "
+            f"= {bound / 2**20:.1f} MB",
+        )
+    )
     cap = meta.get("log_cap_bytes")
     logs = max(s["logs_bytes"] for s in samples)
     hours = (samples[-1]["time"] - samples[0]["time"]) / 3600
     rate = (samples[-1]["logs_bytes"] - samples[0]["logs_bytes"]) / max(hours, 1e-9)
     if cap:
-        found.append(Verdict("log", node, logs <= cap, f"max {logs / 1024:.0f} KB in {max(s['log_files'] for s in samples)} "
-                             f"file(s), cap {cap / 2**20:.0f} MB; written at {rate / 1024:.0f} KB/h"))
+        found.append(
+            Verdict(
+                "log",
+                node,
+                logs <= cap,
+                f"max {logs / 1024:.0f} KB in {max(s['log_files'] for s in samples)} "
+                f"file(s), cap {cap / 2**20:.0f} MB; written at {rate / 1024:.0f} KB/h",
+            )
+        )
     else:
-        found.append(Verdict("log", node, False, f"no rotation cap: {logs / 1024:.0f} KB, growing {rate / 1024:.0f} KB/h without bound"))
+        found.append(
+            Verdict(
+                "log",
+                node,
+                False,
+                f"no rotation cap: {logs / 1024:.0f} KB, growing {rate / 1024:.0f} KB/h without bound",
+            )
+        )
     from sapo.node.core.metrics import MAX_METRICS_BYTES
 
     rounds = samples[-1].get("round") or 0
     if rounds:
         largest = max(s["metrics_bytes"] for s in samples)
         per_round = samples[-1]["metrics_bytes"] / rounds
-        found.append(Verdict("metrics", node, largest <= MAX_METRICS_BYTES,
-                             f"metrics.jsonl max {largest / 2**20:.1f} MB, cap {MAX_METRICS_BYTES / 2**20:.0f} MB "
-                             f"(compacted past it); {per_round:.0f} bytes/round so far"))
+        found.append(
+            Verdict(
+                "metrics",
+                node,
+                largest <= MAX_METRICS_BYTES,
+                f"metrics.jsonl max {largest / 2**20:.1f} MB, cap {MAX_METRICS_BYTES / 2**20:.0f} MB "
+                f"(compacted past it); {per_round:.0f} bytes/round so far",
+            )
+        )
     found += round_verdicts(meta, node, samples)
     return found
 
@@ -122,26 +164,52 @@ def round_verdicts(meta: dict, node: str, samples: list[dict]) -> list[Verdict]:
     finished = [(m, s) for m, s in round_times(samples) if m >= warmup]
     second = [s for m, s in finished if warmup + quarter <= m < warmup + 2 * quarter]
     fourth = [s for m, s in finished if m >= warmup + 3 * quarter]
-    found = [Verdict("progress", node, bool(fourth), f"{len(fourth)} rounds in the last quarter, {len(finished)} after warm-up")]
+    found = [
+        Verdict(
+            "progress", node, bool(fourth), f"{len(fourth)} rounds in the last quarter, {len(finished)} after warm-up"
+        )
+    ]
     # CPU time per token generated or trained on: what a leak that slows the round costs, without
     # what the machine's other load adds to the wall clock or how long this round's answers were.
-    cpu = [cpu_per_token([s for s in samples if lo <= s["minute"] <= hi])
-           for lo, hi in ((warmup + quarter, warmup + 2 * quarter), (warmup + 3 * quarter, end))]
+    cpu = [
+        cpu_per_token([s for s in samples if lo <= s["minute"] <= hi])
+        for lo, hi in ((warmup + quarter, warmup + 2 * quarter), (warmup + 3 * quarter, end))
+    ]
     if None in cpu:
-        found.append(Verdict("cpu/token", node, False, "too few rounds or no CPU samples to compare the 2nd and 4th quarters"))
+        found.append(
+            Verdict("cpu/token", node, False, "too few rounds or no CPU samples to compare the 2nd and 4th quarters")
+        )
     else:
         q2, q4 = cpu
-        found.append(Verdict("cpu/token", node, abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
-                             f"{q2 * 1e3:.2f} CPU ms a token (2nd quarter) -> {q4 * 1e3:.2f} (4th): {q4 / q2 - 1:+.0%}, "
-                             f"limit +-{ROUND_DRIFT_LIMIT:.0%}"))
+        found.append(
+            Verdict(
+                "cpu/token",
+                node,
+                abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
+                f"{q2 * 1e3:.2f} CPU ms a token (2nd quarter) -> {q4 * 1e3:.2f} (4th): {q4 / q2 - 1:+.0%}, "
+                f"limit +-{ROUND_DRIFT_LIMIT:.0%}",
+            )
+        )
     if len(second) >= 3 and len(fourth) >= 3:
         q2, q4 = statistics.median(second), statistics.median(fourth)
-        found.append(Verdict("round time", node, abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
-                             f"median {q2:.1f} s (2nd quarter, {len(second)} rounds) -> {q4:.1f} s (4th, {len(fourth)}): "
-                             f"{q4 / q2 - 1:+.0%}, limit +-{ROUND_DRIFT_LIMIT:.0%}"))
+        found.append(
+            Verdict(
+                "round time",
+                node,
+                abs(q4 / q2 - 1) <= ROUND_DRIFT_LIMIT,
+                f"median {q2:.1f} s (2nd quarter, {len(second)} rounds) -> {q4:.1f} s (4th, {len(fourth)}): "
+                f"{q4 / q2 - 1:+.0%}, limit +-{ROUND_DRIFT_LIMIT:.0%}",
+            )
+        )
     else:
-        found.append(Verdict("round time", node, False, f"too few rounds to compare: {len(second)} in the 2nd quarter, "
-                             f"{len(fourth)} in the 4th (need 3 each)"))
+        found.append(
+            Verdict(
+                "round time",
+                node,
+                False,
+                f"too few rounds to compare: {len(second)} in the 2nd quarter, {len(fourth)} in the 4th (need 3 each)",
+            )
+        )
     return found
 
 

@@ -32,8 +32,9 @@ class Clock:
         return time.process_time()
 
 
-def streamed_weights(out: int, inp: int, dtype: torch.dtype, stream_bytes: float,
-                     device: torch.device = CPU) -> list[torch.Tensor]:
+def streamed_weights(
+    out: int, inp: int, dtype: torch.dtype, stream_bytes: float, device: torch.device = CPU
+) -> list[torch.Tensor]:
     """Distinct copies of an [out x in] weight, more bytes of them than the caches hold."""
     copies = max(1, math.ceil(stream_bytes / (out * inp * torch.tensor([], dtype=dtype).element_size())))
     return [torch.randn(out, inp, device=device).mul_(0.02).to(dtype) for _ in range(copies)]

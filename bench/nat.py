@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gossip_swarm import percentile  # noqa: E402
 from gossip_peer import PeerProcess, write_groups  # noqa: E402
+from gossip_swarm import percentile  # noqa: E402
 from nat_topology import NatTopology, missing  # noqa: E402
 
 RELAY_ONLY_SWARM = "relay-only"  # the bootstrap's own swarm (topic): it carries none of the swarm's groups
@@ -53,9 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drain-seconds", type=float, default=10.0, help="wait for deliveries after the last publish")
     parser.add_argument("--runs", default="relayed,punched", help="which runs: relayed, punched or both")
     parser.add_argument("--symmetric", type=int, default=0, help="how many peers sit behind symmetric NATs")
-    parser.add_argument("--swarm-timeout", type=float, default=180.0, help="give up if no connected swarm forms in this long")
-    parser.add_argument("--punch-timeout", type=float, default=150.0,
-                        help="punched run: wait at most this long for relayed legs of punched links to close")
+    parser.add_argument(
+        "--swarm-timeout", type=float, default=180.0, help="give up if no connected swarm forms in this long"
+    )
+    parser.add_argument(
+        "--punch-timeout",
+        type=float,
+        default=150.0,
+        help="punched run: wait at most this long for relayed legs of punched links to close",
+    )
     parser.add_argument("--keep-logs", type=Path, default=None, help="copy every peer's log and events here")
     parser.add_argument("--smoke", action="store_true", help="3 peers, 10 s: a quick check that this runs")
     args = parser.parse_args(argv)
@@ -136,8 +142,12 @@ class SwarmRun:
         return expected - set(self.received.get(peer_id, {}))
 
     def latencies(self) -> list[float]:
-        return [at - self.published[g][1] for peer, got in self.received.items() for g, at in got.items()
-                if g in self.published and self.published[g][0] != peer]
+        return [
+            at - self.published[g][1]
+            for peer, got in self.received.items()
+            for g, at in got.items()
+            if g in self.published and self.published[g][0] != peer
+        ]
 
 
 def all_linked(peers: list[PeerProcess]) -> bool:
@@ -145,9 +155,21 @@ def all_linked(peers: list[PeerProcess]) -> bool:
     return all(len(neighbours) == len(peers) - 1 for neighbours in links(peers).values())
 
 
-def run_swarm(*, nated: int, rate: float, seconds: float, drain: float = 10.0, symmetric: frozenset[int] = frozenset(),
-              hole_punching: bool = True, relay: str = "auto", ready=None, ready_timeout: float = 180.0,
-              settle_punches: bool = False, punch_timeout: float = 150.0, keep_logs: Path | None = None) -> SwarmRun:
+def run_swarm(
+    *,
+    nated: int,
+    rate: float,
+    seconds: float,
+    drain: float = 10.0,
+    symmetric: frozenset[int] = frozenset(),
+    hole_punching: bool = True,
+    relay: str = "auto",
+    ready=None,
+    ready_timeout: float = 180.0,
+    settle_punches: bool = False,
+    punch_timeout: float = 150.0,
+    keep_logs: Path | None = None,
+) -> SwarmRun:
     """One public bootstrap (relaying per `relay`, gossiping another topic) and `nated` peers
     behind NAT; waits for `ready(peers)` (default: one connected swarm), with `settle_punches`
     also for DCUtR to replace the relayed legs, then every peer publishes `rate` groups/s for
@@ -155,20 +177,39 @@ def run_swarm(*, nated: int, rate: float, seconds: float, drain: float = 10.0, s
     ready = ready or (lambda peers: one_swarm(links(peers)))
     out = SwarmRun()
     tag = f"nb{os.getpid() % 10000}{'p' if hole_punching else 'r'}"
-    with tempfile.TemporaryDirectory(prefix="sapo-bench-nat-") as tmp, \
-            NatTopology(tag, public=1, nated=nated, symmetric=symmetric) as topo:
+    with (
+        tempfile.TemporaryDirectory(prefix="sapo-bench-nat-") as tmp,
+        NatTopology(tag, public=1, nated=nated, symmetric=symmetric) as topo,
+    ):
         tmp = Path(tmp)
         groups = write_groups(tmp / "groups.json")
         started = time.monotonic()
-        boot = PeerProcess("bootstrap", tmp / "bootstrap", prefix=topo.prefix(topo.public_ns[0]), rate=0,
-                           settings={"swarm": RELAY_ONLY_SWARM, "relay": relay}, groups_file=groups)
+        boot = PeerProcess(
+            "bootstrap",
+            tmp / "bootstrap",
+            prefix=topo.prefix(topo.public_ns[0]),
+            rate=0,
+            settings={"swarm": RELAY_ONLY_SWARM, "relay": relay},
+            groups_file=groups,
+        )
         everyone = [boot]
         try:
             boot_id = boot.wait_up(60 + START_SECONDS_PER_PEER)
             bootstrap = f"/ip4/{topo.public_ip[0]}/tcp/4001/p2p/{boot_id}"
-            peers = [PeerProcess(f"nat{i}", tmp / f"nat{i}", prefix=topo.prefix(topo.nated_ns[i]), peers=[bootstrap],
-                                 rate=rate, index=i, groups_file=groups, wait_go=True,
-                                 settings={"hole_punching": hole_punching}) for i in range(nated)]
+            peers = [
+                PeerProcess(
+                    f"nat{i}",
+                    tmp / f"nat{i}",
+                    prefix=topo.prefix(topo.nated_ns[i]),
+                    peers=[bootstrap],
+                    rate=rate,
+                    index=i,
+                    groups_file=groups,
+                    wait_go=True,
+                    settings={"hole_punching": hole_punching},
+                )
+                for i in range(nated)
+            ]
             everyone += peers
             for p in peers:
                 p.wait_up(60 + START_SECONDS_PER_PEER * nated)
@@ -180,10 +221,15 @@ def run_swarm(*, nated: int, rate: float, seconds: float, drain: float = 10.0, s
                 # last legs to close.
                 time.sleep(PUNCH_SETTLE_SECONDS)
                 try:
-                    out.phases["relay legs closed s"] = wait_until(
-                        "punched links to drop their relayed legs",
-                        lambda: link_kinds(links(peers))["both"] == 0 and one_swarm(links(peers)),
-                        punch_timeout, everyone) + PUNCH_SETTLE_SECONDS
+                    out.phases["relay legs closed s"] = (
+                        wait_until(
+                            "punched links to drop their relayed legs",
+                            lambda: link_kinds(links(peers))["both"] == 0 and one_swarm(links(peers)),
+                            punch_timeout,
+                            everyone,
+                        )
+                        + PUNCH_SETTLE_SECONDS
+                    )
                 except TimeoutError:
                     out.phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
             else:
@@ -197,7 +243,9 @@ def run_swarm(*, nated: int, rate: float, seconds: float, drain: float = 10.0, s
             out.after = link_kinds(links(peers))
             out.states = {p.name: p.last_state() or {} for p in everyone}
             measured = 2.0 + seconds + drain
-            out.cpu = {name: (state.get("cpu", 0.0) - cpu_before[name]) / measured for name, state in out.states.items()}
+            out.cpu = {
+                name: (state.get("cpu", 0.0) - cpu_before[name]) / measured for name, state in out.states.items()
+            }
         finally:
             for p in everyone:
                 p.stop()
@@ -211,10 +259,18 @@ def run_swarm(*, nated: int, rate: float, seconds: float, drain: float = 10.0, s
 
 def measure(args: argparse.Namespace, run: str) -> dict:
     """One bench run ("relayed" or "punched") summarised for print_report."""
-    r = run_swarm(nated=args.nated, rate=args.rate, seconds=args.seconds, drain=args.drain_seconds,
-                  symmetric=frozenset(range(args.symmetric)), hole_punching=run == "punched",
-                  ready_timeout=args.swarm_timeout, settle_punches=run == "punched", punch_timeout=args.punch_timeout,
-                  keep_logs=args.keep_logs)
+    r = run_swarm(
+        nated=args.nated,
+        rate=args.rate,
+        seconds=args.seconds,
+        drain=args.drain_seconds,
+        symmetric=frozenset(range(args.symmetric)),
+        hole_punching=run == "punched",
+        ready_timeout=args.swarm_timeout,
+        settle_punches=run == "punched",
+        punch_timeout=args.punch_timeout,
+        keep_logs=args.keep_logs,
+    )
     peer_ids = [peer for peer, name in r.names.items() if name != "bootstrap"]
     counters: dict[str, int] = {}
     for state in r.states.values():
@@ -222,39 +278,69 @@ def measure(args: argparse.Namespace, run: str) -> dict:
             counters[name] = counters.get(name, 0) + value
     peer_cpu = [c for name, c in r.cpu.items() if name != "bootstrap"]
     delivered = sum(1 for peer in peer_ids for g in r.received[peer] if g in r.published and r.published[g][0] != peer)
-    return {"run": run, "published": len(r.published), "expected": len(r.published) * (args.nated - 1),
-            "delivered": delivered,
-            "latencies": r.latencies(), "before": r.before, "after": r.after, "phases": r.phases,
-            "counters": counters, "reachability": [r.states[r.names[p]].get("reachability") for p in peer_ids],
-            "relaying": r.states["bootstrap"].get("relaying"), "cpu_bootstrap": r.cpu["bootstrap"],
-            "cpu_peer_mean": sum(peer_cpu) / len(peer_cpu), "cpu_peer_max": max(peer_cpu)}
+    return {
+        "run": run,
+        "published": len(r.published),
+        "expected": len(r.published) * (args.nated - 1),
+        "delivered": delivered,
+        "latencies": r.latencies(),
+        "before": r.before,
+        "after": r.after,
+        "phases": r.phases,
+        "counters": counters,
+        "reachability": [r.states[r.names[p]].get("reachability") for p in peer_ids],
+        "relaying": r.states["bootstrap"].get("relaying"),
+        "cpu_bootstrap": r.cpu["bootstrap"],
+        "cpu_peer_mean": sum(peer_cpu) / len(peer_cpu),
+        "cpu_peer_max": max(peer_cpu),
+    }
 
 
 def print_report(args: argparse.Namespace, results: list[dict]) -> None:
     load = os.getloadavg()[0]
     print()
-    print(f"NAT benchmark: {args.nated} peers each behind its own NAT ({args.symmetric} symmetric), one public "
-          f"bootstrap relaying (not gossiping the topic), {args.rate:g} groups/s per peer for {args.seconds:g} s; "
-          f"{os.cpu_count()} CPUs, load average {load:.1f} at the end")
-    print(f"{'run':<9} {'delivered / expected':>22} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}   "
-          f"links direct/relayed/both at start -> end   setup")
+    print(
+        f"NAT benchmark: {args.nated} peers each behind its own NAT ({args.symmetric} symmetric), one public "
+        f"bootstrap relaying (not gossiping the topic), {args.rate:g} groups/s per peer for {args.seconds:g} s; "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} at the end"
+    )
+    print(
+        f"{'run':<9} {'delivered / expected':>22} {'ratio':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}   "
+        f"links direct/relayed/both at start -> end   setup"
+    )
     for r in results:
         ratio = r["delivered"] / r["expected"] if r["expected"] else 0.0
         p50, p99, p100 = (1e3 * percentile(r["latencies"], q) for q in (50, 99, 100))
         b, a = r["before"], r["after"]
         setup = ", ".join(f"{k} {v:.0f}" for k, v in r["phases"].items())  # ready = one connected swarm
-        print(f"{r['run']:<9} {str(r['delivered']) + ' / ' + str(r['expected']):>22} {ratio:7.4f} {p50:8.1f} {p99:8.1f} "
-              f"{p100:8.1f}   {b['direct']}/{b['relayed']}/{b['both']} -> {a['direct']}/{a['relayed']}/{a['both']}"
-              f"{'':>14}{setup}")
+        print(
+            f"{r['run']:<9} {str(r['delivered']) + ' / ' + str(r['expected']):>22} {ratio:7.4f} {p50:8.1f} {p99:8.1f} "
+            f"{p100:8.1f}   {b['direct']}/{b['relayed']}/{b['both']} -> {a['direct']}/{a['relayed']}/{a['both']}"
+            f"{'':>14}{setup}"
+        )
     for r in results:
         c = r["counters"]
-        keys = ("relay_reserved", "relay_dials", "relay_dial_failed", "relay_circuits_served", "relay_refused",
-                "reachability_checks", "autonat_served", "autonat_refused", "discovery_connected", "publish_dropped")
-        print(f"  {r['run']}: CPU while measuring (cores): bootstrap {r['cpu_bootstrap']:.2f}, peers mean "
-              f"{r['cpu_peer_mean']:.2f} max {r['cpu_peer_max']:.2f}")
-        print(f"  {r['run']}: bootstrap relaying={r['relaying']}, peers' reachability "
-              f"{dict((s, r['reachability'].count(s)) for s in set(r['reachability']))}; "
-              + ", ".join(f"{k}={c.get(k, 0)}" for k in keys))
+        keys = (
+            "relay_reserved",
+            "relay_dials",
+            "relay_dial_failed",
+            "relay_circuits_served",
+            "relay_refused",
+            "reachability_checks",
+            "autonat_served",
+            "autonat_refused",
+            "discovery_connected",
+            "publish_dropped",
+        )
+        print(
+            f"  {r['run']}: CPU while measuring (cores): bootstrap {r['cpu_bootstrap']:.2f}, peers mean "
+            f"{r['cpu_peer_mean']:.2f} max {r['cpu_peer_max']:.2f}"
+        )
+        print(
+            f"  {r['run']}: bootstrap relaying={r['relaying']}, peers' reachability "
+            f"{dict((s, r['reachability'].count(s)) for s in set(r['reachability']))}; "
+            + ", ".join(f"{k}={c.get(k, 0)}" for k in keys)
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,7 +82,7 @@ class NatTopology:
         self.symmetric = symmetric
         self._created: list[str] = []
 
-    def __enter__(self) -> "NatTopology":
+    def __enter__(self) -> NatTopology:
         try:
             self._build()
         except BaseException:

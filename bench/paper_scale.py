@@ -31,15 +31,61 @@ PAPER_CONFIGS = "8/0,4/4,2/6"
 
 def paper_command(args: argparse.Namespace) -> list[str]:
     command = [
-        sys.executable, "-m", "sapo.node.cli", "experiment",
-        "--nodes", "8", "--configs", args.configs, "--rounds", str(args.rounds), "--seeds", str(args.seeds),
-        "--out", str(args.out), "--jobs", "1", "--format-discovery", "1.0", "--ma-window", "100",
+        sys.executable,
+        "-m",
+        "sapo.node.cli",
+        "experiment",
+        "--nodes",
+        "8",
+        "--configs",
+        args.configs,
+        "--rounds",
+        str(args.rounds),
+        "--seeds",
+        str(args.seeds),
+        "--out",
+        str(args.out),
+        "--jobs",
+        "1",
+        "--format-discovery",
+        "1.0",
+        "--ma-window",
+        "100",
         # node settings: the paper's GRPO
-        "--model", args.model, "--device", "cuda", "--precision", "auto",
-        "--generations", "8", "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1.0",
-        "--updates-per-batch", "1", "--minibatches", "1", "--eps-low", "0.2", "--eps-high", "0.28",
-        "--optimizer", "adam", "--reward", "binary", "--sampler", "nonzero-uniform",
-        "--warm-start-steps", "0", "--torch-threads", "4", "--eval-every", "100", "--eval-questions", "16",
+        "--model",
+        args.model,
+        "--device",
+        "cuda",
+        "--precision",
+        "auto",
+        "--generations",
+        "8",
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--temperature",
+        "1.0",
+        "--updates-per-batch",
+        "1",
+        "--minibatches",
+        "1",
+        "--eps-low",
+        "0.2",
+        "--eps-high",
+        "0.28",
+        "--optimizer",
+        "adam",
+        "--reward",
+        "binary",
+        "--sampler",
+        "nonzero-uniform",
+        "--warm-start-steps",
+        "0",
+        "--torch-threads",
+        "4",
+        "--eval-every",
+        "100",
+        "--eval-questions",
+        "16",
     ]
     if args.lora:
         command.append("--lora")
@@ -50,7 +96,9 @@ def paper_command(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="hub id, local directory, or smollm2-135m")
+    parser.add_argument(
+        "--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="hub id, local directory, or smollm2-135m"
+    )
     parser.add_argument("--configs", default=PAPER_CONFIGS)
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=1)
@@ -71,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     name = torch.cuda.get_device_name(0)
     memory = torch.cuda.get_device_properties(0).total_memory / 2**30
-    print(f"device: {name}, {memory:.0f} GiB; 8 nodes x {args.rounds} rounds x {len(args.configs.split(','))} arms "
-          f"x {args.seeds} seed(s)", flush=True)
+    print(
+        f"device: {name}, {memory:.0f} GiB; 8 nodes x {args.rounds} rounds x {len(args.configs.split(','))} arms "
+        f"x {args.seeds} seed(s)",
+        flush=True,
+    )
     return subprocess.run(command, cwd=ROOT).returncode
 
 

@@ -72,7 +72,9 @@ class Attacker:
     """An identity that publishes `groups` valid groups a round, half right (with the attack) and
     half wrong, every key regenerated from its spec."""
 
-    def __init__(self, kind: str, exchange: MemoryExchange, tasks: TaskSampler, groups: int, generations: int, seed: int):
+    def __init__(
+        self, kind: str, exchange: MemoryExchange, tasks: TaskSampler, groups: int, generations: int, seed: int
+    ):
         self.kind, self.exchange, self.tasks = kind, exchange, tasks
         self.groups, self.generations = groups, generations
         self.rng = random.Random(seed)
@@ -91,8 +93,13 @@ class Attacker:
 
 def node_settings(args: argparse.Namespace, index: int) -> NodeSettings:
     flags = {
-        "model": args.model, "tasks": [args.task], "torch_threads": 1, "swarm": "poisoning", "checkpoint_every": 0,
-        "data_dir": str(args.out / f"node-{index}"), "models_dir": str(args.out.parent / "models"),
+        "model": args.model,
+        "tasks": [args.task],
+        "torch_threads": 1,
+        "swarm": "poisoning",
+        "checkpoint_every": 0,
+        "data_dir": str(args.out / f"node-{index}"),
+        "models_dir": str(args.out.parent / "models"),
         "seed": 1000 * args.seed + index,
     }
     if args.defences == "off":
@@ -115,8 +122,16 @@ def build(args: argparse.Namespace) -> tuple[StudyRun, list[Attacker]]:
     for k in range(args.attackers):
         seed = 7_000_000 + 1000 * args.seed + k
         exchange = hub.join(peer_id_for(args.seed, k, "attacker"), base, inbox=None, counters=NodeCounters())
-        attackers.append(Attacker(args.attack, exchange, TaskSampler(base.tasks.specs(), dataset_seed=seed, rng_seed=seed),
-                                  base.sampling.local, base.training.generations, seed))
+        attackers.append(
+            Attacker(
+                args.attack,
+                exchange,
+                TaskSampler(base.tasks.specs(), dataset_seed=seed, rng_seed=seed),
+                base.sampling.local,
+                base.training.generations,
+                seed,
+            )
+        )
     return StudyRun(clock, hub, learners, attackers), attackers
 
 
@@ -143,10 +158,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--task", default="basic_arithmetic")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--round-seconds", type=float, default=0.5, help="the round clock (a default tiny node's round)")
+    parser.add_argument(
+        "--round-seconds", type=float, default=0.5, help="the round clock (a default tiny node's round)"
+    )
     parser.add_argument("--probe-every", type=int, default=50)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--smoke", action="store_true", help="6 rounds of 2 honest nodes and 1 attacker, then the report")
+    parser.add_argument(
+        "--smoke", action="store_true", help="6 rounds of 2 honest nodes and 1 attacker, then the report"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.honest, args.attackers, args.probe_every = 6, 2, 1, 3
@@ -165,19 +184,35 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             own = [(c, g.problem.answer) for g in result.generation.groups for c in g.completions]
             record = result.record
-            rows_file.write(json.dumps({
-                "round": round_index, "node": learner.index, "completions": len(own),
-                "attack_shown": sum(shows_attack(args.attack, c, a) for c, a in own),
-                "accuracy": record.accuracy, "reward": record.reward_mean,
-                "external_groups": record.external_groups, "external_planned": record.external_planned,
-                "from_attackers": sum(1 for g in result.training_set.external if g.origin in attacker_ids),
-                "screened_out": record.screened_out,
-                "refused_attackers": sum(1 for g in result.training_set.refused if g.origin in attacker_ids),
-                "inbox": record.inbox_size,
-                "inbox_attackers": sum(1 for g in learner.node.inbox.newest_first(run.clock()) if g.origin in attacker_ids),
-            }) + "\n")
+            rows_file.write(
+                json.dumps(
+                    {
+                        "round": round_index,
+                        "node": learner.index,
+                        "completions": len(own),
+                        "attack_shown": sum(shows_attack(args.attack, c, a) for c, a in own),
+                        "accuracy": record.accuracy,
+                        "reward": record.reward_mean,
+                        "external_groups": record.external_groups,
+                        "external_planned": record.external_planned,
+                        "from_attackers": sum(1 for g in result.training_set.external if g.origin in attacker_ids),
+                        "screened_out": record.screened_out,
+                        "refused_attackers": sum(1 for g in result.training_set.refused if g.origin in attacker_ids),
+                        "inbox": record.inbox_size,
+                        "inbox_attackers": sum(
+                            1 for g in learner.node.inbox.newest_first(run.clock()) if g.origin in attacker_ids
+                        ),
+                    }
+                )
+                + "\n"
+            )
         if round_index % args.probe_every == 0 and results[0] is not None:
-            honest = [g.model_copy(update={"origin": "peer"}) for r in results[1:] if r is not None for g in r.generation.groups]
+            honest = [
+                g.model_copy(update={"origin": "peer"})
+                for r in results[1:]
+                if r is not None
+                for g in r.generation.groups
+            ]
             attacking = [g for a in attackers for g in a.last]
             for row in probe(run.learners[0].node, honest, attacking, run.learners[0].node.trust.screen_window):
                 probes_file.write(json.dumps({"round": round_index, **row}) + "\n")

@@ -53,8 +53,10 @@ def operating_point(rows: list[dict]) -> dict[str, float]:
     honest_refused = sum(r["screened_out"] - r["refused_attackers"] for r in rows)
     honest_chosen = honest_refused + sum(r["external_groups"] - r["from_attackers"] for r in rows)
     return {
-        "attack_groups_chosen": attack_chosen, "attack_refused": attack_refused / attack_chosen if attack_chosen else 0.0,
-        "honest_groups_chosen": honest_chosen, "honest_refused": honest_refused / honest_chosen if honest_chosen else 0.0,
+        "attack_groups_chosen": attack_chosen,
+        "attack_refused": attack_refused / attack_chosen if attack_chosen else 0.0,
+        "honest_groups_chosen": honest_chosen,
+        "honest_refused": honest_refused / honest_chosen if honest_chosen else 0.0,
         "external_per_round": sum(r["external_groups"] for r in rows) / len(rows),
         "attack_trained_per_round": sum(r["from_attackers"] for r in rows) / len(rows),
     }
@@ -83,15 +85,22 @@ def summarize(run: Path, width: int) -> dict:
     honest = [p["score"] for p in probes if p["label"] == "honest"]
     attack = [p["score"] for p in probes if p["label"] == "attack"]
     return {
-        "run": run.name, "attack": command["attack"], "defences": command["defences"],
+        "run": run.name,
+        "attack": command["attack"],
+        "defences": command["defences"],
         "share": f"{command['attackers']}/{int(command['honest']) + int(command['attackers'])}",
         "rounds": max(r["round"] for r in rows),
-        "success": windows(rows, width, success), "accuracy": windows(rows, width, accuracy),
+        "success": windows(rows, width, success),
+        "accuracy": windows(rows, width, accuracy),
         "final_success": success([r for r in rows if r["round"] > max(r["round"] for r in rows) - width]),
-        "final_by_node": [success([r for r in rows if r["node"] == n and r["round"] > max(r["round"] for r in rows) - width])
-                          for n in sorted({r["node"] for r in rows})],
-        **operating_point(rows), "auc": auc,
-        "honest_max": max(honest, default=float("nan")), "attack_min": min(attack, default=float("nan")),
+        "final_by_node": [
+            success([r for r in rows if r["node"] == n and r["round"] > max(r["round"] for r in rows) - width])
+            for n in sorted({r["node"] for r in rows})
+        ],
+        **operating_point(rows),
+        "auc": auc,
+        "honest_max": max(honest, default=float("nan")),
+        "attack_min": min(attack, default=float("nan")),
     }
 
 
@@ -145,7 +154,9 @@ def plot(runs: list[Path], summaries: list[dict], width: int, out: Path) -> None
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", type=Path, help="a folder of run folders (each with command.json and rows.jsonl[.gz])")
+    parser.add_argument(
+        "results", type=Path, help="a folder of run folders (each with command.json and rows.jsonl[.gz])"
+    )
     parser.add_argument("--window", type=int, default=100)
     args = parser.parse_args(argv)
     runs = sorted(p for p in args.results.iterdir() if (p / "command.json").exists())

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
 from matmul_rate import Clock, kernels_on, matmul_gflops, peak_matmul_tflops, streamed_weights
 from text_table import print_rows
@@ -119,8 +118,17 @@ def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torc
 
     chosen, samples = layout(batch, prompts)
     started = clock()
-    decode_samples(policy.model, _NoEndOfText(policy.tokenizer), chosen, samples_per_prompt=samples,
-                   max_new_tokens=steps, temperature=1.0, seed=0, device=policy.device, weights_dtype=dtype)
+    decode_samples(
+        policy.model,
+        _NoEndOfText(policy.tokenizer),
+        chosen,
+        samples_per_prompt=samples,
+        max_new_tokens=steps,
+        temperature=1.0,
+        seed=0,
+        device=policy.device,
+        weights_dtype=dtype,
+    )
     return clock() - started
 
 
@@ -129,16 +137,27 @@ def hf_seconds(model, tokenizer, prompts: list[str], batch: int, steps: int, dty
     `model` is already the bf16 copy)."""
     chosen, samples = layout(batch, prompts)
     tokenizer.padding_side = "left"
-    enc = tokenizer([p for p in chosen for _ in range(samples)], return_tensors="pt", padding=True,
-                    add_special_tokens=False).to(model.device)
+    enc = tokenizer(
+        [p for p in chosen for _ in range(samples)], return_tensors="pt", padding=True, add_special_tokens=False
+    ).to(model.device)
     device_type = model.device.type
     cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
-    autocast = torch.autocast(device_type, dtype=torch.bfloat16) if cpu_bf16 else torch.autocast(device_type, enabled=False)
+    autocast = (
+        torch.autocast(device_type, dtype=torch.bfloat16) if cpu_bf16 else torch.autocast(device_type, enabled=False)
+    )
     torch.manual_seed(0)
     started = clock()
     with torch.inference_mode(), autocast:
-        model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=steps,
-                       min_new_tokens=steps, pad_token_id=tokenizer.pad_token_id)
+        model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            pad_token_id=tokenizer.pad_token_id,
+        )
     return clock() - started
 
 
@@ -164,19 +183,31 @@ def real_round(policy, prompts: list[str], max_new_tokens: int, clock: Clock) ->
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="model name (a tiny variant, smollm2-135m, a local HF directory)")
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="model name (a tiny variant, smollm2-135m, a local HF directory)"
+    )
     parser.add_argument("--batches", default="1,8,32,64", help="decode batch sizes")
     parser.add_argument("--steps", type=int, default=48, help="decoding steps per row in the decode measurements")
     parser.add_argument("--matmul-seconds", type=float, default=0.15, help="about how long each matmul rate is timed")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: what a node sharing its CPU uses)")
-    parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=True, help="also time transformers' generate (fp32)")
-    parser.add_argument("--stream-mb", type=float, default=96,
-                        help="bytes of distinct weight copies each matmul cycles through (above the L3 size: 32 MB here)")
+    parser.add_argument(
+        "--hf", action=argparse.BooleanOptionalAction, default=True, help="also time transformers' generate (fp32)"
+    )
+    parser.add_argument(
+        "--stream-mb",
+        type=float,
+        default=96,
+        help="bytes of distinct weight copies each matmul cycles through (above the L3 size: 32 MB here)",
+    )
     parser.add_argument("--bandwidth-mb", type=float, default=256, help="size of the copy that measures bandwidth")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N: wall time after a synchronize, cuBLAS, the card's roof")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda / cuda:N: wall time after a synchronize, cuBLAS, the card's roof"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write one JSON row per batch size here")
-    parser.add_argument("--smoke", action="store_true", help="tiny model, batches 1 and 8, few steps: a quick check it runs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny model, batches 1 and 8, few steps: a quick check it runs"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.batches, args.steps, args.matmul_seconds, args.bandwidth_mb = "tiny", "1,8", 4, 0.01, 16
@@ -188,8 +219,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def cpu_flags() -> str:
-    flags = [name for name, probe in (("avx512", "_is_avx512_supported"), ("avx512_bf16", "_is_avx512_bf16_supported"),
-                                      ("amx", "_is_amx_tile_supported")) if getattr(torch.cpu, probe, lambda: False)()]
+    flags = [
+        name
+        for name, probe in (
+            ("avx512", "_is_avx512_supported"),
+            ("avx512_bf16", "_is_avx512_bf16_supported"),
+            ("amx", "_is_amx_tile_supported"),
+        )
+        if getattr(torch.cpu, probe, lambda: False)()
+    ]
     return ", ".join(flags) or "no AVX-512"
 
 
@@ -206,20 +244,29 @@ class Roof:
 
     def bandwidth_bound(self, dtype_name: str, batch: int) -> float:
         scale = 0.5 if dtype_name == "bf16" else 1.0
-        bytes_geometry = DecodeGeometry(int(self.geometry.weight_bytes * scale), int(self.geometry.kv_bytes_per_token * scale))
+        bytes_geometry = DecodeGeometry(
+            int(self.geometry.weight_bytes * scale), int(self.geometry.kv_bytes_per_token * scale)
+        )
         return decode_bound_tokens_per_s(bytes_geometry, batch, self.context, self.bandwidth)
 
     def __call__(self, dtype_name: str, batch: int, decoder: bool) -> tuple[float, float]:
         """(compute bound, bandwidth bound): LlamaDecoder's shapes at its best kernel, or the model's own at F.linear."""
         used = [lin for lin in self.linears if (lin.decoder if decoder else lin not in self.linears[-2:])]
-        seconds = sum(lin.flops(batch) / 1e9 / max(self.rates[(f"{lin.out}x{lin.inp}", dtype_name, batch, kernel)]
-                                                    for kernel in (self.kernels if decoder else ("F.linear",)))
-                      for lin in used)
+        seconds = sum(
+            lin.flops(batch)
+            / 1e9
+            / max(
+                self.rates[(f"{lin.out}x{lin.inp}", dtype_name, batch, kernel)]
+                for kernel in (self.kernels if decoder else ("F.linear",))
+            )
+            for lin in used
+        )
         return batch / seconds, self.bandwidth_bound(dtype_name, batch)
 
 
-def measure_matmuls(args: argparse.Namespace, linears: list[Linear], device: torch.device, clock: Clock,
-                    kernels: tuple[str, ...]) -> dict[tuple[str, str, int, str], float]:
+def measure_matmuls(
+    args: argparse.Namespace, linears: list[Linear], device: torch.device, clock: Clock, kernels: tuple[str, ...]
+) -> dict[tuple[str, str, int, str], float]:
     """1. The matmul rate of every distinct shape, dtype, batch and kernel, printed as a table."""
     rates: dict[tuple[str, str, int, str], float] = {}
     rows = [["shape", "out x in", "dtype"] + [f"B={b} {' / '.join(kernels)}" for b in args.batch_list]]
@@ -232,44 +279,67 @@ def measure_matmuls(args: argparse.Namespace, linears: list[Linear], device: tor
             weights = streamed_weights(out, inp, dtype, args.stream_mb * 2**20, device)
             for b in args.batch_list:
                 for kernel in kernels:
-                    rates[(f"{out}x{inp}", dtype_name, b, kernel)] = matmul_gflops(weights, b, kernel, args.matmul_seconds,
-                                                                                  clock)
+                    rates[(f"{out}x{inp}", dtype_name, b, kernel)] = matmul_gflops(
+                        weights, b, kernel, args.matmul_seconds, clock
+                    )
                 cells.append(" / ".join(f"{rates[(f'{out}x{inp}', dtype_name, b, k)]:.0f}" for k in kernels))
             rows.append([name, f"{out} x {inp}", dtype_name] + cells)
             del weights
     print()
-    print("matmul GFLOPS, weights streamed from memory ("
-          + ("F.linear / oneDNN with the weight packed once" if len(kernels) > 1 else "F.linear, each call launched alone") + ")")
+    print(
+        "matmul GFLOPS, weights streamed from memory ("
+        + (
+            "F.linear / oneDNN with the weight packed once"
+            if len(kernels) > 1
+            else "F.linear, each call launched alone"
+        )
+        + ")"
+    )
     print_rows(rows)
     return rates
 
 
-def print_flops_and_bandwidth(args: argparse.Namespace, policy, linears: list[Linear], device: torch.device,
-                              clock: Clock) -> tuple[float, float, DecodeGeometry, float | None]:
+def print_flops_and_bandwidth(
+    args: argparse.Namespace, policy, linears: list[Linear], device: torch.device, clock: Clock
+) -> tuple[float, float, DecodeGeometry, float | None]:
     """2. Each shape's share of a token's FLOPs, and the copy bandwidth: (FLOPs per token, GB/s, geometry, card TFLOP/s)."""
     model_own = [lin for lin in linears if lin.name not in ("q|k|v", "gate|up")]
     total = sum(lin.flops(1) for lin in model_own)
     print()
-    print(f"FLOPs per token in linear layers: {total / 1e6:.1f} M (2 x {total / 2e6:.1f} M weights); share: "
-          + ", ".join(f"{lin.name} {100 * lin.flops(1) / total:.1f}%" for lin in model_own))
+    print(
+        f"FLOPs per token in linear layers: {total / 1e6:.1f} M (2 x {total / 2e6:.1f} M weights); share: "
+        + ", ".join(f"{lin.name} {100 * lin.flops(1) / total:.1f}%" for lin in model_own)
+    )
     bandwidth = copy_bandwidth_gbs(args.bandwidth_mb, repeats=3, threads=args.threads, device=str(device))
     geometry = DecodeGeometry.of(policy.model)
     peak_tflops = peak_matmul_tflops(device) if clock.gpu else None
-    print(f"copy bandwidth: {bandwidth:.1f} GB/s; weights {geometry.weight_bytes / 1e6:.0f} MB in fp32; "
-          f"KV cache {geometry.kv_bytes_per_token / 1e3:.1f} kB per token in fp32"
-          + (f"; bf16 matmul 8192^3: {peak_tflops:.0f} TFLOP/s" if peak_tflops else ""))
+    print(
+        f"copy bandwidth: {bandwidth:.1f} GB/s; weights {geometry.weight_bytes / 1e6:.0f} MB in fp32; "
+        f"KV cache {geometry.kv_bytes_per_token / 1e3:.1f} kB per token in fp32"
+        + (f"; bf16 matmul 8192^3: {peak_tflops:.0f} TFLOP/s" if peak_tflops else "")
+    )
     return total, bandwidth, geometry, peak_tflops
 
 
 def decode_header(args: argparse.Namespace, clock: Clock, prompt_tokens: int, hf_dtype: str) -> list[str]:
     per = "second" if clock.gpu else "CPU second"
     print()
-    print(f"decoding, tokens per {per} ({args.steps} steps per row, prefill excluded; context {prompt_tokens} "
-          f"prompt + {args.steps // 2} mean generated tokens). roof = min(compute bound at the best measured kernel "
-          f"per shape, bandwidth bound); 'F.linear roof' = compute bound with F.linear alone (what generate multiplies with)"
-          + ("; card roof = min(token FLOPs at the 8192^3 bf16 rate, bf16 bandwidth bound)" if clock.gpu else ""))
-    header = ["B", "fp32 compute / bandwidth roof", "ours fp32", "% of roof", "bf16 compute / bandwidth roof",
-              "ours bf16", "% of roof", "% of fp32 roof"]
+    print(
+        f"decoding, tokens per {per} ({args.steps} steps per row, prefill excluded; context {prompt_tokens} "
+        f"prompt + {args.steps // 2} mean generated tokens). roof = min(compute bound at the best measured kernel "
+        f"per shape, bandwidth bound); 'F.linear roof' = compute bound with F.linear alone (what generate multiplies with)"
+        + ("; card roof = min(token FLOPs at the 8192^3 bf16 rate, bf16 bandwidth bound)" if clock.gpu else "")
+    )
+    header = [
+        "B",
+        "fp32 compute / bandwidth roof",
+        "ours fp32",
+        "% of roof",
+        "bf16 compute / bandwidth roof",
+        "ours bf16",
+        "% of roof",
+        "% of fp32 roof",
+    ]
     if clock.gpu:
         header += ["card bf16 roof", "ours bf16 % of it"]
     if args.hf:
@@ -277,8 +347,17 @@ def decode_header(args: argparse.Namespace, clock: Clock, prompt_tokens: int, hf
     return header
 
 
-def decode_row(args: argparse.Namespace, policy, prompts: list[str], batch: int, roof: Roof, clock: Clock,
-               hf_model, hf_dtype: str, card_flops: tuple[float | None, float]) -> tuple[list[str], dict]:
+def decode_row(
+    args: argparse.Namespace,
+    policy,
+    prompts: list[str],
+    batch: int,
+    roof: Roof,
+    clock: Clock,
+    hf_model,
+    hf_dtype: str,
+    card_flops: tuple[float | None, float],
+) -> tuple[list[str], dict]:
     """3. One batch size: ours in fp32 and bf16 (and generate) against the roof, as a table row and a record."""
     fp32_compute, fp32_bw = roof("fp32", batch, True)
     bf16_compute, bf16_bw = roof("bf16", batch, True)
@@ -289,24 +368,46 @@ def decode_row(args: argparse.Namespace, policy, prompts: list[str], batch: int,
     ours32 = decode_tokens_per_s(ours(torch.float32), batch, args.steps)
     ours16 = decode_tokens_per_s(ours(torch.bfloat16), batch, args.steps)
     fp32_roof, bf16_roof = min(fp32_compute, fp32_bw), min(bf16_compute, bf16_bw)
-    row = [str(batch), f"{fp32_compute:.0f} / {fp32_bw:.0f}", f"{ours32:.1f}", f"{100 * ours32 / fp32_roof:.0f}%",
-           f"{bf16_compute:.0f} / {bf16_bw:.0f}", f"{ours16:.1f}", f"{100 * ours16 / bf16_roof:.0f}%",
-           f"{100 * ours16 / fp32_roof:.0f}%"]
+    row = [
+        str(batch),
+        f"{fp32_compute:.0f} / {fp32_bw:.0f}",
+        f"{ours32:.1f}",
+        f"{100 * ours32 / fp32_roof:.0f}%",
+        f"{bf16_compute:.0f} / {bf16_bw:.0f}",
+        f"{ours16:.1f}",
+        f"{100 * ours16 / bf16_roof:.0f}%",
+        f"{100 * ours16 / fp32_roof:.0f}%",
+    ]
     peak_tflops, total = card_flops
-    record = {"model": args.model, "device": str(policy.device), "batch": batch, "steps": args.steps,
-              "context": roof.context, "unit": f"tokens per {'second' if clock.gpu else 'CPU second'}",
-              "bandwidth_gbs": roof.bandwidth, "peak_bf16_tflops": peak_tflops,
-              "fp32_roof": fp32_roof, "fp32_compute_roof": fp32_compute, "fp32_bandwidth_roof": fp32_bw,
-              "ours_fp32": ours32, "bf16_roof": bf16_roof, "bf16_compute_roof": bf16_compute,
-              "bf16_bandwidth_roof": bf16_bw, "ours_bf16": ours16}
+    record = {
+        "model": args.model,
+        "device": str(policy.device),
+        "batch": batch,
+        "steps": args.steps,
+        "context": roof.context,
+        "unit": f"tokens per {'second' if clock.gpu else 'CPU second'}",
+        "bandwidth_gbs": roof.bandwidth,
+        "peak_bf16_tflops": peak_tflops,
+        "fp32_roof": fp32_roof,
+        "fp32_compute_roof": fp32_compute,
+        "fp32_bandwidth_roof": fp32_bw,
+        "ours_fp32": ours32,
+        "bf16_roof": bf16_roof,
+        "bf16_compute_roof": bf16_compute,
+        "bf16_bandwidth_roof": bf16_bw,
+        "ours_bf16": ours16,
+    }
     if clock.gpu:
         card = min(peak_tflops * 1e12 / total, bf16_bw)
         row += [f"{card:.0f}", f"{100 * ours16 / card:.1f}%"]
         record |= {"card_bf16_roof": card, "card_bf16_compute_roof": peak_tflops * 1e12 / total}
     if args.hf:
         hf_roof = min(roof(hf_dtype, batch, False)[0], roof.bandwidth_bound(hf_dtype, batch))
-        hf = decode_tokens_per_s(lambda b, steps: hf_seconds(hf_model, policy.tokenizer, prompts, b, steps,
-                                                              DTYPES[hf_dtype], clock), batch, args.steps)
+        hf = decode_tokens_per_s(
+            lambda b, steps: hf_seconds(hf_model, policy.tokenizer, prompts, b, steps, DTYPES[hf_dtype], clock),
+            batch,
+            args.steps,
+        )
         row += [f"{hf_roof:.0f}", f"{hf:.1f}", f"{100 * hf / hf_roof:.0f}%"]
         record |= {"hf_dtype": hf_dtype, "hf_roof": hf_roof, "hf_generate": hf}
     return row, record
@@ -319,11 +420,21 @@ def real_rounds(args: argparse.Namespace, policy, prompts: list[str], clock: Clo
     for name in ("fp32", "bf16"):
         policy.generation_bf16 = name == "bf16"
         tokens, seconds = real_round(policy, prompts, args.steps, clock)
-        print(f"real round, sample_completions 4 x 8 up to {args.steps} tokens with early stops, {name}: {tokens} tokens "
-              f"in {seconds:.2f} {clock.unit} = {tokens / seconds:.1f} tokens per {per} (prefill, weight packing and "
-              f"the shrinking batch included)")
-        records.append({"model": args.model, "device": str(policy.device), "real_round": name, "tokens": tokens,
-                        "seconds": seconds, "unit": clock.unit})
+        print(
+            f"real round, sample_completions 4 x 8 up to {args.steps} tokens with early stops, {name}: {tokens} tokens "
+            f"in {seconds:.2f} {clock.unit} = {tokens / seconds:.1f} tokens per {per} (prefill, weight packing and "
+            f"the shrinking batch included)"
+        )
+        records.append(
+            {
+                "model": args.model,
+                "device": str(policy.device),
+                "real_round": name,
+                "tokens": tokens,
+                "seconds": seconds,
+                "unit": clock.unit,
+            }
+        )
     return records
 
 
@@ -337,12 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     clock, kernels = Clock(device), kernels_on(device)
     args.models_dir.mkdir(parents=True, exist_ok=True)
-    policy = load_policy(args.model, device=str(device), seed=0, models_dir=args.models_dir, generation_precision="fp32")
+    policy = load_policy(
+        args.model, device=str(device), seed=0, models_dir=args.models_dir, generation_precision="fp32"
+    )
     linears = model_linears(policy.model.config)
     where = f"{torch.cuda.get_device_name(device)}, wall clock after a synchronize" if clock.gpu else "CPU clock"
-    print(f"roofline of decoding {args.model} on {device}: torch {torch.__version__}, {args.threads} thread(s), {where}")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu_flags()}), python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f} at the start (CONTENDED when above about 0.5)")
+    print(
+        f"roofline of decoding {args.model} on {device}: torch {torch.__version__}, {args.threads} thread(s), {where}"
+    )
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu_flags()}), python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.2f} at the start (CONTENDED when above about 0.5)"
+    )
     rates = measure_matmuls(args, linears, device, clock, kernels)
     total, bandwidth, geometry, peak_tflops = print_flops_and_bandwidth(args, policy, linears, device, clock)
 

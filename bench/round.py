@@ -61,7 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="train a LoRA adapter (r=16) rather than the full model (default: LoRA, as `make run`)",
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is what a node sharing a CPU uses)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 is what a node sharing a CPU uses)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="model, task and sampling seed (same for every model)")
     parser.add_argument(
         "--force-signal",
@@ -85,18 +87,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-timeout", type=float, default=3600, help="seconds before a peer's run is abandoned")
     parser.add_argument("--bandwidth-mb", type=float, default=256, help="size of the copy that measures bandwidth")
     parser.add_argument("--smoke", action="store_true", help="tiny only, tiny sizes: a quick check that this runs")
-    parser.add_argument("--updates-per-batch", type=int, default=2,
-                        help="sapo's passes over the batch (node default 2; 1 with --minibatches 1 is the peers' one step)")
+    parser.add_argument(
+        "--updates-per-batch",
+        type=int,
+        default=2,
+        help="sapo's passes over the batch (node default 2; 1 with --minibatches 1 is the peers' one step)",
+    )
     parser.add_argument("--minibatches", type=int, default=2, help="sapo's optimizer steps per pass (node default 2)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="sapo's update precision (--precision of a node; auto is fp32 on a CPU); the peers run fp32")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="sapo's update precision (--precision of a node; auto is fp32 on a CPU); the peers run fp32",
+    )
     parser.add_argument("--device", default="cpu", help="sapo's device: cpu, cuda, cuda:N (the peers run on the CPU)")
-    parser.add_argument("--hf-generate", action="store_true",
-                        help="also time plain transformers generate on the last round's batch (same prompts x G, cap, "
-                             "stop tag and precision), beside sapo's generate step")
+    parser.add_argument(
+        "--hf-generate",
+        action="store_true",
+        help="also time plain transformers generate on the last round's batch (same prompts x G, cap, "
+        "stop tag and precision), beside sapo's generate step",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write each result row as a JSON line here")
-    parser.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
-                        help="measure this thread's matmul rates and print the update against its compute bound")
+    parser.add_argument(
+        "--bound",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure this thread's matmul rates and print the update against its compute bound",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
     args = parser.parse_args(argv)
     if args.smoke:
@@ -105,7 +122,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("questions", "generations", "max_new_tokens", "rounds", "threads", "peer_micro_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    args.peer_list = [] if args.peers.strip() in ("", "none") else [p.strip() for p in args.peers.split(",") if p.strip()]
+    args.peer_list = (
+        [] if args.peers.strip() in ("", "none") else [p.strip() for p in args.peers.split(",") if p.strip()]
+    )
     unknown = sorted(set(args.peer_list) - set(PEERS))
     if unknown:
         parser.error(f"--peers: unknown {', '.join(unknown)}; choose from {', '.join(PEERS)} or 'none'")
@@ -151,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             results.append(outcome)
     print_table(args, results, missing, bandwidth)
     if args.json:
-        rows = [{key: value for key, value in r.items() if key != "peer_job"} | {"bandwidth_gbs": bandwidth} for r in results]
+        rows = [
+            {key: value for key, value in r.items() if key != "peer_job"} | {"bandwidth_gbs": bandwidth}
+            for r in results
+        ]
         args.json.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return 0
 

@@ -49,7 +49,9 @@ def load_average() -> float:
 def add_decode_bound(row: dict, sapo: dict, bandwidth_gbs: float) -> None:
     """The memory-bound decoding limit for the row's own decode batch."""
     geometry = DecodeGeometry(**sapo["geometry"])  # same model and LoRA in every framework
-    row["bound_tokens_per_s"] = decode_bound_tokens_per_s(geometry, row["decode_batch"], sapo["decode_context"], bandwidth_gbs)
+    row["bound_tokens_per_s"] = decode_bound_tokens_per_s(
+        geometry, row["decode_batch"], sapo["decode_context"], bandwidth_gbs
+    )
 
 
 def print_table(
@@ -112,17 +114,24 @@ def print_versions(results: list[dict], missing: list[tuple[str, str, str]]) -> 
     for framework in dict.fromkeys(r["framework"] for r in results):
         ran = [r for r in results if r["framework"] == framework]
         # a peer's update that leaves its trainable weights as they were is a broken update
-        changed = ", ".join(f"{r['model']} {'yes' if r['weights_changed'] else 'NO'}" for r in ran if "weights_changed" in r)
-        print(f"{framework}: {ran[0]['version']}" + (f"; update changed the trainable weights: {changed}" if changed else ""))
+        changed = ", ".join(
+            f"{r['model']} {'yes' if r['weights_changed'] else 'NO'}" for r in ran if "weights_changed" in r
+        )
+        print(
+            f"{framework}: {ran[0]['version']}"
+            + (f"; update changed the trainable weights: {changed}" if changed else "")
+        )
     for peer, model, reason in missing:
         print(f"{peer} ({model}) has no row: {reason}")
     for r in results:
         if r.get("hf_generate"):
             hf = r["hf_generate"]
-            print(f"{r['model']} on {r['device']}: plain transformers generate ({hf['dtype']}, merged weights) of the last "
-                  f"round's {hf['rows']} rows: {hf['tokens']} tokens in {hf['seconds']:.2f} s = {hf['tokens_per_s']:.0f} "
-                  f"tok/s; sapo's generate step: {r['tokens']:.0f} tokens in {r['generate_s']:.2f} s = "
-                  f"{r['tokens_per_s']:.0f} tok/s ({r['tokens_per_s'] / hf['tokens_per_s']:.2f}x HF's tok/s)")
+            print(
+                f"{r['model']} on {r['device']}: plain transformers generate ({hf['dtype']}, merged weights) of the last "
+                f"round's {hf['rows']} rows: {hf['tokens']} tokens in {hf['seconds']:.2f} s = {hf['tokens_per_s']:.0f} "
+                f"tok/s; sapo's generate step: {r['tokens']:.0f} tokens in {r['generate_s']:.2f} s = "
+                f"{r['tokens_per_s']:.0f} tok/s ({r['tokens_per_s'] / hf['tokens_per_s']:.2f}x HF's tok/s)"
+            )
         if r.get("gpu_peak_mb"):
             print(f"{r['model']} on {r['device']}: peak GPU memory allocated {r['gpu_peak_mb']:.0f} MB")
 
@@ -135,7 +144,9 @@ def print_ratios(results: list[dict]) -> None:
         if r["framework"] == "sapo":
             continue
         sapo = next(s for s in results if s["framework"] == "sapo" and s["model"] == r["model"])
-        rows.append([r["model"], f"sapo/{r['framework']}"] + [f"{sapo[k] / r[k]:.2f}" if r[k] > 0 else "-" for k in keys])
+        rows.append(
+            [r["model"], f"sapo/{r['framework']}"] + [f"{sapo[k] / r[k]:.2f}" if r[k] > 0 else "-" for k in keys]
+        )
     if len(rows) == 1:
         return
     print()
@@ -145,8 +156,18 @@ def print_ratios(results: list[dict]) -> None:
 
 def print_bounds(results: list[dict]) -> None:
     """sapo's update against its compute bound at each precision (bench/update_bound.py)."""
-    rows = [["model", "update precision", "update CPU s", "TFLOP", "fp32 bound s", "of fp32 bound", "bf16 bound s",
-             "of bf16 bound"]]
+    rows = [
+        [
+            "model",
+            "update precision",
+            "update CPU s",
+            "TFLOP",
+            "fp32 bound s",
+            "of fp32 bound",
+            "bf16 bound s",
+            "of bf16 bound",
+        ]
+    ]
     for r in results:
         bound = r.get("update_bound")
         if r["framework"] != "sapo" or not bound or r["update_cpu_s"] <= 0:
@@ -154,13 +175,18 @@ def print_bounds(results: list[dict]) -> None:
         cells = [r["model"], r["update_precision"], f"{r['update_cpu_s']:.2f}", f"{bound['tflop']:.3f}"]
         for dtype in ("fp32", "bf16"):
             seconds = bound["seconds"][dtype]
-            cells += [f"{seconds:.2f} ({bound['gflops'][dtype]:.0f} GFLOPS)", f"{100 * seconds / r['update_cpu_s']:.0f}%"]
+            cells += [
+                f"{seconds:.2f} ({bound['gflops'][dtype]:.0f} GFLOPS)",
+                f"{100 * seconds / r['update_cpu_s']:.0f}%",
+            ]
         rows.append(cells)
     if len(rows) == 1:
         return
     print()
-    print("sapo's update against its compute bound: the matmul FLOPs of its forward and input-gradient passes over "
-          "its tokens (each group's prompt once a pass, lm_head on completion tokens; bench/update_bound.py) at the "
-          "fp32 and bf16 rates this thread measured at 256 rows (best of F.linear and oneDNN packed); "
-          "'of bound' = bound s / update CPU s")
+    print(
+        "sapo's update against its compute bound: the matmul FLOPs of its forward and input-gradient passes over "
+        "its tokens (each group's prompt once a pass, lm_head on completion tokens; bench/update_bound.py) at the "
+        "fp32 and bf16 rates this thread measured at 256 rows (best of F.linear and oneDNN packed); "
+        "'of bound' = bound s / update CPU s"
+    )
     print_rows(rows)

@@ -54,13 +54,28 @@ def bench_node(args: argparse.Namespace, model: str, data_dir: Path, verifier, t
     from sapo.node.core.settings import load_settings
     from sapo.node.study.nodes import peer_id_for
 
-    settings = load_settings({
-        "model": model, "lora": args.lora, "device": args.device, "models_dir": args.models_dir, "warm_start_steps": 0,
-        "tasks": [TASK], "local": args.questions, "external": 0, "generations": args.generations,
-        "max_new_tokens": args.max_new_tokens, "updates_per_batch": args.updates_per_batch,
-        "minibatches": args.minibatches, "torch_threads": args.threads, "seed": args.seed,
-        "data_dir": data_dir, "checkpoint_every": 0, "precision": args.precision, "generate_only": not trains,
-    })
+    settings = load_settings(
+        {
+            "model": model,
+            "lora": args.lora,
+            "device": args.device,
+            "models_dir": args.models_dir,
+            "warm_start_steps": 0,
+            "tasks": [TASK],
+            "local": args.questions,
+            "external": 0,
+            "generations": args.generations,
+            "max_new_tokens": args.max_new_tokens,
+            "updates_per_batch": args.updates_per_batch,
+            "minibatches": args.minibatches,
+            "torch_threads": args.threads,
+            "seed": args.seed,
+            "data_dir": data_dir,
+            "checkpoint_every": 0,
+            "precision": args.precision,
+            "generate_only": not trains,
+        }
+    )
     # a real peer id: its local groups are framed for publishing, as the daemon's are
     return Node(settings, peer_id=peer_id_for(args.seed, 0), verifier=verifier)
 
@@ -81,7 +96,9 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
     started = time.perf_counter()
     node = bench_node(args, model, data_dir, verifier)
     load = {"load_s": time.perf_counter() - started, "load_peak_rss_mb": peak_rss_mb()}
-    alone = MemoryHub(time.time, rg_version="bench").join(node.peer_id, node.settings, inbox=None, counters=NodeCounters())
+    alone = MemoryHub(time.time, rg_version="bench").join(
+        node.peer_id, node.settings, inbox=None, counters=NodeCounters()
+    )
     load["peak_is_round_only"] = reset_peak_rss()
     rounds, batches = time_rounds(args, model, node, alone, verifier)
     bound = update_bound(args, node.policy, rounds)
@@ -105,17 +122,25 @@ def time_rounds(args: argparse.Namespace, model: str, node, alone, verifier) -> 
         state, generation, update = result.state, result.generation, result.update
         real, score_s, score_cpu_s = verifier.take()
         times = {
-            "generate_s": generation.seconds - score_s, "generate_cpu_s": generation.cpu_seconds - score_cpu_s,
-            "score_s": score_s, "score_cpu_s": score_cpu_s,
-            "update_s": update.seconds, "update_cpu_s": update.cpu_seconds,
+            "generate_s": generation.seconds - score_s,
+            "generate_cpu_s": generation.cpu_seconds - score_cpu_s,
+            "score_s": score_s,
+            "score_cpu_s": score_cpu_s,
+            "update_s": update.seconds,
+            "update_cpu_s": update.cpu_seconds,
         }
-        times |= {"total_s": sum(times[f"{s}_s"] for s in STEPS), "total_cpu_s": sum(times[f"{s}_cpu_s"] for s in STEPS)}
+        times |= {
+            "total_s": sum(times[f"{s}_s"] for s in STEPS),
+            "total_cpu_s": sum(times[f"{s}_cpu_s"] for s in STEPS),
+        }
         real_signal = sum(1 for r in real if has_signal(r))
         real_mean = sum(map(sum, real)) / sum(map(len, real))
         problems = [g.problem for g in generation.groups]
         prompts = [policy.prompt(p) for p in problems]
         prompt_lengths = [len(ids) for ids in policy.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
-        batches.append({"prompts": prompts, "answers": [p.answer for p in problems], "padded_prompt": max(prompt_lengths)})
+        batches.append(
+            {"prompts": prompts, "answers": [p.answer for p in problems], "padded_prompt": max(prompt_lengths)}
+        )
         rounds.append(
             {
                 **times,
@@ -123,8 +148,12 @@ def time_rounds(args: argparse.Namespace, model: str, node, alone, verifier) -> 
                 "update_skipped": update.skipped,
                 "update_tokens": update.tokens,
                 # each trained group's prompt, once: what the update's compute bound counts
-                "update_prompt_tokens": sum(len(ids) for ids in policy.tokenizer(
-                    [policy.prompt(p) for p in result.training_set.rows.problems], add_special_tokens=False)["input_ids"]),
+                "update_prompt_tokens": sum(
+                    len(ids)
+                    for ids in policy.tokenizer(
+                        [policy.prompt(p) for p in result.training_set.rows.problems], add_special_tokens=False
+                    )["input_ids"]
+                ),
                 "real_reward_mean": real_mean,
                 "real_signal_groups": real_signal,
                 "optimizer_steps": update.optimizer_steps,
@@ -141,7 +170,9 @@ def time_rounds(args: argparse.Namespace, model: str, node, alone, verifier) -> 
     return rounds, batches
 
 
-def result_row(args: argparse.Namespace, model: str, node, rounds: list[dict], batches: list[dict], measured: dict) -> dict:
+def result_row(
+    args: argparse.Namespace, model: str, node, rounds: list[dict], batches: list[dict], measured: dict
+) -> dict:
     """The timed rounds' means, the model's sizes, memory and decode geometry, and the peers' job.
     `measured`: load_s, load_peak_rss_mb, peak_is_round_only, update_bound and hf_generate."""
     from importlib.metadata import version
@@ -173,7 +204,8 @@ def result_row(args: argparse.Namespace, model: str, node, rounds: list[dict], b
         "update_bound": measured["update_bound"],
         "update_precision": "bf16" if policy.bf16 else "fp32",
         # mean context of a decoding step if the batch runs max_new_tokens steps
-        "decode_context": sum(b["padded_prompt"] for b in batches[-len(timed):]) / len(timed) + args.max_new_tokens / 2,
+        "decode_context": sum(b["padded_prompt"] for b in batches[-len(timed) :]) / len(timed)
+        + args.max_new_tokens / 2,
         "peer_job": peer_job(args, model, node, batches),
     }
 
@@ -217,8 +249,16 @@ def hf_generate(policy, prompts: list[str], args: argparse.Namespace) -> dict:
     tokenizer = policy.tokenizer
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(policy.device)
-    options = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=args.generations,
-                   stop_strings=[ANSWER_CLOSE], tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
+    options = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        num_return_sequences=args.generations,
+        stop_strings=[ANSWER_CLOSE],
+        tokenizer=tokenizer,
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
     def synchronize() -> None:
         if policy.device.type == "cuda":
@@ -234,11 +274,16 @@ def hf_generate(policy, prompts: list[str], args: argparse.Namespace) -> dict:
         seconds = time.perf_counter() - started
     ended = {tokenizer.pad_token_id, tokenizer.eos_token_id}
     tokens = 0
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():  # a row ends at its first EOS or pad
+    for row in out[:, enc["input_ids"].shape[1] :].tolist():  # a row ends at its first EOS or pad
         tokens += next((i for i, t in enumerate(row) if t in ended), len(row))
     del model
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "rows": len(out),
-            "dtype": str(policy.generation_dtype).removeprefix("torch.")}
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "rows": len(out),
+        "dtype": str(policy.generation_dtype).removeprefix("torch."),
+    }
 
 
 def update_bound(args: argparse.Namespace, policy, rounds: list[dict]) -> dict | None:
@@ -253,14 +298,18 @@ def update_bound(args: argparse.Namespace, policy, rounds: list[dict]) -> dict |
     rates = matmul_rates(config)
     seconds, total = {"fp32": 0.0, "bf16": 0.0}, 0.0
     for r in timed:
-        work = UpdateWork(r["update_prompt_tokens"], r["update_tokens"], args.updates_per_batch, args.minibatches,
-                          weight_gradients=not args.lora)
+        work = UpdateWork(
+            r["update_prompt_tokens"],
+            r["update_tokens"],
+            args.updates_per_batch,
+            args.minibatches,
+            weight_gradients=not args.lora,
+        )
         flops = update_flops(config, work)
         total += sum(flops.values()) / len(timed)
         for dtype in seconds:
             seconds[dtype] += bound_seconds(flops, rates[dtype]) / len(timed)
-    return {"tflop": total / 1e12, "seconds": seconds,
-            "gflops": {d: total / 1e9 / seconds[d] for d in seconds}}
+    return {"tflop": total / 1e12, "seconds": seconds, "gflops": {d: total / 1e9 / seconds[d] for d in seconds}}
 
 
 def export_for_peers(model: str, args: argparse.Namespace) -> str | None:

@@ -72,9 +72,16 @@ def rewritten(groups: list[QuestionGroup], attack, rng: random.Random) -> list[Q
     return out
 
 
-def statistics_of(excess_nll: tuple[list[list[list[float]]], list[list[list[float]]]], groups: list[QuestionGroup]) -> dict[str, list[float]]:
+def statistics_of(
+    excess_nll: tuple[list[list[list[float]]], list[list[list[float]]]], groups: list[QuestionGroup]
+) -> dict[str, list[float]]:
     excess, nll = excess_nll
-    stats: dict[str, list[float]] = {"excess, worst 4": [], "excess, worst 16": [], "excess, whole": [], "NLL, worst 16": []}
+    stats: dict[str, list[float]] = {
+        "excess, worst 4": [],
+        "excess, worst 16": [],
+        "excess, whole": [],
+        "NLL, worst 16": [],
+    }
     for group, z_rows, n_rows in zip(groups, excess, nll):
         for i in judged(group):
             stats["excess, worst 4"].append(worst_stretch(z_rows[i], 4))
@@ -118,29 +125,52 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:  # a tiny model answers nothing right until it has seen some answers
         warm_start(policy, tasks, WarmStartSettings(steps=150))
     problems = TaskSampler(tasks, dataset_seed=3, rng_seed=3).sample(args.questions)
-    sample = lambda seed: generate_groups(policy, problems, num_generations=args.generations,  # noqa: E731
-                                          max_new_tokens=args.max_new_tokens, seed=seed).groups
+
+    def sample(seed: int) -> list:
+        return generate_groups(
+            policy, problems, num_generations=args.generations, max_new_tokens=args.max_new_tokens, seed=seed
+        ).groups
+
     own, peer = sample(1), sample(2)
     rng = random.Random(0)
-    sets = {"honest peer": peer, "out-of-context": rewritten(peer, out_of_context, rng),
-            "in-context": rewritten(peer, in_context, rng)}
+    sets = {
+        "honest peer": peer,
+        "out-of-context": rewritten(peer, out_of_context, rng),
+        "in-context": rewritten(peer, in_context, rng),
+    }
     trust = TrustSettings()
     own_stats = statistics_of(measure(policy, own, args.max_new_tokens), own)
-    own_all = [worst_stretch(z, trust.screen_window) for g in excess_surprise(policy, own, args.max_new_tokens) for z in g]
-    own_winning = [worst_stretch(z, trust.screen_window) for g in excess_surprise(policy, winning(own), args.max_new_tokens)
-                   for z in g]
+    own_all = [
+        worst_stretch(z, trust.screen_window) for g in excess_surprise(policy, own, args.max_new_tokens) for z in g
+    ]
+    own_winning = [
+        worst_stretch(z, trust.screen_window)
+        for g in excess_surprise(policy, winning(own), args.max_new_tokens)
+        for z in g
+    ]
     # the node's bar (its own winning completions), and the bar all its own completions would set
     bar = ScreenReference().updated(own_winning).bar(trust.screen_margin)
     bar_all = ScreenReference().updated(own_all).bar(trust.screen_margin)
     stats = {name: statistics_of(measure(policy, groups, args.max_new_tokens), groups) for name, groups in sets.items()}
-    result = {"model": args.model, "questions": args.questions, "generations": args.generations, "bar": bar,
-              "bar_from_all_own": bar_all, "own_winning": own_winning, "own_all": own_all,
-              "seconds": time.time() - started, "counts": {name: len(s["excess, worst 16"]) for name, s in stats.items()},
-              "own_judged": len(own_stats["excess, worst 16"]), "statistics": {}}
-    print(f"{args.model}: {args.questions} questions x {args.generations}; bar {bar:.1f} nats "
-          f"(99th percentile of {len(own_winning)} own winning completions + {trust.screen_margin:g}; "
-          f"{bar_all:.1f} from all {len(own_all)}); "
-          f"judged: {result['counts']}")
+    result = {
+        "model": args.model,
+        "questions": args.questions,
+        "generations": args.generations,
+        "bar": bar,
+        "bar_from_all_own": bar_all,
+        "own_winning": own_winning,
+        "own_all": own_all,
+        "seconds": time.time() - started,
+        "counts": {name: len(s["excess, worst 16"]) for name, s in stats.items()},
+        "own_judged": len(own_stats["excess, worst 16"]),
+        "statistics": {},
+    }
+    print(
+        f"{args.model}: {args.questions} questions x {args.generations}; bar {bar:.1f} nats "
+        f"(99th percentile of {len(own_winning)} own winning completions + {trust.screen_margin:g}; "
+        f"{bar_all:.1f} from all {len(own_all)}); "
+        f"judged: {result['counts']}"
+    )
     print(f"{'statistic':<18} {'AUC out-of-context':>19} {'AUC in-context':>15}")
     for statistic in own_stats:
         honest = stats["honest peer"][statistic]
@@ -148,10 +178,14 @@ def main(argv: list[str] | None = None) -> None:
         result["statistics"][statistic] = {"auc": row, "honest": honest, **{a: stats[a][statistic] for a in row}}
         print(f"{statistic:<18} {row['out-of-context']:>19.3f} {row['in-context']:>15.3f}")
     for key, level in (("refused_at_bar", bar), ("refused_at_bar_from_all_own", bar_all)):
-        result[key] = {name: sum(v > level for v in s["excess, worst 16"]) / max(1, len(s["excess, worst 16"]))
-                       for name, s in stats.items()}
-        print(f"at {key.replace('_', ' ')} {level:.1f} (excess, worst 16): refused "
-              + ", ".join(f"{k} {v:.3f}" for k, v in result[key].items()))
+        result[key] = {
+            name: sum(v > level for v in s["excess, worst 16"]) / max(1, len(s["excess, worst 16"]))
+            for name, s in stats.items()
+        }
+        print(
+            f"at {key.replace('_', ' ')} {level:.1f} (excess, worst 16): refused "
+            + ", ".join(f"{k} {v:.3f}" for k, v in result[key].items())
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

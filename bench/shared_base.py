@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from text_table import print_rows
 
 BENCH = Path(__file__).resolve().parent
@@ -44,7 +43,9 @@ RESULT_MARKER = "RESULT "
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="base model: smollm2-135m (default), tiny, a local path")
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="base model: smollm2-135m (default), tiny, a local path"
+    )
     parser.add_argument("--nodes", type=int, default=8, help="LoRA nodes on the machine")
     parser.add_argument("--questions", type=int, default=4, help="questions per node-round (I)")
     parser.add_argument("--generations", type=int, default=8, help="G: completions per question")
@@ -74,8 +75,14 @@ def node_prompts(policy, node: int, round_index: int, questions: int) -> list[st
 
 
 def decode_options(args, policy) -> dict:
-    return dict(samples_per_prompt=args.generations, max_new_tokens=args.max_new_tokens, temperature=1.0,
-                device=policy.device, stop_text="</answer>", weights_dtype=policy.generation_dtype)
+    return dict(
+        samples_per_prompt=args.generations,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        device=policy.device,
+        stop_text="</answer>",
+        weights_dtype=policy.generation_dtype,
+    )
 
 
 def run_separate(args) -> dict:
@@ -87,15 +94,23 @@ def run_separate(args) -> dict:
 
     torch.set_num_threads(1)
     # seed 0: the base the shared process builds (a tiny model is made from its seed)
-    policy = load_policy(args.model, device=args.device, lora=LoraOptions(16, 32), seed=0, models_dir=args.models_dir,
-                         generation_precision=args.generation_precision)
+    policy = load_policy(
+        args.model,
+        device=args.device,
+        lora=LoraOptions(16, 32),
+        seed=0,
+        models_dir=args.models_dir,
+        generation_precision=args.generation_precision,
+    )
     seconds, tokens = [], 0
     for round_index in range(args.rounds + 1):
         prompts = node_prompts(policy, args.node, round_index, args.questions)
         print("READY", flush=True)
         sys.stdin.readline()  # every node starts the round at once, as a swarm's do
         started = time.perf_counter()
-        batch = decode_samples(policy.model, policy.tokenizer, prompts, seed=round_index, **decode_options(args, policy))
+        batch = decode_samples(
+            policy.model, policy.tokenizer, prompts, seed=round_index, **decode_options(args, policy)
+        )
         synchronize(policy.device)
         seconds.append(time.perf_counter() - started)
         tokens += batch.new_tokens if round_index else 0
@@ -112,27 +127,47 @@ def run_shared(args) -> dict:
     from sapo.training.shared_base import SharedLoraBase
 
     torch.set_num_threads(args.threads)
-    shared = SharedLoraBase(args.model, args.nodes, lora=LoraOptions(16, 32), seeds=list(range(args.nodes)),
-                            models_dir=args.models_dir, device=args.device, generation_precision=args.generation_precision)
+    shared = SharedLoraBase(
+        args.model,
+        args.nodes,
+        lora=LoraOptions(16, 32),
+        seeds=list(range(args.nodes)),
+        models_dir=args.models_dir,
+        device=args.device,
+        generation_precision=args.generation_precision,
+    )
     policies = [shared.policy(k) for k in range(args.nodes)]
     one_by_one, mixed, tokens = [], [], {"one_by_one": 0, "mixed": 0}
     for round_index in range(args.rounds + 1):
         prompts = [node_prompts(p, k, round_index, args.questions) for k, p in enumerate(policies)]
         options = decode_options(args, policies[0])
         started = time.perf_counter()
-        alone = [decode_samples(p.model, p.tokenizer, prompts[k], seed=round_index, **options) for k, p in enumerate(policies)]
+        alone = [
+            decode_samples(p.model, p.tokenizer, prompts[k], seed=round_index, **options)
+            for k, p in enumerate(policies)
+        ]
         synchronize(policies[0].device)
         one_by_one.append(time.perf_counter() - started)
         started = time.perf_counter()
-        together = decode_mixed(shared.model, shared.tokenizer, prompts, [v.name for v in shared.views],
-                                seeds=[round_index] * args.nodes, **options)
+        together = decode_mixed(
+            shared.model,
+            shared.tokenizer,
+            prompts,
+            [v.name for v in shared.views],
+            seeds=[round_index] * args.nodes,
+            **options,
+        )
         synchronize(policies[0].device)
         mixed.append(time.perf_counter() - started)
         if round_index:
             tokens["one_by_one"] += sum(b.new_tokens for b in alone)
             tokens["mixed"] += sum(b.new_tokens for b in together)
-    return {"one_by_one": one_by_one[1:], "mixed": mixed[1:], "tokens": tokens,
-            "torch_reserved": torch_reserved(policies[0].device)}
+    return {
+        "one_by_one": one_by_one[1:],
+        "mixed": mixed[1:],
+        "tokens": tokens,
+        "torch_reserved": torch_reserved(policies[0].device),
+    }
 
 
 def synchronize(device) -> None:
@@ -214,11 +249,34 @@ def gpu_index(device: str) -> int | None:
 
 
 def spawn(args, worker: str, node: int = 0) -> subprocess.Popen:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", worker, "--node", str(node), "--model", args.model,
-            "--nodes", str(args.nodes), "--questions", str(args.questions), "--generations", str(args.generations),
-            "--max-new-tokens", str(args.max_new_tokens), "--rounds", str(args.rounds), "--threads", str(args.threads),
-            "--generation-precision", args.generation_precision, "--models-dir", str(args.models_dir),
-            "--device", args.device]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        worker,
+        "--node",
+        str(node),
+        "--model",
+        args.model,
+        "--nodes",
+        str(args.nodes),
+        "--questions",
+        str(args.questions),
+        "--generations",
+        str(args.generations),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--rounds",
+        str(args.rounds),
+        "--threads",
+        str(args.threads),
+        "--generation-precision",
+        args.generation_precision,
+        "--models-dir",
+        str(args.models_dir),
+        "--device",
+        args.device,
+    ]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=BENCH)
 
 
@@ -250,7 +308,7 @@ def result_of(process: subprocess.Popen) -> dict:
     out = process.stdout.read()  # not communicate(): it would skip what readline() has buffered
     if process.wait() != 0:
         raise RuntimeError(f"worker failed with exit code {process.returncode}")
-    return json.loads(next(line for line in out.splitlines() if line.startswith(RESULT_MARKER))[len(RESULT_MARKER):])
+    return json.loads(next(line for line in out.splitlines() if line.startswith(RESULT_MARKER))[len(RESULT_MARKER) :])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,23 +338,48 @@ def main(argv: list[str] | None = None) -> int:
     # All N processes decode at once: a swarm-round ends when the slowest node's round does.
     separate_round = statistics.median(separate_rounds)
     rows_per_round = args.nodes * args.questions * args.generations
-    tokens = {"separate": sum(r["tokens"] for r in separate) / args.rounds,
-              "one_by_one": shared["tokens"]["one_by_one"] / args.rounds, "mixed": shared["tokens"]["mixed"] / args.rounds}
-    modes = [("separate: %d processes, 1 thread each" % args.nodes, separate_round, separate_memory.peak, tokens["separate"]),
-             ("shared, one by one: 1 process, %d threads" % args.threads, statistics.median(shared["one_by_one"]),
-              shared_memory.peak, tokens["one_by_one"]),
-             ("shared, mixed batch: 1 process, %d threads" % args.threads, statistics.median(shared["mixed"]),
-              shared_memory.peak, tokens["mixed"])]
-    print(f"{args.nodes} x {args.model} + LoRA r=16: generation of one swarm-round ({rows_per_round} rows: "
-          f"{args.nodes} nodes x {args.questions} questions x {args.generations}, up to {args.max_new_tokens} new tokens), "
-          f"median of {args.rounds} round(s)")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load at start "
-          f"{os.getloadavg()[0]:.2f}; generation precision {args.generation_precision}; separate mode took "
-          f"{separate_wall:.0f} s in all")
+    tokens = {
+        "separate": sum(r["tokens"] for r in separate) / args.rounds,
+        "one_by_one": shared["tokens"]["one_by_one"] / args.rounds,
+        "mixed": shared["tokens"]["mixed"] / args.rounds,
+    }
+    modes = [
+        (f"separate: {args.nodes} processes, 1 thread each", separate_round, separate_memory.peak, tokens["separate"]),
+        (
+            f"shared, one by one: 1 process, {args.threads} threads",
+            statistics.median(shared["one_by_one"]),
+            shared_memory.peak,
+            tokens["one_by_one"],
+        ),
+        (
+            f"shared, mixed batch: 1 process, {args.threads} threads",
+            statistics.median(shared["mixed"]),
+            shared_memory.peak,
+            tokens["mixed"],
+        ),
+    ]
+    print(
+        f"{args.nodes} x {args.model} + LoRA r=16: generation of one swarm-round ({rows_per_round} rows: "
+        f"{args.nodes} nodes x {args.questions} questions x {args.generations}, up to {args.max_new_tokens} new tokens), "
+        f"median of {args.rounds} round(s)"
+    )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load at start "
+        f"{os.getloadavg()[0]:.2f}; generation precision {args.generation_precision}; separate mode took "
+        f"{separate_wall:.0f} s in all"
+    )
     rows = [["mode", "s per swarm-round", "x separate", "peak memory", "/ separate", "tokens per round"]]
     for name, seconds, memory, made in modes:
-        rows.append([name, f"{seconds:.2f}", f"{separate_round / seconds:.2f}", f"{memory / 2**30:.2f} GiB",
-                     f"{memory / separate_memory.peak:.2f}", f"{made:.0f}"])
+        rows.append(
+            [
+                name,
+                f"{seconds:.2f}",
+                f"{separate_round / seconds:.2f}",
+                f"{memory / 2**30:.2f} GiB",
+                f"{memory / separate_memory.peak:.2f}",
+                f"{made:.0f}",
+            ]
+        )
     if gpu is not None:  # on a GPU the card's memory is what a swarm runs out of
         reserved = {"separate": sum(r["torch_reserved"] for r in separate), "shared": shared["torch_reserved"]}
         if sampled is None:  # no NVML: the sum of what torch reserved in each process (no CUDA contexts)
@@ -304,21 +387,36 @@ def main(argv: list[str] | None = None) -> int:
         memories = [separate_memory.gpu_peak, shared_memory.gpu_peak, shared_memory.gpu_peak]
         rows[0] += ["peak GPU memory", "/ separate", "torch reserved"]
         for row, memory, kind in zip(rows[1:], memories, ("separate", "shared", "shared")):
-            row += [f"{memory / 2**30:.2f} GiB", f"{memory / max(separate_memory.gpu_peak, 1):.2f}",
-                    f"{reserved[kind] / 2**30:.2f} GiB"]
+            row += [
+                f"{memory / 2**30:.2f} GiB",
+                f"{memory / max(separate_memory.gpu_peak, 1):.2f}",
+                f"{reserved[kind] / 2**30:.2f} GiB",
+            ]
     print_rows(rows)
     if args.json:
         records = []
         for (name, seconds, memory, made), mode in zip(modes, ("separate", "shared_one_by_one", "shared_mixed")):
             kind = "separate" if mode == "separate" else "shared"
-            records.append({"mode": mode, "label": name, "model": args.model, "device": args.device, "nodes": args.nodes,
-                            "rows_per_round": rows_per_round, "seconds_per_round": seconds,
-                            "speedup_vs_separate": separate_round / seconds, "peak_rss_bytes": memory,
-                            "rss_vs_separate": memory / separate_memory.peak, "tokens_per_round": made,
-                            "peak_gpu_bytes": (separate_memory if kind == "separate" else shared_memory).gpu_peak
-                            if gpu is not None else None,
-                            "torch_reserved_bytes": reserved[kind] if gpu is not None else None,
-                            "gpu_memory_source": None if gpu is None else "nvml" if sampled is not None else "torch reserved"})
+            records.append(
+                {
+                    "mode": mode,
+                    "label": name,
+                    "model": args.model,
+                    "device": args.device,
+                    "nodes": args.nodes,
+                    "rows_per_round": rows_per_round,
+                    "seconds_per_round": seconds,
+                    "speedup_vs_separate": separate_round / seconds,
+                    "peak_rss_bytes": memory,
+                    "rss_vs_separate": memory / separate_memory.peak,
+                    "tokens_per_round": made,
+                    "peak_gpu_bytes": (separate_memory if kind == "separate" else shared_memory).gpu_peak
+                    if gpu is not None
+                    else None,
+                    "torch_reserved_bytes": reserved[kind] if gpu is not None else None,
+                    "gpu_memory_source": None if gpu is None else "nvml" if sampled is not None else "torch reserved",
+                }
+            )
         if gpu is not None:
             for record in records:
                 record["gpu_vs_separate"] = record["peak_gpu_bytes"] / max(separate_memory.gpu_peak, 1)

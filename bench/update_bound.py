@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from matmul_rate import Clock, matmul_gflops, streamed_weights
 
 
@@ -62,7 +61,9 @@ def update_flops(config, work: UpdateWork) -> dict[str, float]:
     """Matmul FLOPs of the update per shape: forward and input-gradient backward."""
     tokens = work.prompt_tokens + work.completion_tokens
     backward = 2 if work.weight_gradients else 1
-    passes = work.updates_per_batch * (1 + backward) + work.old_logprob_share  # fwd+bwd a pass, fwd alone for old log-probs
+    passes = (
+        work.updates_per_batch * (1 + backward) + work.old_logprob_share
+    )  # fwd+bwd a pass, fwd alone for old log-probs
     flops = {}
     for name, (out, inp, count) in linear_shapes(config).items():
         positions = work.completion_tokens if name == "lm_head" else tokens

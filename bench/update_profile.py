@@ -40,7 +40,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-
 from round_sapo import bench_node
 from text_table import print_rows
 
@@ -79,24 +78,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def round_rows(args: argparse.Namespace):
     """The node and its first round's training rows, generated as bench/round.py's round does."""
     import trio
+    from round_sapo import SignalForcingVerifier
 
     from sapo.node.core.counters import NodeCounters
     from sapo.node.core.memory_exchange import MemoryHub
     from sapo.node.core.round import run_round
     from sapo.training.devices import configure_torch_threads
 
-    from round_sapo import SignalForcingVerifier
-
     configure_torch_threads(args.threads)
-    bench = argparse.Namespace(lora=args.lora, models_dir=args.models_dir, questions=args.questions,
-                               generations=args.generations, max_new_tokens=args.max_new_tokens,
-                               updates_per_batch=1, minibatches=1, threads=args.threads, seed=args.seed,
-                               precision=args.precision, device="cpu")  # the profile is of the CPU update
+    bench = argparse.Namespace(
+        lora=args.lora,
+        models_dir=args.models_dir,
+        questions=args.questions,
+        generations=args.generations,
+        max_new_tokens=args.max_new_tokens,
+        updates_per_batch=1,
+        minibatches=1,
+        threads=args.threads,
+        seed=args.seed,
+        precision=args.precision,
+        device="cpu",
+    )  # the profile is of the CPU update
     args.models_dir.mkdir(parents=True, exist_ok=True)
     # the rows, not an update (a node that does not train): each setting starts afresh
     data_dir = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     node = bench_node(bench, args.model, data_dir, SignalForcingVerifier(True), trains=False)
-    hub = MemoryHub(time.time, rg_version="bench").join(node.peer_id, node.settings, inbox=None, counters=NodeCounters())
+    hub = MemoryHub(time.time, rg_version="bench").join(
+        node.peer_id, node.settings, inbox=None, counters=NodeCounters()
+    )
     result = trio.run(run_round, node, node.start_state(), hub, trio.Lock())
     return node, result.training_set.rows, result.generation.new_tokens
 
@@ -126,14 +135,18 @@ def matmul_kind(events: list, vocab: int, rank: int | None) -> str:
 def is_weight_gradient(event, weight_shapes: set[tuple[int, int]]) -> bool:
     """An mm whose product has a base weight's shape: [out, M] @ [M, in]."""
     shapes = shapes_of(event)
-    return event.name in ("aten::mm", "aten::addmm") and len(shapes) >= 2 and (shapes[-2][0], shapes[-1][-1]) in weight_shapes
+    return (
+        event.name in ("aten::mm", "aten::addmm")
+        and len(shapes) >= 2
+        and (shapes[-2][0], shapes[-1][-1]) in weight_shapes
+    )
 
 
 def bucket(event, vocab: int, rank: int | None, weight_shapes: set[tuple[int, int]]) -> tuple[str, str]:
     """(phase, what) for an op's self time."""
     chain = ancestors(event)
     labels = [e.name for e in chain if e.name.startswith("update: ")]
-    phase = labels[-1][len("update: "):] if labels else "other"
+    phase = labels[-1][len("update: ") :] if labels else "other"
     if phase == "optimizer" or phase == "encode":
         return phase, phase
     below = [e for e in chain if not e.name.startswith("update: ")]
@@ -146,7 +159,9 @@ def bucket(event, vocab: int, rank: int | None, weight_shapes: set[tuple[int, in
             kind = matmul_kind([event], vocab, rank)
             if kind != "base linears":
                 return phase, kind
-            return phase, "base linears, weight gradient" if is_weight_gradient(event, weight_shapes) else "base linears, input gradient"
+            return phase, "base linears, weight gradient" if is_weight_gradient(
+                event, weight_shapes
+            ) else "base linears, input gradient"
         if "Attention" in node:
             return phase, "attention"
         if any(vocab in s for s in shapes_of(event)):
@@ -210,28 +225,40 @@ def profile_one(node, rows, updates: int, minibatches: int, seed: int, top: int)
         ops[key][1] += 1
     del prof
     gc.collect()  # the profiler's event tree is large and cyclic: free it before the next setting
-    prompt_tokens = sum(len(node.policy.tokenizer(node.policy.prompt(p), add_special_tokens=False)["input_ids"])
-                        for p in rows.problems)
+    prompt_tokens = sum(
+        len(node.policy.tokenizer(node.policy.prompt(p), add_special_tokens=False)["input_ids"]) for p in rows.problems
+    )
     return {
-        "setting": f"{updates}x{minibatches}", "cpu_s": cpu, "wall_s": wall, "system_s": times_after.system - times.system,
-        "page_faults": after.ru_minflt - usage.ru_minflt, "totals": dict(totals), "stats": stats,
-        "positions": positions, "prompt_tokens": prompt_tokens, "frozen_grads": frozen_grads,
+        "setting": f"{updates}x{minibatches}",
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "system_s": times_after.system - times.system,
+        "page_faults": after.ru_minflt - usage.ru_minflt,
+        "totals": dict(totals),
+        "stats": stats,
+        "positions": positions,
+        "prompt_tokens": prompt_tokens,
+        "frozen_grads": frozen_grads,
         "top": sorted(ops.items(), key=lambda kv: -kv[1][0])[:top],
     }
 
 
 def report(results: list[dict], args: argparse.Namespace, new_tokens: int) -> None:
-    print(f"\nGRPO update profile: {args.model} {'LoRA r=16' if args.lora else 'full fine-tuning'}, "
-          f"{args.questions} questions x {args.generations}, max_new_tokens={args.max_new_tokens}, seed {args.seed}, "
-          f"{args.threads} thread(s), precision {args.precision}, torch {torch.__version__}; "
-          f"load average {os.getloadavg()[0]:.2f}; {new_tokens} tokens generated")
+    print(
+        f"\nGRPO update profile: {args.model} {'LoRA r=16' if args.lora else 'full fine-tuning'}, "
+        f"{args.questions} questions x {args.generations}, max_new_tokens={args.max_new_tokens}, seed {args.seed}, "
+        f"{args.threads} thread(s), precision {args.precision}, torch {torch.__version__}; "
+        f"load average {os.getloadavg()[0]:.2f}; {new_tokens} tokens generated"
+    )
     for r in results:
         s = r["stats"]
-        print(f"\n{r['setting']} (updates_per_batch x minibatches): {s.optimizer_steps} optimizer steps, "
-              f"{s.sequences} rows, {s.tokens} completion tokens + {r['prompt_tokens']} prompt tokens; "
-              f"update {r['cpu_s']:.2f} CPU s ({r['wall_s']:.2f} wall) under the profiler, of which system {r['system_s']:.2f} s "
-              f"({r['page_faults']} page faults); positions run: {r['positions']['grad']} with gradients, "
-              f"{r['positions']['no grad']} without; frozen weights with a gradient: {r['frozen_grads']}")
+        print(
+            f"\n{r['setting']} (updates_per_batch x minibatches): {s.optimizer_steps} optimizer steps, "
+            f"{s.sequences} rows, {s.tokens} completion tokens + {r['prompt_tokens']} prompt tokens; "
+            f"update {r['cpu_s']:.2f} CPU s ({r['wall_s']:.2f} wall) under the profiler, of which system {r['system_s']:.2f} s "
+            f"({r['page_faults']} page faults); positions run: {r['positions']['grad']} with gradients, "
+            f"{r['positions']['no grad']} without; frozen weights with a gradient: {r['frozen_grads']}"
+        )
         by_what: dict[str, float] = defaultdict(float)
         by_phase: dict[str, float] = defaultdict(float)
         for (phase, what), seconds in r["totals"].items():
@@ -241,7 +268,9 @@ def report(results: list[dict], args: argparse.Namespace, new_tokens: int) -> No
         rows = [["what", "CPU s", "share"]]
         for what, seconds in sorted(by_what.items(), key=lambda kv: -kv[1]):
             rows.append([what, f"{seconds:.2f}", f"{100 * seconds / r['cpu_s']:.1f}%"])
-        rows.append(["outside torch ops (Python, glue, profiler)", f"{outside:.2f}", f"{100 * outside / r['cpu_s']:.1f}%"])
+        rows.append(
+            ["outside torch ops (Python, glue, profiler)", f"{outside:.2f}", f"{100 * outside / r['cpu_s']:.1f}%"]
+        )
         print_rows(rows)
         print()
         phases = [["phase", "CPU s in ops", "share"]]
@@ -250,8 +279,10 @@ def report(results: list[dict], args: argparse.Namespace, new_tokens: int) -> No
         print_rows(phases)
         if r["top"]:
             print()
-            print_rows([["op", "shapes", "calls", "self CPU s"]]
-                       + [[name, shapes, str(calls), f"{seconds:.3f}"] for (name, shapes), (seconds, calls) in r["top"]])
+            print_rows(
+                [["op", "shapes", "calls", "self CPU s"]]
+                + [[name, shapes, str(calls), f"{seconds:.3f}"] for (name, shapes), (seconds, calls) in r["top"]]
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -52,7 +51,7 @@ def check_node(args: list[str]) -> str:
     try:
         written = json.loads((data_dir / STATUS_FILE).read_text())
     except (OSError, ValueError) as error:
-        raise SystemExit(f"unhealthy: no readable {data_dir / STATUS_FILE} yet ({error})")
+        raise SystemExit(f"unhealthy: no readable {data_dir / STATUS_FILE} yet ({error})") from None
     if not written.get("page"):
         age = time.time() - float(written.get("updated", 0))
         if age > STALE_SECONDS:
@@ -63,7 +62,7 @@ def check_node(args: list[str]) -> str:
         with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as answer:
             status = json.loads(answer.read())
     except (OSError, ValueError) as error:
-        raise SystemExit(f"unhealthy: {url}: {error}")
+        raise SystemExit(f"unhealthy: {url}: {error}") from None
     if not status.get("peer_id") or status.get("phase") == "stopped":
         raise SystemExit(f"unhealthy: {url} says phase {status.get('phase')!r}")
     return f"node {status['peer_id']}: {status['phase']}, round {status.get('round')}"
@@ -78,7 +77,7 @@ def check_judge(args: list[str]) -> str:
     try:
         socket.create_connection((host, int(parts[4])), timeout=TIMEOUT_SECONDS).close()
     except OSError as error:
-        raise SystemExit(f"unhealthy: judge port {host}:{parts[4]}: {error}")
+        raise SystemExit(f"unhealthy: judge port {host}:{parts[4]}: {error}") from None
     return f"judge accepts connections on {host}:{parts[4]}"
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from sapo.node.daemon import cli as daemon_cli
 from sapo.node.core.settings import SettingsError, explain
+from sapo.node.daemon import cli as daemon_cli
 from sapo.node.judge import cli as judge_cli
 from sapo.node.study import cli as study_cli
 

@@ -50,7 +50,9 @@ class NodeLog:
     """A node's node.log, rotated by size (logging's RotatingFileHandler, fed whole lines)."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int):
-        self._file = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", errors="replace")
+        self._file = logging.handlers.RotatingFileHandler(
+            path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", errors="replace"
+        )
         self._file.terminator = ""  # the lines keep their own newlines
 
     def write(self, text: str) -> None:
@@ -117,7 +119,13 @@ def metrics_ports(node_args: list[str], nodes: int) -> tuple[list[str], list[int
 
 
 def node_command(
-    member: SwarmMember, node_args: list[str], seed: int, peers: list[str], nodes: int, models_dir: Path, metrics_port: int = 0
+    member: SwarmMember,
+    node_args: list[str],
+    seed: int,
+    peers: list[str],
+    nodes: int,
+    models_dir: Path,
+    metrics_port: int = 0,
 ) -> list[str]:
     # --stop-with-parent: the node stops cleanly once this swarm is gone, however it went
     args = [sys.executable, "-m", "sapo.node.cli", "start", *node_args, "--stop-with-parent", str(os.getpid())]
@@ -176,7 +184,9 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
     member.log = log_file = NodeLog(member.log_path, NODE_LOG_MAX_BYTES, NODE_LOG_BACKUPS)
     # stderr into the same pipe: the node's prints and its log lines land in the order they happened.
     # Its own session: the terminal's Ctrl-C reaches the swarm, which forwards it.
-    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    process = await trio.lowlevel.open_process(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     member.process = process
     assert process.stdout is not None  # opened with stdout=PIPE
     address = None
@@ -205,7 +215,9 @@ async def _start_member(member: SwarmMember, command: list[str], *, task_status=
         member.ready.set()
         log_file.close()
     if member.page is None:
-        raise RuntimeError(f"node {member.index} exited (code {process.returncode}) before listening; see {member.log_path}")
+        raise RuntimeError(
+            f"node {member.index} exited (code {process.returncode}) before listening; see {member.log_path}"
+        )
 
 
 async def _stop(members: list[SwarmMember], timeout: float, why: str | None = None) -> None:
@@ -226,7 +238,12 @@ async def _stop(members: list[SwarmMember], timeout: float, why: str | None = No
 
 
 async def run_swarm(
-    nodes: int, data_dir: Path, node_args: list[str], seed: int = 0, progress_every: float = 5.0, stop_timeout: float = 600.0
+    nodes: int,
+    data_dir: Path,
+    node_args: list[str],
+    seed: int = 0,
+    progress_every: float = 5.0,
+    stop_timeout: float = 600.0,
 ) -> int:
     """Start the nodes, show progress until they all finish, stop them all on Ctrl-C.
     Returns the number of nodes that failed."""
@@ -244,8 +261,11 @@ async def run_swarm(
                     if not stopping:
                         stopping = True
                         what = "you pressed Ctrl-C" if signum == signal.SIGINT else "the swarm received SIGTERM"
-                        print(f"stopping the swarm ({what}): each node gets SIGTERM and finishes its current step "
-                              "(Ctrl-C again to kill them now)...", flush=True)
+                        print(
+                            f"stopping the swarm ({what}): each node gets SIGTERM and finishes its current step "
+                            "(Ctrl-C again to kill them now)...",
+                            flush=True,
+                        )
                         nursery.start_soon(_stop, members, stop_timeout, f"{what} in the swarm's terminal")
                     else:
                         print("killing the swarm's nodes", flush=True)
@@ -261,19 +281,27 @@ async def run_swarm(
                     # so no single process is a bridge the others depend on.
                     addresses: list[str] = []
                     for m in members:
-                        command = node_command(m, node_args, seed, list(addresses), nodes, data_dir / "models", ports[m.index])
+                        command = node_command(
+                            m, node_args, seed, list(addresses), nodes, data_dir / "models", ports[m.index]
+                        )
                         addresses.append(await node_nursery.start(_start_member, m, command))
                         if m.index == 0:
                             print(f"bootstrap node: {addresses[0]}", flush=True)
                         print(f"node {m.index}: page {m.page}  log {m.log_path}", flush=True)
                         if m.index == 0 and nodes > 1:
                             others = "node 1 starts" if nodes == 2 else f"nodes 1-{nodes - 1} start"
-                            print(f"{others} once node 0 has loaded the model they share (its page shows the progress)", flush=True)
+                            print(
+                                f"{others} once node 0 has loaded the model they share (its page shows the progress)",
+                                flush=True,
+                            )
                             await m.ready.wait()
                             if m.exit_code is not None:
-                                raise RuntimeError(f"node 0 exited (code {m.exit_code}) while loading; see {m.log_path}")
+                                raise RuntimeError(
+                                    f"node 0 exited (code {m.exit_code}) while loading; see {m.log_path}"
+                                )
                     node_nursery.start_soon(_report, members, progress_every)
-                    while any(m.exit_code is None for m in members):
+                    # trio has no event for "a child exited" short of waiting on each: poll
+                    while any(m.exit_code is None for m in members):  # noqa: ASYNC110
                         await trio.sleep(0.5)
                     node_nursery.cancel_scope.cancel()
             finally:

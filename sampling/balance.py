@@ -104,8 +104,10 @@ class AdaptiveBalance:
 
     def __post_init__(self) -> None:
         if self.total < 1 or not 0 <= self.external <= self.max_external:
-            raise ValueError(f"adaptive balance needs 0 <= J ({self.external}) < I + J ({self.total}): "
-                             "a node keeps at least one local group")
+            raise ValueError(
+                f"adaptive balance needs 0 <= J ({self.external}) < I + J ({self.total}): "
+                "a node keeps at least one local group"
+            )
         if self.step < 1 or self.period < 2:
             raise ValueError("adaptive balance needs step >= 1 and period >= 2")
 
@@ -136,11 +138,19 @@ class AdaptiveBalance:
         if last is not None and last.side != 0 and last.measured:
             gain = reward - last.reward
             plus, minus = (plus + (gain,), minus) if last.side > 0 else (plus, minus + (gain,))
-        state = state.model_copy(update={
-            "plus": plus, "minus": minus,
-            "last": Outcome(round=plan.index, side=self.side(state, plan.index), planned=plan.external, external=external,
-                            reward=reward),
-        })
+        state = state.model_copy(
+            update={
+                "plus": plus,
+                "minus": minus,
+                "last": Outcome(
+                    round=plan.index,
+                    side=self.side(state, plan.index),
+                    planned=plan.external,
+                    external=external,
+                    reward=reward,
+                ),
+            }
+        )
         if last is not None and last.round % self.period == 0:
             state = self._decide(state, last.round)
         return state

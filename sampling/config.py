@@ -13,7 +13,9 @@ from sapo.sampling.balance import AdaptiveBalance, Balance, FixedBalance
 class SamplingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    local: int = Field(default=4, ge=0, le=256, description="I: local question groups generated and trained on per round")
+    local: int = Field(
+        default=4, ge=0, le=256, description="I: local question groups generated and trained on per round"
+    )
     external: int = Field(default=4, ge=0, le=256, description="J: external groups from peers trained on per round")
     balance: Literal["auto", "fixed", "adaptive"] = Field(
         default="auto",
@@ -31,7 +33,7 @@ class SamplingSettings(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _can_train(self) -> "SamplingSettings":
+    def _can_train(self) -> SamplingSettings:
         if self.local == 0 and self.external == 0:
             raise ValueError("--local 0 with --external 0 trains on nothing: give --local (I) at least 1")
         if self.balance == "adaptive" and self.local == 0:
@@ -40,7 +42,9 @@ class SamplingSettings(BaseModel):
 
     def balance_rule(self, trains: bool) -> Balance:
         """The balance these settings ask for, for a node that trains or not (--generate-only)."""
-        adapts = self.balance == "adaptive" or (self.balance == "auto" and trains and self.local > 0 and self.external > 0)
+        adapts = self.balance == "adaptive" or (
+            self.balance == "auto" and trains and self.local > 0 and self.external > 0
+        )
         if adapts:
             return AdaptiveBalance(total=self.local + self.external, external=self.external, period=self.balance_period)
         return FixedBalance(self.local, self.external)

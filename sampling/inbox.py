@@ -34,7 +34,11 @@ class Inbox:
     its own oldest group makes way, so a flooder only churns its own share."""
 
     def __init__(
-        self, max_groups: int, max_bytes: int, max_age_seconds: float, peer_share: float = 1.0,
+        self,
+        max_groups: int,
+        max_bytes: int,
+        max_age_seconds: float,
+        peer_share: float = 1.0,
         standing: Standing | None = None,
     ):
         if max_groups < 1 or max_bytes < 1 or max_age_seconds <= 0:

@@ -58,7 +58,7 @@ class ScreenReference(BaseModel):
 
     own: tuple[float, ...] = ()
 
-    def updated(self, values: list[float]) -> "ScreenReference":
+    def updated(self, values: list[float]) -> ScreenReference:
         return ScreenReference(own=(*self.own, *values)[-REFERENCE_SIZE:])
 
     def bar(self, margin: float) -> float:
@@ -87,9 +87,17 @@ def judged(group: QuestionGroup) -> list[int]:
 def winning(groups: list[QuestionGroup]) -> list[QuestionGroup]:
     """Each group with only its judged completions: this node's own of the kind the screen judges."""
     picked = [(g, judged(g)) for g in groups]
-    return [g.model_copy(update={"completions": [g.completions[i] for i in idx], "rewards": [g.rewards[i] for i in idx],
-                                 "behavior": None, "on_policy": None})
-            for g, idx in picked]
+    return [
+        g.model_copy(
+            update={
+                "completions": [g.completions[i] for i in idx],
+                "rewards": [g.rewards[i] for i in idx],
+                "behavior": None,
+                "on_policy": None,
+            }
+        )
+        for g, idx in picked
+    ]
 
 
 def without(group: QuestionGroup, drop: list[int]) -> QuestionGroup:
@@ -101,10 +109,14 @@ def without(group: QuestionGroup, drop: list[int]) -> QuestionGroup:
     if behavior is not None:
         behavior = behavior.model_copy(update={"token_logprobs": [behavior.token_logprobs[i] for i in keep]})
     on_policy = group.on_policy_rows()
-    return group.model_copy(update={
-        "completions": [group.completions[i] for i in keep], "rewards": [group.rewards[i] for i in keep],
-        "on_policy": [on_policy[i] for i in keep] if group.on_policy is not None else None, "behavior": behavior,
-    })
+    return group.model_copy(
+        update={
+            "completions": [group.completions[i] for i in keep],
+            "rewards": [group.rewards[i] for i in keep],
+            "on_policy": [on_policy[i] for i in keep] if group.on_policy is not None else None,
+            "behavior": behavior,
+        }
+    )
 
 
 def screen(

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 # A gap between an author's groups that counts towards its standing: an honest node publishes
 # every round (seconds to a minute); a key that waits an hour between groups earns no more than

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -61,7 +61,9 @@ def uniform(
     return chosen
 
 
-def nonzero_uniform(candidates: list[QuestionGroup], count: int, rng: random.Random, weights=None) -> list[QuestionGroup]:
+def nonzero_uniform(
+    candidates: list[QuestionGroup], count: int, rng: random.Random, weights=None
+) -> list[QuestionGroup]:
     """The paper's controlled run: drop zero-advantage groups, then sample uniformly."""
     return uniform(drop_zero_advantage(candidates), count, rng, weights)
 
@@ -129,15 +131,22 @@ class PeerWeighted:
 
     @classmethod
     def choose(
-        cls, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState,
+        cls,
+        candidates: list[QuestionGroup],
+        count: int,
+        rng: random.Random,
+        state: SamplerState,
         standing: Mapping[str, float] | None = None,
     ) -> list[QuestionGroup]:
         pool = drop_zero_advantage(candidates)
         chosen: list[QuestionGroup] = []
         while pool and len(chosen) < count:
             held = Counter(g.origin for g in pool)  # standing is per author, shared by its groups
-            weights = [(cls.floor + state.usefulness.get(g.origin, cls.prior)) * (1.0 if standing is None else
-                       (standing.get(g.origin, 0.0) + 1e-12) / held[g.origin]) for g in pool]
+            weights = [
+                (cls.floor + state.usefulness.get(g.origin, cls.prior))
+                * (1.0 if standing is None else (standing.get(g.origin, 0.0) + 1e-12) / held[g.origin])
+                for g in pool
+            ]
             pick = rng.choices(range(len(pool)), weights=weights, k=1)[0]
             chosen.append(pool.pop(pick))
         return chosen
@@ -150,7 +159,11 @@ def group_digest(group: QuestionGroup) -> str:
 
 
 def choose_external(
-    name: SamplerName, candidates: list[QuestionGroup], count: int, rng: random.Random, state: SamplerState,
+    name: SamplerName,
+    candidates: list[QuestionGroup],
+    count: int,
+    rng: random.Random,
+    state: SamplerState,
     standing: Mapping[str, float] | None = None,
 ) -> tuple[list[QuestionGroup], SamplerState]:
     """J of the candidates by the named sampler, and the sampler's state after seeing them.

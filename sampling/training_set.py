@@ -64,8 +64,10 @@ def training_set(
     for group in [*local, *external]:
         if not has_signal(group.rewards):
             continue  # all-equal rewards: zero advantages, nothing to learn
-        question = [TrainingRow(len(problems), text, advantage, _behavior(group, index, use, tokenizer))
-                    for index, text, advantage in _trained(group, use)]
+        question = [
+            TrainingRow(len(problems), text, advantage, _behavior(group, index, use, tokenizer))
+            for index, text, advantage in _trained(group, use)
+        ]
         if question:
             problems.append(group.problem)
             rows += question
@@ -76,8 +78,11 @@ def _trained(group: QuestionGroup, use: ExternalUse) -> list[tuple[int, str, flo
     """(index, completion, advantage) of the rows a group trains; advantages over the whole group."""
     advantages = group_advantages(torch.tensor(group.rewards)).tolist()
     rows = zip(range(len(group.completions)), group.completions, advantages, group.on_policy_rows())
-    return [(index, text, advantage) for index, text, advantage, own in rows
-            if advantage > 0 or (use.own_rows if own else use.off_policy_rows) == "all"]
+    return [
+        (index, text, advantage)
+        for index, text, advantage, own in rows
+        if advantage > 0 or (use.own_rows if own else use.off_policy_rows) == "all"
+    ]
 
 
 def _behavior(group: QuestionGroup, index: int, use: ExternalUse, tokenizer: str) -> tuple[float, ...] | None:
@@ -102,7 +107,9 @@ def augmented(external: QuestionGroup, own: QuestionGroup) -> QuestionGroup:
         raise ValueError("augmenting a group with completions of another question")
     behavior = external.behavior
     if behavior is not None:  # our own rows are on-policy and need no weight
-        behavior = behavior.model_copy(update={"token_logprobs": [*behavior.token_logprobs, *([[]] * len(own.completions))]})
+        behavior = behavior.model_copy(
+            update={"token_logprobs": [*behavior.token_logprobs, *([[]] * len(own.completions))]}
+        )
     return external.model_copy(
         update={
             "completions": [*external.completions, *own.completions],

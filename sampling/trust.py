@@ -23,11 +23,15 @@ class TrustSettings(BaseModel):
         "any verified group",
     )
     screen_window: int = Field(
-        default=16, ge=1, le=4096,
+        default=16,
+        ge=1,
+        le=4096,
         description="tokens in the stretch the screen sums excess surprise over (the longest stretch, if shorter)",
     )
     screen_margin: float = Field(
-        default=4.0, ge=0.0, le=1000.0,
+        default=4.0,
+        ge=0.0,
+        le=1000.0,
         description="nats of excess surprise a peer's completion may show beyond the 99th percentile of this "
         "node's own recent completions before its group is refused",
     )
@@ -38,10 +42,14 @@ class TrustSettings(BaseModel):
         "off: every group weighs alike, whoever sent it",
     )
     standing_ramp_seconds: float = Field(
-        default=RAMP_SECONDS, gt=0, le=30 * 86400.0,
+        default=RAMP_SECONDS,
+        gt=0,
+        le=30 * 86400.0,
         description="seconds of delivering useful groups that take an author from no standing to full",
     )
     newcomer_share: float = Field(
-        default=0.1, gt=0, le=100.0,
+        default=0.1,
+        gt=0,
+        le=100.0,
         description="what all authors below full standing weigh together, in units of one established author",
     )

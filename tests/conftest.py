@@ -16,8 +16,20 @@ LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
 # Small, fast node settings for tests that exercise the daemon rather than learning.
 FAST_TINY = [
-    "--model", "tiny", "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--generations", "4",
-    "--warm-start-steps", "0", "--torch-threads", "1", "--listen", LOOPBACK_LISTEN,
+    "--model",
+    "tiny",
+    "--tasks",
+    "basic_arithmetic",
+    "--max-new-tokens",
+    "24",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
+    "--torch-threads",
+    "1",
+    "--listen",
+    LOOPBACK_LISTEN,
 ]
 
 

@@ -17,8 +17,18 @@ LISTEN = re.compile(r"listening on (/ip4/[\d.]+/tcp/\d+/p2p/(\w+))")
 
 # conftest's FAST_TINY without --listen: each test picks its own address.
 TINY = [
-    "--model", "tiny", "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--generations", "4",
-    "--warm-start-steps", "0", "--torch-threads", "1",
+    "--model",
+    "tiny",
+    "--tasks",
+    "basic_arithmetic",
+    "--max-new-tokens",
+    "24",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
+    "--torch-threads",
+    "1",
 ]
 # The untrained tiny model scores 0 on every completion, so its groups carry no signal and a
 # receiver refuses them (`no_signal`) unless it adds completions of its own to peers' questions
@@ -36,13 +46,32 @@ class NodeProcess:
     """One node; `prefix` runs it under another command (e.g. `ip netns exec NS`), `python` is
     the interpreter of the sapo release to run (this one by default; tests/releases.py)."""
 
-    def __init__(self, data_dir: Path, args: list[str], *, prefix: list[str] = (), listen: str = "/ip4/127.0.0.1/tcp/0",
-                 start_timeout: float = 120, python: str | Path = sys.executable):
+    def __init__(
+        self,
+        data_dir: Path,
+        args: list[str],
+        *,
+        prefix: list[str] = (),
+        listen: str = "/ip4/127.0.0.1/tcp/0",
+        start_timeout: float = 120,
+        python: str | Path = sys.executable,
+    ):
         self.data_dir = data_dir
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.log = self.log_path.open("a")
-        cmd = [*prefix, str(python), "-m", "sapo.node.cli", "start", *TINY, "--listen", listen,
-               "--data-dir", str(data_dir), *args]
+        cmd = [
+            *prefix,
+            str(python),
+            "-m",
+            "sapo.node.cli",
+            "start",
+            *TINY,
+            "--listen",
+            listen,
+            "--data-dir",
+            str(data_dir),
+            *args,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         match = wait_for(self._listen_line, timeout=start_timeout, interval=0, what=f"{data_dir.name} to listen")
         self.address, self.peer_id = match.group(1), match.group(2)
@@ -88,8 +117,12 @@ def stop_process(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30
 
 def wait_rounds(node: NodeProcess, more: int, timeout: float) -> int:
     target = node.last_round() + more
-    wait_for(lambda: node.last_round() >= target or not node.alive() and _died(node), timeout,
-             interval=0.2, what=f"{node.data_dir.name} to reach round {target}")
+    wait_for(
+        lambda: node.last_round() >= target or not node.alive() and _died(node),
+        timeout,
+        interval=0.2,
+        what=f"{node.data_dir.name} to reach round {target}",
+    )
     return node.last_round()
 
 

@@ -47,8 +47,10 @@ def release_python(version: str) -> Path:
     if done.exists():
         return python
     if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        why = (f"release {version} (commit {commit}) is not in this clone's history (a shallow clone?): "
-               f"`git fetch --unshallow` to run the upgrade tests")
+        why = (
+            f"release {version} (commit {commit}) is not in this clone's history (a shallow clone?): "
+            f"`git fetch --unshallow` to run the upgrade tests"
+        )
         assert not os.environ.get("SAPO_REQUIRE_RELEASES"), why  # CI insists
         pytest.skip(why)
     venv.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +68,10 @@ def _install(commit: str, venv: Path) -> None:
         added = _git("worktree", "add", "--detach", str(source), commit)
         assert added.returncode == 0, added.stderr
         try:
-            for command in ([sys.executable, "-m", "venv", "--clear", str(venv)],
-                            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(source)]):
+            for command in (
+                [sys.executable, "-m", "venv", "--clear", str(venv)],
+                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(source)],
+            ):
                 run = subprocess.run(command, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
                 assert run.returncode == 0, f"{' '.join(command)} failed:\n{run.stderr[-3000:]}"
         finally:

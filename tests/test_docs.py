@@ -4,8 +4,8 @@ stays a page for the person who runs a node, and every committed study is writte
 
 from __future__ import annotations
 
-import subprocess
 import re
+import subprocess
 import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
@@ -29,7 +29,11 @@ def markdown_files(root: Path) -> list[Path]:
     install's build/lib/ copies of our READMEs) are not the project's documents."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "*.md"],
-        cwd=root, check=True, capture_output=True, text=True).stdout
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return sorted(root / name for name in set(listed.split("\0")) if name and (root / name).exists())
 
 
@@ -52,8 +56,7 @@ def github_slug(heading: str) -> str:
     text = re.sub(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\([^)]*\)", r"\1", heading)
     text = re.sub(r"<[^>]+>", "", text).replace("`", "")
     text = re.sub(r"(?<!\w)_+|_+(?!\w)", "", text)  # emphasis markers, not snake_case
-    kept = (c for c in text.lower()
-            if c.isalnum() or c in " -_" or unicodedata.category(c).startswith("M"))
+    kept = (c for c in text.lower() if c.isalnum() or c in " -_" or unicodedata.category(c).startswith("M"))
     return "".join(kept).replace(" ", "-")
 
 
@@ -71,8 +74,12 @@ def anchors(text: str) -> set[str]:
             continue
         heading = ATX_HEADING.match(line)
         title = heading.group(2) if heading else None
-        if title is None and previous.strip() and re.fullmatch(r"\s{0,3}(=+|-+)\s*", line) \
-                and not previous.lstrip().startswith(("|", "-", "*", ">")):
+        if (
+            title is None
+            and previous.strip()
+            and re.fullmatch(r"\s{0,3}(=+|-+)\s*", line)
+            and not previous.lstrip().startswith(("|", "-", "*", ">"))
+        ):
             title = previous.strip()  # a setext heading
         if title is not None:
             slug = github_slug(title)
@@ -114,7 +121,11 @@ def broken_links(root: Path) -> list[str]:
                 broken.append(f"{where} (outside the repository)")
             elif not resolved.exists():
                 broken.append(f"{where} (no such file or folder)")
-            elif fragment and resolved.suffix == ".md" and unquote(fragment) not in anchors(resolved.read_text(encoding="utf-8")):
+            elif (
+                fragment
+                and resolved.suffix == ".md"
+                and unquote(fragment) not in anchors(resolved.read_text(encoding="utf-8"))
+            ):
                 broken.append(f"{where} (no heading with that anchor in {resolved.name})")
     return broken
 
@@ -131,14 +142,16 @@ def test_the_link_check_finds_what_is_broken(tmp_path):
     (tmp_path / "build" / "lib" / "README.md").write_text("[gone](../docs/missing.md)\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "guide.md").write_text(
-        "# The guide\n\n## Two `words` & more\n\n## Two words & more\n\nSetext title\n---\n")
+        "# The guide\n\n## Two `words` & more\n\n## Two words & more\n\nSetext title\n---\n"
+    )
     (tmp_path / "README.md").write_text(
         "[ok](docs/guide.md) [ok](docs/guide.md#two-words--more) [ok](docs/guide.md#two-words--more-1)\n"
         "[ok](docs/guide.md#setext-title) [ok](docs/) [ok](#top) [web](https://example.org/x)\n"
         "[gone](docs/missing.md) [bad anchor](docs/guide.md#no-such-heading)\n"
         "[out](../elsewhere.md) `[in code](docs/missing.md)`\n\n"
         "```\n[in a fence](docs/missing.md)\n```\n\n"
-        '<a name="top"></a>\n[ref]: docs/also-missing.md\n')
+        '<a name="top"></a>\n[ref]: docs/also-missing.md\n'
+    )
     assert broken_links(tmp_path) == [
         "README.md:3: docs/missing.md (no such file or folder)",
         "README.md:3: docs/guide.md#no-such-heading (no heading with that anchor in guide.md)",
@@ -150,17 +163,22 @@ def test_the_link_check_finds_what_is_broken(tmp_path):
 def test_github_slugs():
     assert github_slug("Results: what sharing buys (bench/results/)") == "results-what-sharing-buys-benchresults"
     assert github_slug("`round.py`: one GRPO round, per model") == "roundpy-one-grpo-round-per-model"
-    assert github_slug("sapo against genrl 0.1.11, genrl 0.3.0 and TRL 1.16.0") == \
-        "sapo-against-genrl-0111-genrl-030-and-trl-1160"
-    assert github_slug("What sharing does to the update (why 4/4 collapsed)") == \
-        "what-sharing-does-to-the-update-why-44-collapsed"
+    assert (
+        github_slug("sapo against genrl 0.1.11, genrl 0.3.0 and TRL 1.16.0")
+        == "sapo-against-genrl-0111-genrl-030-and-trl-1160"
+    )
+    assert (
+        github_slug("What sharing does to the update (why 4/4 collapsed)")
+        == "what-sharing-does-to-the-update-why-44-collapsed"
+    )
     assert github_slug("snake_case and _emphasis_") == "snake_case-and-emphasis"
 
 
 def test_readme_is_a_page_for_users():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, (
-        f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move details to docs/")
+        f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES} and move details to docs/"
+    )
     first_screen = "\n".join(lines[:FIRST_SCREEN_LINES])
     for command in ("make run", "make test"):
         assert command in first_screen, f"README's first {FIRST_SCREEN_LINES} lines must show `{command}`"

@@ -18,21 +18,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("bench", "docker", "docs", "node", "protocol", "sampling", "tests", "training")
-PATH = re.compile(r"(?<![\w./<>-])((?:%s)/[\w./<>-]*[\w>/])" % "|".join(TOP_FOLDERS))
+PATH = re.compile(rf"(?<![\w./<>-])((?:{'|'.join(TOP_FOLDERS)})/[\w./<>-]*[\w>/])")
 
 
 def python_files(root: Path) -> list[str]:
     """The Python files git keeps (tracked, or new and not ignored)."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
-        cwd=root, check=True, capture_output=True, text=True).stdout
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return sorted(name for name in listed.splitlines() if (root / name).exists())
 
 
 def prose(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment and docstring in a module."""
-    found = [(token.start[0], token.string) for token in tokenize.generate_tokens(io.StringIO(source).readline)
-             if token.type == tokenize.COMMENT]
+    found = [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             docstring = ast.get_docstring(node, clean=False)
@@ -46,8 +53,13 @@ def ignored_by_git(root: Path, paths: set[str]) -> set[str]:
         return set()
     # each as a file and as a folder: a folder that is not there yet matches only a folder's pattern
     asked = [form for path in sorted(paths) for form in (path, path + "/")]
-    checked = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=root, input="\n".join(asked),
-                             capture_output=True, text=True)
+    checked = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=root,
+        input="\n".join(asked),
+        capture_output=True,
+        text=True,
+    )
     return {line.rstrip("/") for line in checked.stdout.splitlines()}
 
 
@@ -79,7 +91,8 @@ def test_the_path_check_catches_a_renamed_file(tmp_path):
     (tmp_path / "bench" / "run.py").write_text(
         '"""Runs node/core/round.py, into bench/results/run-<time> (venvs in bench/peers/)."""\n'
         "# as node/round.py does\n"
-        "x = 'node/round.py'  # a string in code is not prose; this comment names docs/gone.md.\n")
+        "x = 'node/round.py'  # a string in code is not prose; this comment names docs/gone.md.\n"
+    )
     assert stale_paths(tmp_path) == ["bench/run.py:2: node/round.py", "bench/run.py:3: docs/gone.md"]
     (tmp_path / "node" / "core" / "state.py").rename(tmp_path / "node" / "core" / "states.py")
     assert "node/core/round.py:1: node/core/state.py" in stale_paths(tmp_path)

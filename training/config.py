@@ -36,10 +36,13 @@ class ModelSettings(BaseModel):
     )
     lora_rank: int = Field(default=16, ge=1, le=512, description="LoRA rank r (alpha = 2r)")
     prompt_style: Literal["auto", "chat", "plain"] = Field(
-        default="auto", description="chat template with system prompt, or the bare question (auto: plain for tiny models)"
+        default="auto",
+        description="chat template with system prompt, or the bare question (auto: plain for tiny models)",
     )
     one_shot: bool = Field(default=True, description="put one worked example in the system prompt (SmolLM2 needs it)")
-    torch_threads: int = Field(default=0, ge=0, le=256, description="torch CPU threads (0 = one per core this process may use)")
+    torch_threads: int = Field(
+        default=0, ge=0, le=256, description="torch CPU threads (0 = one per core this process may use)"
+    )
     models_dir: Path | None = Field(
         default=None, description="where converted models and warm starts are cached (default: DATA_DIR/models)"
     )
@@ -84,7 +87,7 @@ class ModelSettings(BaseModel):
         return device
 
     @model_validator(mode="after")
-    def _warm_start_is_full_fine_tuning(self) -> "ModelSettings":
+    def _warm_start_is_full_fine_tuning(self) -> ModelSettings:
         if self.lora and self.warm_start_steps:
             raise ValueError("--warm-start-steps trains the full model; it cannot be combined with --lora")
         return self

@@ -99,8 +99,15 @@ class _StaticDecoding:
     """A batch decoding on `LlamaDecoder` and its shared-prompt cache. With `prompt_owners`
     (a mixed batch), prompt i and its samples decode with adapter prompt_owners[i]."""
 
-    def __init__(self, decoder: LlamaDecoder, input_ids, attention, samples_per_prompt: int, max_new_tokens: int,
-                 prompt_owners: list[int] | None = None):
+    def __init__(
+        self,
+        decoder: LlamaDecoder,
+        input_ids,
+        attention,
+        samples_per_prompt: int,
+        max_new_tokens: int,
+        prompt_owners: list[int] | None = None,
+    ):
         self.decoder = decoder
         device = input_ids.device
         prompts, length = input_ids.shape
@@ -134,8 +141,9 @@ class _ModelDecoding:
         self.model, self.autocast = model, autocast
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
         with autocast():
-            out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                        logits_to_keep=1)
+            out = model(
+                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+            )
         self.cache = getattr(out, CACHE)
         if samples_per_prompt > 1:
             self.cache.batch_repeat_interleave(samples_per_prompt)
@@ -150,8 +158,13 @@ class _ModelDecoding:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.attention = torch.cat([self.attention, self.attention.new_ones((self.attention.shape[0], 1))], dim=-1)
         with self.autocast():
-            out = self.model(input_ids=tokens[:, None], attention_mask=self.attention, position_ids=self.next_position,
-                             use_cache=True, **{CACHE: self.cache})
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=self.attention,
+                position_ids=self.next_position,
+                use_cache=True,
+                **{CACHE: self.cache},
+            )
         self.cache = getattr(out, CACHE)
         self.next_position = self.next_position + 1
         return out.logits[:, -1, :].float()
@@ -178,9 +191,21 @@ def decode_samples(
     `weights_dtype` is the precision `LlamaDecoder` runs in (None: the model's own); `autocast`
     gives the precision context of a model that decodes through its own forward (Policy.autocast).
     """
-    batches = _decode(model, tokenizer, prompts, samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
-                      temperature=temperature, seeds=[seed], device=device, stop_text=stop_text, stop=stop,
-                      autocast=autocast, weights_dtype=weights_dtype, record_logprobs=record_logprobs)
+    batches = _decode(
+        model,
+        tokenizer,
+        prompts,
+        samples_per_prompt=samples_per_prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seeds=[seed],
+        device=device,
+        stop_text=stop_text,
+        stop=stop,
+        autocast=autocast,
+        weights_dtype=weights_dtype,
+        record_logprobs=record_logprobs,
+    )
     assert batches is not None  # only a mixed batch (adapters) gives None, when LlamaDecoder cannot run it
     return batches[0]
 
@@ -207,14 +232,41 @@ def decode_mixed(
     summation order). None if the model does not fit `LlamaDecoder` (decode each alone then)."""
     if not (len(prompts) == len(adapters) == len(seeds)):
         raise ValueError("one prompt list and one seed per adapter")
-    return _decode(model, tokenizer, prompts, adapters=adapters, samples_per_prompt=samples_per_prompt,
-                   max_new_tokens=max_new_tokens, temperature=temperature, seeds=seeds, device=device,
-                   stop_text=stop_text, stop=stop, autocast=contextlib.nullcontext, weights_dtype=weights_dtype,
-                   record_logprobs=record_logprobs)
+    return _decode(
+        model,
+        tokenizer,
+        prompts,
+        adapters=adapters,
+        samples_per_prompt=samples_per_prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seeds=seeds,
+        device=device,
+        stop_text=stop_text,
+        stop=stop,
+        autocast=contextlib.nullcontext,
+        weights_dtype=weights_dtype,
+        record_logprobs=record_logprobs,
+    )
 
 
-def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, temperature, seeds, device, stop_text,
-            stop, autocast, weights_dtype, record_logprobs, adapters: list[str] | None = None) -> list[DecodedBatch] | None:
+def _decode(
+    model,
+    tokenizer,
+    prompts,
+    *,
+    samples_per_prompt,
+    max_new_tokens,
+    temperature,
+    seeds,
+    device,
+    stop_text,
+    stop,
+    autocast,
+    weights_dtype,
+    record_logprobs,
+    adapters: list[str] | None = None,
+) -> list[DecodedBatch] | None:
     """decode_samples for one prompt list (`prompts` a list of str), or decode_mixed's batch
     (`prompts` one list per adapter): one DecodedBatch per prompt list."""
     eos = tokenizer.eos_token_id
@@ -241,8 +293,14 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
             decoder = LlamaDecoder.of(model, weights_dtype or next(model.parameters()).dtype, rows, adapters)
             decoding: _StaticDecoding | _ModelDecoding
             if decoder is not None:
-                decoding = _StaticDecoding(decoder, input_ids, attention, samples_per_prompt, max_new_tokens,
-                                           prompt_owners if adapters is not None else None)
+                decoding = _StaticDecoding(
+                    decoder,
+                    input_ids,
+                    attention,
+                    samples_per_prompt,
+                    max_new_tokens,
+                    prompt_owners if adapters is not None else None,
+                )
             elif adapters is not None:
                 return None
             else:
@@ -255,12 +313,16 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
             for _ in range(max_new_tokens):
                 if stop is not None and stop.is_set():
                     raise GenerationInterrupted("generation stopped for shutdown")
-                parts = [sample_tokens(logits[start:end], temperature, generators[owner]) for owner, start, end in segments]
+                parts = [
+                    sample_tokens(logits[start:end], temperature, generators[owner]) for owner, start, end in segments
+                ]
                 chosen = parts[0] if len(parts) == 1 else torch.cat(parts)
                 steps += 1
                 if logprobs is not None:  # what a peer's importance weight compares with (update.py)
                     scaled = logits.float() / temperature
-                    picked = (scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)).tolist()
+                    picked = (
+                        scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+                    ).tolist()
                 keep: list[int] = []
                 for position, (row, token) in enumerate(zip(active, chosen.tolist())):
                     if token == eos:
@@ -291,6 +353,9 @@ def _decode(model, tokenizer, prompts, *, samples_per_prompt, max_new_tokens, te
     for owner in range(len(lists)):
         mine = [r for r in range(rows) if row_owner[r] == owner]
         tokens = [generated[r] for r in mine]
-        batches.append(DecodedBatch(tokens, sum(len(t) for t in tokens), steps,
-                                    None if logprobs is None else [logprobs[r] for r in mine]))
+        batches.append(
+            DecodedBatch(
+                tokens, sum(len(t) for t in tokens), steps, None if logprobs is None else [logprobs[r] for r in mine]
+            )
+        )
     return batches

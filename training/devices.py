@@ -48,22 +48,17 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(
-                f"device {name!r} asked for CUDA, which is not available here; "
-                f"available: {available}"
-            )
+            raise ValueError(f"device {name!r} asked for CUDA, which is not available here; available: {available}")
         index = 0 if device.index is None else device.index
         if index >= torch.cuda.device_count():
             raise ValueError(
-                f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); "
-                f"available: {available}"
+                f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s); available: {available}"
             )
         return torch.device("cuda", index)
     if device.type == "mps":
         if not _mps_available():
             raise ValueError(
-                f"device {name!r} asked for Apple MPS, which is not available here; "
-                f"available: {available}"
+                f"device {name!r} asked for Apple MPS, which is not available here; available: {available}"
             )
         if device.index not in (None, 0):
             raise ValueError(f"device {name!r}: MPS has only index 0; available: {available}")
@@ -86,6 +81,7 @@ def owned_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
 
 def _cgroup_quota(root: str) -> float | None:
     """The cgroup's CPU quota in cores (v2 `cpu.max`, else v1 `cpu.cfs_quota_us`), None without one."""
+
     def read(name: str) -> list[str] | None:
         try:
             with open(f"{root}/{name}") as file:
@@ -94,8 +90,9 @@ def _cgroup_quota(root: str) -> float | None:
             return None
 
     v2 = read("cpu.max")  # "quota period", quota "max" when unlimited
-    quota, period = (v2[:2] if v2 else ((read("cpu/cpu.cfs_quota_us") or ["-1"])[0],
-                                        (read("cpu/cpu.cfs_period_us") or ["0"])[0]))
+    quota, period = (
+        v2[:2] if v2 else ((read("cpu/cpu.cfs_quota_us") or ["-1"])[0], (read("cpu/cpu.cfs_period_us") or ["0"])[0])
+    )
     try:
         quota_us, period_us = int(quota), int(period)
     except ValueError:  # "max"

@@ -15,7 +15,9 @@ from sapo.training.tasks import Problem, TaskSampler, TaskSpec
 HELDOUT_DATASET_SEED = 999_999_937
 
 
-def heldout_problems(tasks: list[TaskSpec], per_task: int, dataset_seed: int = HELDOUT_DATASET_SEED) -> dict[str, list[Problem]]:
+def heldout_problems(
+    tasks: list[TaskSpec], per_task: int, dataset_seed: int = HELDOUT_DATASET_SEED
+) -> dict[str, list[Problem]]:
     """The same `per_task` questions of each task for every node (indices 0.. of the held-out seed)."""
     return {t.name: TaskSampler([t], dataset_seed=dataset_seed, rng_seed=0).sample(per_task) for t in tasks}
 

@@ -12,8 +12,17 @@ from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import Problem
 
-__all__ = ["ANSWER_CLOSE", "GenerationInterrupted", "GenerationRequest", "GenerationResult", "generate_groups",
-           "generate_groups_together", "greedy_completions", "sample_completions", "sample_completions_together"]
+__all__ = [
+    "ANSWER_CLOSE",
+    "GenerationInterrupted",
+    "GenerationRequest",
+    "GenerationResult",
+    "generate_groups",
+    "generate_groups_together",
+    "greedy_completions",
+    "sample_completions",
+    "sample_completions_together",
+]
 
 ANSWER_CLOSE = "</answer>"
 
@@ -69,8 +78,10 @@ def _completions(policy: Policy, decoded: DecodedBatch, num_generations: int, pr
     if decoded.token_logprobs is None:
         return grouped, decoded.new_tokens, None
     encoded = policy.tokenizer(texts, add_special_tokens=False)["input_ids"]
-    rows = [lp if list(ids) == tokens else None
-            for lp, ids, tokens in zip(decoded.token_logprobs, encoded, decoded.token_ids)]
+    rows = [
+        lp if list(ids) == tokens else None
+        for lp, ids, tokens in zip(decoded.token_logprobs, encoded, decoded.token_ids)
+    ]
     return grouped, decoded.new_tokens, [rows[i * num_generations : (i + 1) * num_generations] for i in range(prompts)]
 
 
@@ -94,16 +105,35 @@ def sample_completions_together(
     if len(views) == len(policies) and len({id(v.shared) for v in views}) == 1:
         first = policies[0]
         decoded = decode_mixed(
-            views[0].shared, first.tokenizer, prompts, [v.name for v in views], seeds=seeds,
-            samples_per_prompt=num_generations, max_new_tokens=max_new_tokens, temperature=temperature,
-            device=first.device, stop_text=ANSWER_CLOSE, stop=stop, weights_dtype=first.generation_dtype,
+            views[0].shared,
+            first.tokenizer,
+            prompts,
+            [v.name for v in views],
+            seeds=seeds,
+            samples_per_prompt=num_generations,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            device=first.device,
+            stop_text=ANSWER_CLOSE,
+            stop=stop,
+            weights_dtype=first.generation_dtype,
             record_logprobs=record_logprobs,
         )
         if decoded is not None:
             return [_completions(p, d, num_generations, len(ps)) for p, d, ps in zip(policies, decoded, prompts)]
-    return [sample_completions(p, ps, num_generations=num_generations, max_new_tokens=max_new_tokens,
-                               temperature=temperature, seed=seed, stop=stop, record_logprobs=record_logprobs)
-            for p, ps, seed in zip(policies, prompts, seeds)]
+    return [
+        sample_completions(
+            p,
+            ps,
+            num_generations=num_generations,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+            stop=stop,
+            record_logprobs=record_logprobs,
+        )
+        for p, ps, seed in zip(policies, prompts, seeds)
+    ]
 
 
 def _trim_after_answer(text: str) -> str:
@@ -172,9 +202,14 @@ def generate_groups_together(
     started, cpu_started = time.perf_counter(), time.process_time()
     asking = [r for r in requests if r.problems]
     sampled = sample_completions_together(
-        [r.policy for r in asking], [[r.policy.prompt(p) for p in r.problems] for r in asking],
-        seeds=[r.seed for r in asking], num_generations=num_generations, max_new_tokens=max_new_tokens,
-        temperature=temperature, stop=stop, record_logprobs=any(r.record_behavior for r in asking),
+        [r.policy for r in asking],
+        [[r.policy.prompt(p) for p in r.problems] for r in asking],
+        seeds=[r.seed for r in asking],
+        num_generations=num_generations,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        stop=stop,
+        record_logprobs=any(r.record_behavior for r in asking),
     )
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     by_request = dict(zip(map(id, asking), sampled))
@@ -184,14 +219,28 @@ def generate_groups_together(
             results.append(GenerationResult([], 0.0, 0))
             continue
         completions, new_tokens, logprobs = by_request[id(r)]
-        groups = _groups(r.policy, r.problems, completions, logprobs if r.record_behavior else None, r.verifier,
-                         r.sender_round, temperature)
+        groups = _groups(
+            r.policy,
+            r.problems,
+            completions,
+            logprobs if r.record_behavior else None,
+            r.verifier,
+            r.sender_round,
+            temperature,
+        )
         results.append(GenerationResult(groups, seconds, new_tokens, cpu))
     return results
 
 
-def _groups(policy: Policy, problems: list[Problem], completions, logprobs, verifier: Verifier, sender_round: int,
-            temperature: float) -> list[QuestionGroup]:
+def _groups(
+    policy: Policy,
+    problems: list[Problem],
+    completions,
+    logprobs,
+    verifier: Verifier,
+    sender_round: int,
+    temperature: float,
+) -> list[QuestionGroup]:
     now = time.time()
     return [
         QuestionGroup(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-
 # --- the static KV cache ----------------------------------------------------------------------------
 
 
@@ -31,11 +30,25 @@ class SharedPromptCache:
     rows. Keys are stored transposed ([head_dim, column]), so scores are plain batched matmuls.
     """
 
-    def __init__(self, layers: int, prompts: int, samples: int, kv_heads: int, head_dim: int, prompt_length: int,
-                 new_tokens: int, dtype, device):
+    def __init__(
+        self,
+        layers: int,
+        prompts: int,
+        samples: int,
+        kv_heads: int,
+        head_dim: int,
+        prompt_length: int,
+        new_tokens: int,
+        dtype,
+        device,
+    ):
         self.prompts, self.samples, self.prompt_length, self.new_tokens = prompts, samples, prompt_length, new_tokens
-        self.prompt_keys_t = torch.empty((layers, prompts, kv_heads, head_dim, prompt_length), dtype=dtype, device=device)
-        self.prompt_values = torch.empty((layers, prompts, kv_heads, prompt_length, head_dim), dtype=dtype, device=device)
+        self.prompt_keys_t = torch.empty(
+            (layers, prompts, kv_heads, head_dim, prompt_length), dtype=dtype, device=device
+        )
+        self.prompt_values = torch.empty(
+            (layers, prompts, kv_heads, prompt_length, head_dim), dtype=dtype, device=device
+        )
         self.prompt_bias: torch.Tensor | None = None  # [prompts x kv_heads, 1, L]: 0, or -inf on padding
         width = min(new_tokens, 16)
         # Zeros, not garbage: a masked column still meets a 0 weight in the values' matmul.
@@ -56,8 +69,9 @@ class SharedPromptCache:
         if self.column == width:
             wider = min(2 * width, self.new_tokens)
             self.keys_t = torch.cat([self.keys_t, self.keys_t.new_zeros((*self.keys_t.shape[:-1], wider - width))], -1)
-            self.values = torch.cat([self.values, self.values.new_zeros((*self.values.shape[:3], wider - width,
-                                                                           self.values.shape[-1]))], 3)
+            self.values = torch.cat(
+                [self.values, self.values.new_zeros((*self.values.shape[:3], wider - width, self.values.shape[-1]))], 3
+            )
             self.own_bias = torch.cat([self.own_bias, self.own_bias.new_full((wider - width,), float("-inf"))])
         self.own_bias[self.column] = 0
         return self.column
@@ -123,7 +137,9 @@ def _is_plain_linear(module) -> bool:
     )
 
 
-def _linear_parts(module, only_base: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor, float]]]:
+def _linear_parts(
+    module, only_base: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor, float]]]:
     """A linear layer's weight and bias, and its active, unmerged LoRA adapters as (B, A, scale):
     its effective weight is weight + sum of scale x B @ A. `only_base`: the base layer alone."""
     base = getattr(module, "base_layer", None)
@@ -154,8 +170,9 @@ def _stack(modules: list, dtype, pack, only_base: bool = False) -> tuple[torch.T
     if len(parts) == 1 and not parts[0][2]:
         weight = parts[0][0].to(dtype).contiguous()
     else:
-        weight = torch.empty((sum(w.shape[0] for w, _, _ in parts), parts[0][0].shape[1]), dtype=dtype,
-                             device=parts[0][0].device)
+        weight = torch.empty(
+            (sum(w.shape[0] for w, _, _ in parts), parts[0][0].shape[1]), dtype=dtype, device=parts[0][0].device
+        )
         for rows, (w, _, adapters) in zip(weight.split([w.shape[0] for w, _, _ in parts]), parts):
             for b, a, scale in adapters:
                 w = torch.addmm(w, b, a, alpha=scale)
@@ -236,15 +253,33 @@ class LlamaDecoder:
         self.layers = []
         for block in body.layers:
             attention, mlp = block.self_attn, block.mlp
-            groups = ([attention.q_proj, attention.k_proj, attention.v_proj], [attention.o_proj],
-                      [mlp.gate_proj, mlp.up_proj], [mlp.down_proj])
+            groups = (
+                [attention.q_proj, attention.k_proj, attention.v_proj],
+                [attention.o_proj],
+                [mlp.gate_proj, mlp.up_proj],
+                [mlp.down_proj],
+            )
             (qkv, qkv_bias), (out, out_bias), (gate_up, gate_up_bias), (down, down_bias) = [
-                _stack(group, dtype, pack, only_base=mixed) for group in groups]
+                _stack(group, dtype, pack, only_base=mixed) for group in groups
+            ]
             loras: list[_Adapters | None] = (
-                [_stack_adapters(group, adapters, dtype) for group in groups] if adapters is not None else [None] * 4)
-            self.layers.append(_Layer(block.input_layernorm.weight, qkv, qkv_bias, out, out_bias,
-                                      block.post_attention_layernorm.weight, gate_up, gate_up_bias, down, down_bias,
-                                      *loras))
+                [_stack_adapters(group, adapters, dtype) for group in groups] if adapters is not None else [None] * 4
+            )
+            self.layers.append(
+                _Layer(
+                    block.input_layernorm.weight,
+                    qkv,
+                    qkv_bias,
+                    out,
+                    out_bias,
+                    block.post_attention_layernorm.weight,
+                    gate_up,
+                    gate_up_bias,
+                    down,
+                    down_bias,
+                    *loras,
+                )
+            )
 
     @staticmethod
     def unsupported(model) -> str | None:
@@ -255,7 +290,9 @@ class LlamaDecoder:
             return f"model type {getattr(config, 'model_type', None)!r} is not one of {_SUPPORTED_TYPES}"
         if getattr(config, "hidden_act", None) != "silu":
             return f"activation {config.hidden_act!r} is not silu"
-        if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        if getattr(config, "use_sliding_window", False) or "sliding_attention" in (
+            getattr(config, "layer_types", None) or ()
+        ):
             return "sliding-window attention"
         body = getattr(causal_lm, "model", None)
         if body is None or not all(hasattr(body, n) for n in ("embed_tokens", "layers", "norm", "rotary_emb")):
@@ -285,8 +322,14 @@ class LlamaDecoder:
             return None
         return cls(model.get_base_model() if hasattr(model, "get_base_model") else model, dtype, rows, adapters)
 
-    def project(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora: _Adapters | None,
-                segments: Segments | None) -> torch.Tensor:
+    def project(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        lora: _Adapters | None,
+        segments: Segments | None,
+    ) -> torch.Tensor:
         """x's projection by the base weight, plus, on a mixed batch, each row's own adapter."""
         y = self.linear(x, weight, bias)
         if lora is not None and segments is not None:
@@ -295,8 +338,17 @@ class LlamaDecoder:
         return y
 
     def new_cache(self, prompts: int, samples: int, prompt_length: int, new_tokens: int, device) -> SharedPromptCache:
-        return SharedPromptCache(len(self.layers), prompts, samples, self.kv_heads, self.head_dim, prompt_length,
-                                 new_tokens, self.dtype, device)
+        return SharedPromptCache(
+            len(self.layers),
+            prompts,
+            samples,
+            self.kv_heads,
+            self.head_dim,
+            prompt_length,
+            new_tokens,
+            self.dtype,
+            device,
+        )
 
     def rotary_tables(self, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for positions 0..length-1, from the model's own rotary embedding
@@ -317,8 +369,15 @@ class LlamaDecoder:
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(self._norm(x, self.final_norm), self.lm_head).float()
 
-    def prefill(self, input_ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, cache: SharedPromptCache,
-                tables: tuple[torch.Tensor, torch.Tensor], segments: Segments | None = None) -> torch.Tensor:
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SharedPromptCache,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        segments: Segments | None = None,
+    ) -> torch.Tensor:
         """Run the left-padded prompts `input_ids` [prompts, L] into the prompt part of `cache`;
         the logits [prompts, vocab] after each prompt's last token. `segments`: which prompts
         each adapter of a mixed batch decodes."""
@@ -334,8 +393,9 @@ class LlamaDecoder:
         x = self.embed(input_ids).float()
         for index, layer in enumerate(self.layers):
             qkv = self.project(self._norm(x, layer.input_norm), layer.qkv, layer.qkv_bias, layer.qkv_lora, segments)
-            qk = self._rotate(qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)),
-                              cos, sin).to(self.dtype)
+            qk = self._rotate(
+                qkv[..., : (heads + kv_heads) * head_dim].unflatten(-1, (heads + kv_heads, head_dim)), cos, sin
+            ).to(self.dtype)
             q = qk[:, :, :heads].transpose(1, 2)
             k = qk[:, :, heads:].transpose(1, 2)
             v = qkv[..., (heads + kv_heads) * head_dim :].unflatten(-1, (kv_heads, head_dim)).transpose(1, 2)
@@ -345,15 +405,29 @@ class LlamaDecoder:
                 k = k.repeat_interleave(heads // kv_heads, dim=1)
                 v = v.repeat_interleave(heads // kv_heads, dim=1)
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            x = x + self.project(attended.transpose(1, 2).flatten(2), layer.out, layer.out_bias, layer.out_lora, segments)
-            gate_up = self.project(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, layer.gate_up_lora,
-                                   segments)
-            x = x + self.project(F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :],
-                                 layer.down, layer.down_bias, layer.down_lora, segments)
+            x = x + self.project(
+                attended.transpose(1, 2).flatten(2), layer.out, layer.out_bias, layer.out_lora, segments
+            )
+            gate_up = self.project(
+                self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, layer.gate_up_lora, segments
+            )
+            x = x + self.project(
+                F.silu(gate_up[..., : self.intermediate]) * gate_up[..., self.intermediate :],
+                layer.down,
+                layer.down_bias,
+                layer.down_lora,
+                segments,
+            )
         return self._logits(x[:, -1])
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache: SharedPromptCache,
-             tables: tuple[torch.Tensor, torch.Tensor], segments: Segments | None = None) -> torch.Tensor:
+    def step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SharedPromptCache,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        segments: Segments | None = None,
+    ) -> torch.Tensor:
         """One token per live row of `cache` (`tokens` [rows]) written into its next generated
         column; the next logits [rows, vocab]. `segments`: each adapter's rows, on a mixed batch."""
         rows = tokens.shape[0]
@@ -369,10 +443,16 @@ class LlamaDecoder:
             cache.values[index, :, :, column] = qkv[:, qk_width:].view(rows, kv_heads, head_dim)
             attended = self._attend((qk[:, :heads] * head_dim**-0.5).to(self.dtype), cache, index)
             x = x + self.project(attended, layer.out, layer.out_bias, layer.out_lora, segments)
-            gate_up = self.project(self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, layer.gate_up_lora,
-                                   segments)
-            x = x + self.project(F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :],
-                                 layer.down, layer.down_bias, layer.down_lora, segments)
+            gate_up = self.project(
+                self._norm(x, layer.post_norm), layer.gate_up, layer.gate_up_bias, layer.gate_up_lora, segments
+            )
+            x = x + self.project(
+                F.silu(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :],
+                layer.down,
+                layer.down_bias,
+                layer.down_lora,
+                segments,
+            )
         cache.column += 1
         return self._logits(x)
 
@@ -391,10 +471,15 @@ class LlamaDecoder:
         rows, heads, head_dim = q.shape
         prompts, samples, length = cache.prompts, cache.samples, cache.prompt_length
         kv_heads, group, own = self.kv_heads, heads // self.kv_heads, cache.own_bias.shape[0]
-        grouped = q if cache.live is None else q.new_zeros((prompts * samples, heads, head_dim)).index_copy_(0, cache.slots, q)
+        grouped = (
+            q
+            if cache.live is None
+            else q.new_zeros((prompts * samples, heads, head_dim)).index_copy_(0, cache.slots, q)
+        )
         grouped = grouped.view(prompts, samples, kv_heads, group, head_dim).transpose(1, 2)
-        prompt_scores = torch.bmm(grouped.reshape(prompts * kv_heads, samples * group, head_dim),
-                                  cache.prompt_keys_t[index].flatten(0, 1)).add_(cache.prompt_bias)
+        prompt_scores = torch.bmm(
+            grouped.reshape(prompts * kv_heads, samples * group, head_dim), cache.prompt_keys_t[index].flatten(0, 1)
+        ).add_(cache.prompt_bias)
         prompt_scores = prompt_scores.view(prompts, kv_heads, samples, group, length).transpose(1, 2)
         own_scores = torch.bmm(q.view(rows * kv_heads, group, head_dim), cache.keys_t[index].flatten(0, 1))
         own_scores = own_scores.add_(cache.own_bias)
@@ -405,11 +490,18 @@ class LlamaDecoder:
         weights = scores.softmax(dim=-1, dtype=torch.float32).to(self.dtype).view(rows, kv_heads, group, length + own)
         to_prompt = weights[..., :length]
         if cache.live is not None:
-            to_prompt = weights.new_zeros((prompts * samples, kv_heads, group, length)).index_copy_(0, cache.slots, to_prompt)
+            to_prompt = weights.new_zeros((prompts * samples, kv_heads, group, length)).index_copy_(
+                0, cache.slots, to_prompt
+            )
         to_prompt = to_prompt.reshape(prompts, samples, kv_heads, group, length).transpose(1, 2)
-        from_prompt = torch.bmm(to_prompt.reshape(prompts * kv_heads, samples * group, length),
-                                cache.prompt_values[index].flatten(0, 1))
+        from_prompt = torch.bmm(
+            to_prompt.reshape(prompts * kv_heads, samples * group, length), cache.prompt_values[index].flatten(0, 1)
+        )
         from_prompt = from_prompt.view(prompts, kv_heads, samples, group, head_dim).transpose(1, 2)
-        from_prompt = from_prompt.reshape(rows, kv_heads, group, head_dim) if cache.live is None else from_prompt[cache.live]
-        from_own = torch.bmm(weights[..., length:].reshape(rows * kv_heads, group, own), cache.values[index].flatten(0, 1))
+        from_prompt = (
+            from_prompt.reshape(rows, kv_heads, group, head_dim) if cache.live is None else from_prompt[cache.live]
+        )
+        from_own = torch.bmm(
+            weights[..., length:].reshape(rows * kv_heads, group, own), cache.values[index].flatten(0, 1)
+        )
         return (from_prompt + from_own.view(rows, kv_heads, group, head_dim)).reshape(rows, heads * head_dim)

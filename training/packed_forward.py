@@ -44,8 +44,7 @@ class PackedRows:
         """Per group, which earlier tokens each token may attend to ([Tg, Tg], True = attend)."""
         masks = []
         for _, prompt, completions in self.spans:
-            segment = torch.repeat_interleave(torch.arange(len(completions) + 1),
-                                              torch.tensor([prompt, *completions]))
+            segment = torch.repeat_interleave(torch.arange(len(completions) + 1), torch.tensor([prompt, *completions]))
             width = segment.shape[0]
             causal = torch.ones((width, width), dtype=torch.bool).tril()
             same = (segment[:, None] == segment[None, :]) | (segment[None, :] == 0)
@@ -53,7 +52,9 @@ class PackedRows:
         return masks
 
 
-def pack_rows(prompts: list[list[int]], completions: list[list[int]], group_of: list[int], rows: list[int]) -> PackedRows:
+def pack_rows(
+    prompts: list[list[int]], completions: list[list[int]], group_of: list[int], rows: list[int]
+) -> PackedRows:
     """`rows` (indices into `completions`), packed group by group in the order they come; rows of
     one group must be adjacent in `rows`."""
     ids: list[int] = []
@@ -81,8 +82,14 @@ def pack_rows(prompts: list[list[int]], completions: list[list[int]], group_of: 
             ids += completion
             positions += range(len(prompt), len(prompt) + len(completion))
         spans.append((start, len(prompt), [len(completions[r]) for r in members]))
-    return PackedRows(torch.tensor(ids), torch.tensor(positions), spans, torch.tensor(predictors),
-                      torch.tensor(targets), [len(completions[r]) for r in rows])
+    return PackedRows(
+        torch.tensor(ids),
+        torch.tensor(positions),
+        spans,
+        torch.tensor(predictors),
+        torch.tensor(targets),
+        [len(completions[r]) for r in rows],
+    )
 
 
 def fits(model) -> bool:
@@ -111,8 +118,13 @@ class _Projection:
         else:  # weights that train: a differentiable cast and stack each pass
             weight = torch.cat([w for w, _, _ in parts]).to(dtype)
             biases = [b for _, b, _ in parts]
-            bias = None if all(b is None for b in biases) else torch.cat(
-                [b if b is not None else w.new_zeros(w.shape[0]) for (w, _, _), b in zip(parts, biases)]).to(dtype)
+            bias = (
+                None
+                if all(b is None for b in biases)
+                else torch.cat(
+                    [b if b is not None else w.new_zeros(w.shape[0]) for (w, _, _), b in zip(parts, biases)]
+                ).to(dtype)
+            )
             y = F.linear(x.to(dtype), weight, bias)
         if not any(adapters for _, _, adapters in parts):
             return y.float()
@@ -143,8 +155,11 @@ def _projection(modules: list, dtype: torch.dtype) -> _Projection:
         stacked = torch.cat(weights).to(dtype) if len(weights) > 1 else weights[0].to(dtype)
         # LoRA biases train; only a plain frozen bias is folded in here
         biases = [getattr(m, "base_layer", m).bias for m in modules]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]).to(dtype)
+        bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)]).to(dtype)
+        )
     return _Projection(tuple(modules), stacked, bias)
 
 
@@ -175,14 +190,16 @@ class PackedForward:
         self.layers = []
         for block in body.layers:
             attention, mlp = block.self_attn, block.mlp
-            self.layers.append(_Layer(
-                block.input_layernorm,
-                _projection([attention.q_proj, attention.k_proj, attention.v_proj], dtype),
-                _projection([attention.o_proj], dtype),
-                block.post_attention_layernorm,
-                _projection([mlp.gate_proj, mlp.up_proj], dtype),
-                _projection([mlp.down_proj], dtype),
-            ))
+            self.layers.append(
+                _Layer(
+                    block.input_layernorm,
+                    _projection([attention.q_proj, attention.k_proj, attention.v_proj], dtype),
+                    _projection([attention.o_proj], dtype),
+                    block.post_attention_layernorm,
+                    _projection([mlp.gate_proj, mlp.up_proj], dtype),
+                    _projection([mlp.down_proj], dtype),
+                )
+            )
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin per token [T, 1, head_dim] (see LlamaDecoder.rotary_tables)."""

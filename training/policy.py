@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sapo.policy")
 
+
 @dataclass
 class Policy:
     model: torch.nn.Module
@@ -89,7 +90,9 @@ def has_native_bf16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type == "cpu":
         cpu = torch.cpu
-        return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+        return any(
+            getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        )
     return False
 
 
@@ -154,9 +157,17 @@ def load_policy(
         if lora is not None:
             model = _wrap_lora(model, lora, adapter_from)
     model.to(torch_device)
-    return Policy(model, tokenizer, torch_device, source, style, one_shot, lora is not None,
-                  use_bf16(precision, torch_device, packed=fits(model)),
-                  use_bf16_generation(generation_precision, torch_device))
+    return Policy(
+        model,
+        tokenizer,
+        torch_device,
+        source,
+        style,
+        one_shot,
+        lora is not None,
+        use_bf16(precision, torch_device, packed=fits(model)),
+        use_bf16_generation(generation_precision, torch_device),
+    )
 
 
 def _load_base(source: str, *, seed: int, models_dir: Path, weights_from: Path | None):

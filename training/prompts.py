@@ -25,7 +25,11 @@ ONE_SHOT = (
 
 
 def chat_messages(question: str, one_shot: bool) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *(ONE_SHOT if one_shot else ()), {"role": "user", "content": question}]
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        *(ONE_SHOT if one_shot else ()),
+        {"role": "user", "content": question},
+    ]
 
 
 def render_prompt(problem: Problem, tokenizer, style: PromptStyle, one_shot: bool) -> str:

@@ -6,7 +6,7 @@ import contextlib
 import io
 import math
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from sapo.training.tasks import Problem, dataset_for
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sapo.training.devices import resolve_device
 from sapo.training.packed_forward import fits
 from sapo.training.policy import LoraOptions, Policy, _load_base, use_bf16, use_bf16_generation
-from sapo.training.devices import resolve_device
 from sapo.training.prompts import PromptStyle
 from sapo.training.sources import is_tiny
 
@@ -100,9 +100,21 @@ class AdapterView(torch.nn.Module):
 class SharedLoraBase:
     """One base model, `nodes` LoRA adapters on it; `policy(k)` is node k's Policy."""
 
-    def __init__(self, source: str, nodes: int, *, lora: LoraOptions, seeds: list[int], models_dir: Path,
-                 device: str = "auto", prompt_style: str = "auto", one_shot: bool = True, precision: str = "auto",
-                 generation_precision: str = "auto", adapters_from: list[Path | None] | None = None):
+    def __init__(
+        self,
+        source: str,
+        nodes: int,
+        *,
+        lora: LoraOptions,
+        seeds: list[int],
+        models_dir: Path,
+        device: str = "auto",
+        prompt_style: str = "auto",
+        one_shot: bool = True,
+        precision: str = "auto",
+        generation_precision: str = "auto",
+        adapters_from: list[Path | None] | None = None,
+    ):
         from peft import LoraConfig, get_peft_model
 
         if len(seeds) != nodes:
@@ -114,8 +126,13 @@ class SharedLoraBase:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         for parameter in base.parameters():
             parameter.requires_grad_(False)
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules="all-linear",
-                            task_type="CAUSAL_LM")
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
         adapters_from = adapters_from or [None] * nodes
         model = None
         for k in range(nodes):
@@ -137,5 +154,14 @@ class SharedLoraBase:
         self.views = [AdapterView(self.model, adapter_name(k)) for k in range(nodes)]
 
     def policy(self, index: int) -> Policy:
-        return Policy(self.views[index], self.tokenizer, self.device, self.source, self.style, self.one_shot, True,
-                      self.bf16, self.generation_bf16)
+        return Policy(
+            self.views[index],
+            self.tokenizer,
+            self.device,
+            self.source,
+            self.style,
+            self.one_shot,
+            True,
+            self.bf16,
+            self.generation_bf16,
+        )

@@ -38,13 +38,12 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
     "tiny-micro": TinyVariant("char", 64, 2, 4, 2, 256, description="0.13M params, char tokenizer"),
     # tiny-micro's size with BPE tokens: an answer such as <answer>13</answer> is 7 tokens, not 19
     # characters, so a round decodes and trains on about a third of the positions.
-    "tiny-micro-bpe": TinyVariant("bpe", 64, 2, 4, 2, 256, bpe_vocab_size=1024, description="0.16M params, byte-level BPE"),
-    "tiny-large": TinyVariant("char", 288, 10, 8, 4, 864, description="10M params, char tokenizer"),
-    "tiny-bpe": TinyVariant(
-        "bpe", 128, 4, 4, 2, 512, bpe_vocab_size=1024, description="1.1M params, byte-level BPE"
+    "tiny-micro-bpe": TinyVariant(
+        "bpe", 64, 2, 4, 2, 256, bpe_vocab_size=1024, description="0.16M params, byte-level BPE"
     ),
+    "tiny-large": TinyVariant("char", 288, 10, 8, 4, 864, description="10M params, char tokenizer"),
+    "tiny-bpe": TinyVariant("bpe", 128, 4, 4, 2, 512, bpe_vocab_size=1024, description="1.1M params, byte-level BPE"),
 }
-
 
 
 def is_tiny(name: str) -> bool:

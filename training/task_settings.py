@@ -17,7 +17,8 @@ class TaskSettings(BaseModel):
         description="ReasoningGYM tasks to sample (default: the paper's nine)",
     )
     task_weights: dict[str, float] = Field(
-        default_factory=dict, description="relative sampling weight per task, e.g. basic_arithmetic=2,bf=0.5 (default 1)"
+        default_factory=dict,
+        description="relative sampling weight per task, e.g. basic_arithmetic=2,bf=0.5 (default 1)",
     )
     task_config: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -44,7 +45,7 @@ class TaskSettings(BaseModel):
         return weights
 
     @model_validator(mode="after")
-    def _overrides_name_tasks(self) -> "TaskSettings":
+    def _overrides_name_tasks(self) -> TaskSettings:
         stray = sorted((set(self.task_weights) | set(self.task_config)) - set(self.tasks))
         if stray:
             raise ValueError(f"task_weights/task_config name tasks not in --tasks: {stray}")

@@ -192,9 +192,7 @@ class TaskSampler:
         problems = []
         for _ in range(count):
             task = self._rng.choices(self.tasks, weights=weights, k=1)[0]
-            spec = ProblemSpec(
-                dataset=task.name, config=task.config, seed=self.dataset_seed, index=self.next_index
-            )
+            spec = ProblemSpec(dataset=task.name, config=task.config, seed=self.dataset_seed, index=self.next_index)
             self.next_index += 1
             problems.append(generate_problem(spec))
         return problems

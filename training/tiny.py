@@ -42,9 +42,7 @@ def _variant(name: str) -> TinyVariant:
     try:
         return TINY_VARIANTS[name]
     except KeyError:
-        raise ValueError(
-            f"unknown tiny model {name!r}; choose one of {', '.join(TINY_VARIANTS)}"
-        ) from None
+        raise ValueError(f"unknown tiny model {name!r}; choose one of {', '.join(TINY_VARIANTS)}") from None
 
 
 def build_tiny(variant: str, seed: int) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
@@ -93,7 +91,7 @@ def _tokenizer(kind: str, bpe_vocab_size: int) -> PreTrainedTokenizerFast:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backend_json(kind: str, bpe_vocab_size: int) -> str:
     if kind == "char":
         backend = _char_backend()

@@ -21,8 +21,8 @@ import re
 import torch
 
 from sapo.training.policy import Policy
-from sapo.training.update import encode_completion, shared_prompt_logits
 from sapo.training.rollouts import QuestionGroup
+from sapo.training.update import encode_completion, shared_prompt_logits
 
 # Rows per forward pass: the full next-token distribution is kept for every position, so a pass
 # holds rows x completion length x vocabulary floats (SmolLM2: 8 x 128 x 49k x 4 B = 200 MB).

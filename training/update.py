@@ -11,12 +11,12 @@ import torch
 from torch.profiler import record_function  # labels the update's phases for bench/update_profile.py
 
 from sapo.training.config import TrainingSettings
+from sapo.training.generation import ANSWER_CLOSE
 from sapo.training.grpo import clipped_policy_loss
 from sapo.training.hf_cache import CACHE
 from sapo.training.packed_forward import PackedForward, fits, pack_rows, unpack
 from sapo.training.policy import Policy
 from sapo.training.rollouts import TrainingRows
-from sapo.training.generation import ANSWER_CLOSE
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,9 @@ def encode_completion(tokenizer, text: str, ids: list[int], max_completion_token
     return ids
 
 
-def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int) -> torch.Tensor:
+def completion_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_length: int
+) -> torch.Tensor:
     """log p(completion token | everything before it), shape [B, C].
 
     Only the last C+1 positions get logits: the vocabulary projection of prompt positions is
@@ -198,8 +200,9 @@ def shared_prompt_logits(model, prompt: list[int], completions: torch.Tensor) ->
     attention = torch.ones((rows, len(prompt) + width), dtype=torch.long, device=device)
     positions = torch.arange(len(prompt), len(prompt) + width, device=device).expand(rows, width)
     # Padding sits after each completion, so causal attention keeps it out of the real tokens.
-    tail = model(input_ids=completions, attention_mask=attention, position_ids=positions, use_cache=True,
-                 **{CACHE: cache})
+    tail = model(
+        input_ids=completions, attention_mask=attention, position_ids=positions, use_cache=True, **{CACHE: cache}
+    )
     return torch.cat([out.logits[:, -1:, :].expand(rows, 1, -1), tail.logits[:, :-1, :]], dim=1).float()
 
 
@@ -228,7 +231,9 @@ def activation_bytes(config) -> tuple[int, int]:
     Per token, a decoder layer keeps roughly 16 hidden-size and 4 MLP-size fp32 values; each
     completion position adds its vocabulary logits (kept three times: the logits, their fp32
     copy and the log-softmax)."""
-    return 4 * config.num_hidden_layers * (16 * config.hidden_size + 4 * config.intermediate_size), 12 * config.vocab_size
+    return 4 * config.num_hidden_layers * (
+        16 * config.hidden_size + 4 * config.intermediate_size
+    ), 12 * config.vocab_size
 
 
 def auto_micro_batch_size(model, batch: EncodedBatch, activation_budget_bytes: float = ACTIVATION_BUDGET_BYTES) -> int:
@@ -261,7 +266,9 @@ def grpo_update(
     with record_function("update: encode"):
         batch = encode_rows(policy, rows, settings.max_new_tokens)
     if batch is None:
-        return UpdateStats(time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started)
+        return UpdateStats(
+            time.perf_counter() - started, 0, 0, 0.0, 0.0, skipped=True, cpu_seconds=time.process_time() - cpu_started
+        )
     device = policy.device
     policy.model.eval()  # no dropout: old and new log-probs must come from the same function
     advantages = batch.advantages.to(device)
@@ -294,7 +301,11 @@ def grpo_update(
             if step == 0:
                 settle_old_logprobs(batch, old_logprobs, weights, piece, logprobs.detach())
             loss, stats = clipped_policy_loss(
-                logprobs, old_logprobs[piece, :width], advantages[piece] * weights[piece], mask, settings.eps_low,
+                logprobs,
+                old_logprobs[piece, :width],
+                advantages[piece] * weights[piece],
+                mask,
+                settings.eps_low,
                 settings.eps_high,
             )
             share = float(mask.sum()) / step_tokens
@@ -324,8 +335,9 @@ def pass_layout(policy: Policy, batch: EncodedBatch, settings: TrainingSettings)
     if fits(policy.model):
         forward = PackedForward(policy.model, torch.bfloat16 if policy.bf16 else torch.float32)
         return PassLayout(batch, settings.micro_batch_size or len(batch.completions), False, forward)
-    return PassLayout(batch, settings.micro_batch_size or auto_micro_batch_size(policy.model, batch),
-                      batch.shared_prompt_saves())
+    return PassLayout(
+        batch, settings.micro_batch_size or auto_micro_batch_size(policy.model, batch), batch.shared_prompt_saves()
+    )
 
 
 def step_plan(batch: EncodedBatch, settings: TrainingSettings, rng: random.Random) -> list[list[int]]:
@@ -408,4 +420,6 @@ class PassLayout:
                 prompt = batch.prompts[batch.group_of[rows[0]]]
                 return shared_prompt_logprobs(policy.model, prompt, ids.to(device)), mask.to(device)
             ids, attention, mask = batch.padded(rows)
-            return completion_logprobs(policy.model, ids.to(device), attention.to(device), mask.shape[1]), mask.to(device)
+            return completion_logprobs(policy.model, ids.to(device), attention.to(device), mask.shape[1]), mask.to(
+                device
+            )

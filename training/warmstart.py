@@ -16,11 +16,11 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,7 +47,9 @@ class WarmStartSettings(BaseModel):
     # Problems come from a dataset seed no node uses for its own questions.
     dataset_seed: int = Field(default=10_000_019, ge=0)
     answer_noise: float = Field(
-        default=0.0, ge=0.0, lt=1.0,
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
         description="fraction of targets whose answer is a near miss instead of the key: a model that is often "
         "unsure of what it mostly knows (its likeliest answer right, its samples often wrong)",
     )
@@ -137,7 +139,9 @@ class _ProgressReport:
         self.last_line = self.started
         self.watcher = _watcher.get()
         on_terminal = sys.stderr.isatty()
-        self.bar = tqdm(total=total, desc="warm start", unit="step", file=sys.stderr, disable=not on_terminal, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total, desc="warm start", unit="step", file=sys.stderr, disable=not on_terminal, dynamic_ncols=True
+        )
 
     def step(self, done: int, loss: float) -> None:
         now = time.perf_counter()
@@ -148,7 +152,10 @@ class _ProgressReport:
             self.last_line = now
             left = progress.seconds_left
             log.info(
-                "warm start: %d/%d steps, loss %.3f, %s", done, self.total, loss,
+                "warm start: %d/%d steps, loss %.3f, %s",
+                done,
+                self.total,
+                loss,
                 "done" if done == self.total else f"about {_duration(left or 0)} left",
             )
         if self.watcher is not None:
@@ -176,7 +183,9 @@ def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSetting
     progress = _ProgressReport(settings.steps)
     try:
         for step in range(1, settings.steps + 1):
-            problems = sampler.sample(settings.batch_size) if pool is None else coin.choices(pool, k=settings.batch_size)
+            problems = (
+                sampler.sample(settings.batch_size) if pool is None else coin.choices(pool, k=settings.batch_size)
+            )
             loss = _supervised_step(policy, problems, coin, optimizer, settings)
             progress.step(step, loss)
     finally:
@@ -185,7 +194,9 @@ def warm_start(policy: Policy, tasks: list[TaskSpec], settings: WarmStartSetting
     return WarmStartReport(settings.steps, loss, time.perf_counter() - started)
 
 
-def _supervised_step(policy: Policy, problems: list, coin: random.Random, optimizer, settings: WarmStartSettings) -> float:
+def _supervised_step(
+    policy: Policy, problems: list, coin: random.Random, optimizer, settings: WarmStartSettings
+) -> float:
     """One optimizer step on these problems' solutions; its loss."""
     tokenizer = policy.tokenizer
     rows = []
@@ -266,10 +277,15 @@ def _build_warm_start(
     policy = load_policy(source, device=device, seed=model_seed, models_dir=models_dir, prompt_style="auto")
     log.info(
         "warm start of %s: %d supervised steps on %d task(s), once; cached in %s",
-        source, settings.steps, len(tasks), final.parent,
+        source,
+        settings.steps,
+        len(tasks),
+        final.parent,
     )
     report = warm_start(policy, tasks, settings)
-    log.info("warm start of %s: %d steps, final loss %.3f, %.1fs", source, report.steps, report.final_loss, report.seconds)
+    log.info(
+        "warm start of %s: %d steps, final loss %.3f, %.1fs", source, report.steps, report.final_loss, report.seconds
+    )
     partial = final.parent / f".partial-{final.name}-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)

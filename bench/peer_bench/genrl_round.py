@@ -52,7 +52,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    Clock, emit, force_signal, log, peak_rss_mb, read_job, reset_peak_rss, score, summarize, trainable_snapshot,
+    Clock,
+    emit,
+    force_signal,
+    log,
+    peak_rss_mb,
+    read_job,
+    reset_peak_rss,
+    score,
+    summarize,
+    trainable_snapshot,
 )
 
 PASS_THROUGH_TEMPLATE = "{{ messages[-1]['content'] }}"
@@ -66,15 +75,14 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(job["threads"])
     torch.manual_seed(job["seed"])
     import datasets
-    from peft import LoraConfig, get_peft_model
-    from transformers import PreTrainedTokenizerFast
-
     from genrl.communication.local.null_comm import NullCommunicationBackend
     from genrl.data.text_data_managers import SimpleTextDataManager
     from genrl.game.game_manager import BaseGameManager
     from genrl.rewards import DefaultRewardManager, RewardFnStore, RoundRewardFnStore
     from genrl.state import GameState, WorldState
     from genrl.trainer.grpo_trainer import GRPOLanguageTrainerModule, GRPOTrainerConfig
+    from peft import LoraConfig, get_peft_model
+    from transformers import PreTrainedTokenizerFast
 
     datasets.disable_progress_bars()
     started = time.perf_counter()
@@ -89,8 +97,13 @@ def main(argv: list[str]) -> int:
         lora = job["lora"]
         model = get_peft_model(
             model,
-            LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                       target_modules="all-linear", task_type="CAUSAL_LM"),
+            LoraConfig(
+                r=lora["rank"],
+                lora_alpha=lora["alpha"],
+                lora_dropout=lora["dropout"],
+                target_modules="all-linear",
+                task_type="CAUSAL_LM",
+            ),
         )
     config = GRPOTrainerConfig(
         epsilon=job["eps_low"],
@@ -126,8 +139,9 @@ def main(argv: list[str]) -> int:
                     rewards[agent][batch_id].append(force_signal(real) if job["force_signal"] else real)
         return rewards
 
-    rewards = DefaultRewardManager(RewardFnStore(max_rounds=len(job["batches"]) + 1,
-                                                 reward_fn_stores=[RoundRewardFnStore(1, [reward_fn])]))
+    rewards = DefaultRewardManager(
+        RewardFnStore(max_rounds=len(job["batches"]) + 1, reward_fn_stores=[RoundRewardFnStore(1, [reward_fn])])
+    )
     data = SimpleTextDataManager(train_dataset=None, data_generator=lambda **_: None, system_prompt="")
     game = BaseGameManager(
         max_stage=1,
@@ -176,31 +190,35 @@ def main(argv: list[str]) -> int:
         clock.lap("update")
         tokens = sum(int(t) not in special for per_prompt in output_ids for ids in per_prompt for t in ids.tolist())
         flat = [r for group in real_rewards for r in group]
-        rounds.append({
-            **clock.times(),
-            "tokens": tokens,
-            "real_reward_mean": sum(flat) / max(1, len(flat)),
-            "real_signal_groups": sum(len(set(g)) > 1 for g in real_rewards),
-            "sequences": sum(len(g) for g in outputs),
-            "optimizer_steps": optimizer_steps[0],
-        })
+        rounds.append(
+            {
+                **clock.times(),
+                "tokens": tokens,
+                "real_reward_mean": sum(flat) / max(1, len(flat)),
+                "real_signal_groups": sum(len(set(g)) > 1 for g in real_rewards),
+                "sequences": sum(len(g) for g in outputs),
+                "optimizer_steps": optimizer_steps[0],
+            }
+        )
         log(name, f"round {index}: {clock.summary()}, {tokens} tokens")
-    emit({
-        "framework": name,
-        "version": f"gensyn-genrl {version('gensyn-genrl')}, transformers {version('transformers')}, "
-                   f"torch {torch.__version__}",
-        "model": job["model"],
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "load_s": load_s,
-        "round_peak_rss_mb": peak_rss_mb(),
-        "peak_is_round_only": peak_is_round_only,
-        "optimizer_steps": max(r["optimizer_steps"] for r in rounds),
-        "decode_batch": len(job["batches"][0]["prompts"]),  # generate runs G times over the Q questions
-        "weights_changed": trainable_snapshot(model) != trainable_before,
-        "threads": torch.get_num_threads(),
-        **summarize(rounds),
-    })
+    emit(
+        {
+            "framework": name,
+            "version": f"gensyn-genrl {version('gensyn-genrl')}, transformers {version('transformers')}, "
+            f"torch {torch.__version__}",
+            "model": job["model"],
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "load_s": load_s,
+            "round_peak_rss_mb": peak_rss_mb(),
+            "peak_is_round_only": peak_is_round_only,
+            "optimizer_steps": max(r["optimizer_steps"] for r in rounds),
+            "decode_batch": len(job["batches"][0]["prompts"]),  # generate runs G times over the Q questions
+            "weights_changed": trainable_snapshot(model) != trainable_before,
+            "threads": torch.get_num_threads(),
+            **summarize(rounds),
+        }
+    )
     return 0
 
 
@@ -234,19 +252,23 @@ def one_update_step(fields, job: dict) -> dict:
         return {"num_iterations": 1}
     if {"ppo_epochs", "minibatch_size"} <= names:  # 0.3.0
         return {"ppo_epochs": 1, "minibatch_size": len(job["batches"][0]["prompts"]) * job["generations"]}
-    raise SystemExit(f"this genrl's GRPOTrainerConfig has neither num_iterations nor ppo_epochs/minibatch_size: "
-                     f"{sorted(names)}")
+    raise SystemExit(
+        f"this genrl's GRPOTrainerConfig has neither num_iterations nor ppo_epochs/minibatch_size: {sorted(names)}"
+    )
 
 
 def check_prompt(tokenizer, job: dict) -> None:
     """genrl must see the project's prompt token for token, or the comparison is not the same work."""
     prompt = job["batches"][0]["prompts"][0]
-    templated = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                              add_generation_prompt=True)
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
     ids = tokenizer(text=[templated], truncation=True)["input_ids"][0]
     if templated != prompt or ids != job["prompt_token_ids"]:
-        raise SystemExit(f"genrl's prompt differs from the project's: {templated!r} -> {ids[:20]}... "
-                         f"vs {prompt!r} -> {job['prompt_token_ids'][:20]}...")
+        raise SystemExit(
+            f"genrl's prompt differs from the project's: {templated!r} -> {ids[:20]}... "
+            f"vs {prompt!r} -> {job['prompt_token_ids'][:20]}..."
+        )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    emit, force_signal, log, peak_rss_mb, read_job, reset_peak_rss, score, summarize, trainable_snapshot,
+    emit,
+    force_signal,
+    log,
+    peak_rss_mb,
+    read_job,
+    reset_peak_rss,
+    score,
+    summarize,
+    trainable_snapshot,
 )
 
 
@@ -155,28 +163,38 @@ def main(argv: list[str]) -> int:
                 # profiling_context names are "<trainer class>.<name>"
                 return sum(s for name, s in table.items() if name.endswith(suffix))
 
-            generate, generate_cpu = seconds(profiled, ".transformers.generate"), seconds(profiled_cpu, ".transformers.generate")
-            scoring, scoring_cpu = seconds(profiled, "._calculate_rewards"), seconds(profiled_cpu, "._calculate_rewards")
+            generate, generate_cpu = (
+                seconds(profiled, ".transformers.generate"),
+                seconds(profiled_cpu, ".transformers.generate"),
+            )
+            scoring, scoring_cpu = (
+                seconds(profiled, "._calculate_rewards"),
+                seconds(profiled_cpu, "._calculate_rewards"),
+            )
             if not generate:
                 raise RuntimeError(f"TRL reported no generate time; its profiling names were {sorted(profiled)}")
             flat = [r for g in real_rewards for r in g]
-            rounds.append({
-                "generate_s": generate,
-                "score_s": scoring,
-                "update_s": total - generate - scoring,
-                "total_s": total,
-                "generate_cpu_s": generate_cpu,
-                "score_cpu_s": scoring_cpu,
-                "update_cpu_s": total_cpu - generate_cpu - scoring_cpu,
-                "total_cpu_s": total_cpu,
-                "tokens": tokens[0],
-                "real_reward_mean": sum(flat) / max(1, len(flat)),
-                "real_signal_groups": sum(len(set(g)) > 1 for g in real_rewards),
-                "sequences": len(flat),
-                "threads": torch.get_num_threads(),
-            })
+            rounds.append(
+                {
+                    "generate_s": generate,
+                    "score_s": scoring,
+                    "update_s": total - generate - scoring,
+                    "total_s": total,
+                    "generate_cpu_s": generate_cpu,
+                    "score_cpu_s": scoring_cpu,
+                    "update_cpu_s": total_cpu - generate_cpu - scoring_cpu,
+                    "total_cpu_s": total_cpu,
+                    "tokens": tokens[0],
+                    "real_reward_mean": sum(flat) / max(1, len(flat)),
+                    "real_signal_groups": sum(len(set(g)) > 1 for g in real_rewards),
+                    "sequences": len(flat),
+                    "threads": torch.get_num_threads(),
+                }
+            )
             r = rounds[-1]
-            steps = ", ".join(f"{s} {r[f'{s}_s']:.2f}s (CPU {r[f'{s}_cpu_s']:.2f}s)" for s in ("generate", "score", "update"))
+            steps = ", ".join(
+                f"{s} {r[f'{s}_s']:.2f}s (CPU {r[f'{s}_cpu_s']:.2f}s)" for s in ("generate", "score", "update")
+            )
             log("trl", f"round {len(rounds) - 1}: {steps}, {r['tokens']} tokens, {r['sequences']} sequences")
 
     trainer = GRPOTrainer(
@@ -185,8 +203,15 @@ def main(argv: list[str]) -> int:
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
-        peft_config=LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                               target_modules="all-linear", task_type="CAUSAL_LM") if lora else None,
+        peft_config=LoraConfig(
+            r=lora["rank"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+        if lora
+        else None,
         callbacks=[RoundClock()],
     )
     load_s = time.perf_counter() - started
@@ -194,26 +219,30 @@ def main(argv: list[str]) -> int:
     trainer.train()
     wrong = [r["sequences"] for r in rounds if r["sequences"] != questions * G]
     if len(rounds) != len(job["batches"]) or wrong:
-        raise SystemExit(f"TRL ran {len(rounds)} steps with {[r['sequences'] for r in rounds]} sequences; "
-                         f"expected {len(job['batches'])} steps of {questions * G}")
+        raise SystemExit(
+            f"TRL ran {len(rounds)} steps with {[r['sequences'] for r in rounds]} sequences; "
+            f"expected {len(job['batches'])} steps of {questions * G}"
+        )
     if step_prompts != [set(b["prompts"]) for b in job["batches"]]:
         raise SystemExit("TRL's steps did not see the rounds' questions in order")
-    emit({
-        "framework": "trl",
-        "version": f"trl {version('trl')}, transformers {version('transformers')}, torch {torch.__version__}",
-        "model": job["model"],
-        "parameters": sum(p.numel() for p in trainer.model.parameters()),
-        "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
-        "load_s": load_s,
-        "round_peak_rss_mb": peak_rss_mb(),
-        "peak_is_round_only": peak_is_round_only,
-        "optimizer_steps": 1,
-        "micro_batch": micro,
-        "decode_batch": questions * G,  # one generate call for the whole generation batch
-        "weights_changed": trainable_snapshot(trainer.model) != trainable_before[0],
-        "threads": min(r["threads"] for r in rounds),
-        **summarize(rounds),
-    })
+    emit(
+        {
+            "framework": "trl",
+            "version": f"trl {version('trl')}, transformers {version('transformers')}, torch {torch.__version__}",
+            "model": job["model"],
+            "parameters": sum(p.numel() for p in trainer.model.parameters()),
+            "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+            "load_s": load_s,
+            "round_peak_rss_mb": peak_rss_mb(),
+            "peak_is_round_only": peak_is_round_only,
+            "optimizer_steps": 1,
+            "micro_batch": micro,
+            "decode_batch": questions * G,  # one generate call for the whole generation batch
+            "weights_changed": trainable_snapshot(trainer.model) != trainable_before[0],
+            "threads": min(r["threads"] for r in rounds),
+            **summarize(rounds),
+        }
+    )
     return 0
 
 
@@ -222,8 +251,9 @@ def check_prompt(tokenizer, job: dict) -> None:
     prompt = job["batches"][0]["prompts"][0]
     ids = tokenizer(text=[prompt])["input_ids"][0]
     if ids != job["prompt_token_ids"]:
-        raise SystemExit(f"TRL's prompt tokens differ from the project's: {ids[:20]}... vs "
-                         f"{job['prompt_token_ids'][:20]}...")
+        raise SystemExit(
+            f"TRL's prompt tokens differ from the project's: {ids[:20]}... vs {job['prompt_token_ids'][:20]}..."
+        )
 
 
 if __name__ == "__main__":

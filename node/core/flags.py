@@ -13,7 +13,14 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from sapo.node.core.settings import CONCERNS, NodeSettings, field_owner, load_settings, parse_text_value, settings_groups
+from sapo.node.core.settings import (
+    CONCERNS,
+    NodeSettings,
+    field_owner,
+    load_settings,
+    parse_text_value,
+    settings_groups,
+)
 
 
 def flag(name: str) -> str:
@@ -33,7 +40,11 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
             help_text = f"{info.description} (default: {default!s})"
             if info.annotation is bool:
                 group.add_argument(
-                    flag(name), dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
+                    flag(name),
+                    dest=name,
+                    action=argparse.BooleanOptionalAction,
+                    default=argparse.SUPPRESS,
+                    help=help_text,
                 )
             elif typing.get_origin(info.annotation) is list:
                 group.add_argument(flag(name), dest=name, nargs="*", default=argparse.SUPPRESS, help=help_text)
@@ -43,7 +54,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> NodeSettings:
     given: dict[str, Any] = {}
-    for concern, model in CONCERNS.items():
+    for model in CONCERNS.values():
         for name, info in model.model_fields.items():
             if name not in vars(args):
                 continue

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import math
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.refusal_log import RefusalLog
@@ -169,7 +169,9 @@ class Intake:
         group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
         logprobs = self._take((signer, content))
         if not self.keep_groups_without_signal and not has_signal(group.rewards):
-            raise Rejected(RejectReason.no_signal, f"all {len(group.rewards)} completions score {group.rewards[0]:g} here")
+            raise Rejected(
+                RejectReason.no_signal, f"all {len(group.rewards)} completions score {group.rewards[0]:g} here"
+            )
         group = self._with_logprobs(group, logprobs)
         if not self.inbox.add(group, now):
             raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
@@ -203,7 +205,8 @@ class Intake:
         self._pending[key] = (behavior, now)
         self._pending_values += _values(behavior)
         while self._pending and (
-            self._pending_values > LOGPROBS_MAX_VALUES or now - next(iter(self._pending.values()))[1] > LOGPROBS_WAIT_SECONDS
+            self._pending_values > LOGPROBS_MAX_VALUES
+            or now - next(iter(self._pending.values()))[1] > LOGPROBS_WAIT_SECONDS
         ):
             _, (dropped, _) = self._pending.popitem(last=False)
             self._pending_values -= _values(dropped)

@@ -20,7 +20,11 @@ def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:
     # like the paper's 8 x Qwen2.5 every node of a swarm starts from the same one.
     share, shares = map(int, (m.warm_start_share or "0/1").split("/"))
     return WarmStartSettings(
-        steps=steps, tag_rate=m.warm_start_tag_rate, answer_noise=m.warm_start_answer_noise, share=share % shares, shares=shares
+        steps=steps,
+        tag_rate=m.warm_start_tag_rate,
+        answer_noise=m.warm_start_answer_noise,
+        share=share % shares,
+        shares=shares,
     )
 
 

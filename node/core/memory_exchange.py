@@ -11,8 +11,8 @@ nodes run in. Without lockstep a publish is delivered at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import trio
 
@@ -57,14 +57,16 @@ class MemoryHub:
         verifier: Verifier = score_group,
         joins_at: int = 1,
         model_id: str | None = None,
-    ) -> "MemoryExchange":
+    ) -> MemoryExchange:
         """Add a member whose encoder and intake are what its `settings` make of them, as over
         gossip; with `inbox=None` it only publishes. A lockstep round waits only for members that
         have joined by then (`joins_at`), and only they receive its groups."""
         encoder = group_encoder(settings, peer_id, self.rg_version, self.clock, model_id)
         intake = None
         if inbox is not None:
-            intake = node_intake(settings, inbox, counters, peer_id=peer_id, rg_version=self.rg_version, verifier=verifier)
+            intake = node_intake(
+                settings, inbox, counters, peer_id=peer_id, rg_version=self.rg_version, verifier=verifier
+            )
         member = Member(peer_id, encoder, intake, counters, joins_at)
         self.members.append(member)
         return MemoryExchange(self, member)
@@ -94,8 +96,11 @@ class MemoryHub:
         `round_index`, if given), senders in join order; returns the frames delivered."""
         delivered = 0
         now = self.clock()
-        receivers = [(m, m.intake) for m in self.members
-                     if m.intake is not None and (round_index is None or m.joins_at <= round_index)]
+        receivers = [
+            (m, m.intake)
+            for m in self.members
+            if m.intake is not None and (round_index is None or m.joins_at <= round_index)
+        ]
         for sender in self.members:
             for frame in sender.pending_logprobs:
                 for member, intake in receivers:

@@ -21,8 +21,9 @@ import logging
 import os
 import shutil
 from array import array
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from pydantic import BaseModel, Field
 from pydantic_core import from_json
@@ -40,7 +41,9 @@ class RoundRecord(BaseModel):
     reward_mean: float = Field(description="mean reward of this round's local completions")
     cumulative_reward: float = Field(description="running sum of reward_mean (the paper's metric)")
     format_rate: float = Field(description="fraction of local completions with an <answer> tag")
-    accuracy: float = Field(default=0.0, description="fraction of local completions with full credit (partial credit is not accuracy)")
+    accuracy: float = Field(
+        default=0.0, description="fraction of local completions with full credit (partial credit is not accuracy)"
+    )
     heldout: dict[str, float] | None = Field(
         default=None, description="greedy full-credit accuracy per task on the held-out set, on --eval-every rounds"
     )
@@ -50,13 +53,17 @@ class RoundRecord(BaseModel):
     external_planned: int = Field(default=0, description="J this round asked for (an adaptive balance moves it)")
     external_reward_mean: float | None = Field(description="this node's verifier on the external completions used")
     screened_out: int = Field(default=0, description="external groups chosen this round and refused by the screen")
-    screened_completions: int = Field(default=0, description="completions the screen dropped from external groups it kept")
+    screened_completions: int = Field(
+        default=0, description="completions the screen dropped from external groups it kept"
+    )
     screen_seconds: float = Field(default=0.0, description="seconds the screen of the external groups took")
     inbox_size: int
     received: int
     accepted: int = 0
     rejected: dict[str, int]
-    transport: dict[str, int] = Field(default_factory=dict, description="gossip-layer counters: malformed frames, drops")
+    transport: dict[str, int] = Field(
+        default_factory=dict, description="gossip-layer counters: malformed frames, drops"
+    )
     published: int
     accepted_from: dict[str, int] = Field(default_factory=dict, description="verified groups per sending peer")
     peers: list[str]
@@ -100,7 +107,9 @@ class MetricsLog:
         if size > self.max_bytes:
             try:
                 self.compact()
-            except OSError as error:  # a full disk must not stop training: the row is written, and the next round tries again
+            except (
+                OSError
+            ) as error:  # a full disk must not stop training: the row is written, and the next round tries again
                 log.warning("could not compact %s (%s); it stays %d bytes until it can", self.path, error, size)
 
     def truncate_after(self, last_round: int) -> None:

@@ -214,8 +214,11 @@ class Node:
         if self.trust.screen == "typicality" and external:
             limit = self.training.max_new_tokens
             verdict = screen(
-                external, excess_surprise(self.policy, winning(external), limit),
-                excess_surprise(self.policy, winning(generation.groups), limit), reference, self.trust,
+                external,
+                excess_surprise(self.policy, winning(external), limit),
+                excess_surprise(self.policy, winning(generation.groups), limit),
+                reference,
+                self.trust,
             )
             external, refused, reference, dropped = verdict.kept, verdict.refused, verdict.reference, verdict.dropped
             if self.inbox.standing is not None:
@@ -224,10 +227,16 @@ class Node:
         screen_seconds = time.perf_counter() - started
         own = self.own_completions(plan, external, self.use.augment_external)
         prepared = training_set(
-            generation.groups, external, self.use, self.policy.tokenizer_fingerprint,
-            own=own.groups if own else None, augment_tokens=own.new_tokens if own else 0,
+            generation.groups,
+            external,
+            self.use,
+            self.policy.tokenizer_fingerprint,
+            own=own.groups if own else None,
+            augment_tokens=own.new_tokens if own else 0,
         )
-        return replace(prepared, refused=refused, screened_completions=dropped, screen=reference, screen_seconds=screen_seconds)
+        return replace(
+            prepared, refused=refused, screened_completions=dropped, screen=reference, screen_seconds=screen_seconds
+        )
 
     def own_completions(self, plan: RoundPlan, external: list[QuestionGroup], count: int) -> GenerationResult | None:
         """`count` completions of this node's own for each external question, or None."""
@@ -317,7 +326,12 @@ class Node:
         )
 
     def next_state(
-        self, state: NodeState, plan: RoundPlan, record: RoundRecord, selection: Selection, training: TrainingSet,
+        self,
+        state: NodeState,
+        plan: RoundPlan,
+        record: RoundRecord,
+        selection: Selection,
+        training: TrainingSet,
         streams: RandomStreams,
     ) -> NodeState:
         """The state after this round: its totals, what the balance learnt from it, where the
@@ -351,7 +365,12 @@ class Node:
             "settings": self.settings.flat() | {"data_dir": str(self.data_dir)},
         }
         checkpoint = save_checkpoint(
-            self.checkpoints_dir, state.round, write_model, trainer_state, node_state, keep=self.settings.run.keep_checkpoints
+            self.checkpoints_dir,
+            state.round,
+            write_model,
+            trainer_state,
+            node_state,
+            keep=self.settings.run.keep_checkpoints,
         )
         log.info("checkpoint written: %s", checkpoint.path)
         return checkpoint

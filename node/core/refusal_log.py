@@ -43,7 +43,14 @@ class RefusalLog:
         count = sum(self._pending.values())
         reasons = ", ".join(f"{reason} {n}" for reason, n in self._pending.most_common())
         seconds = now - (self._since if self._since is not None else now)
-        log.info("refused %d group(s) from %d peer(s) in %.0f s: %s (latest: %s)", count, len(self._signers), seconds, reasons, self._latest)
+        log.info(
+            "refused %d group(s) from %d peer(s) in %.0f s: %s (latest: %s)",
+            count,
+            len(self._signers),
+            seconds,
+            reasons,
+            self._latest,
+        )
         self._pending.clear()
         self._signers.clear()
         self._last_summary = now

@@ -4,8 +4,9 @@ harness and the benchmarks."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 import trio
 
@@ -55,7 +56,11 @@ Generate = Callable[[Node, RoundPlan, list[Problem], trio.Lock], Awaitable[Gener
 
 
 async def run_round(
-    node: Node, state: NodeState, exchange: Exchange, torch_lock: trio.Lock, clock: Callable[[], float] = time.time,
+    node: Node,
+    state: NodeState,
+    exchange: Exchange,
+    torch_lock: trio.Lock,
+    clock: Callable[[], float] = time.time,
     generate: Generate = generate_alone,
 ) -> RoundResult:
     """Plan the round from the node's state, sample tasks and generate G completions each (local

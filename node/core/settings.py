@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import tomllib
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -47,17 +48,26 @@ class RunSettings(BaseModel):
     )
     keep_checkpoints: int = Field(default=3, ge=1, le=100, description="checkpoints kept on disk")
     seed: int = Field(default=0, ge=0, lt=2**32, description="seed for sampling, tasks and model init")
-    generate_only: bool = Field(default=False, description="publish rollouts but never train (a non-training generator)")
+    generate_only: bool = Field(
+        default=False, description="publish rollouts but never train (a non-training generator)"
+    )
     eval_every: int = Field(
-        default=0, ge=0, description="every K rounds, answer a fixed held-out set greedily and record the accuracy "
-        "per task (`heldout` in metrics.jsonl; 0 = never)"
+        default=0,
+        ge=0,
+        description="every K rounds, answer a fixed held-out set greedily and record the accuracy "
+        "per task (`heldout` in metrics.jsonl; 0 = never)",
     )
     eval_questions: int = Field(default=32, ge=1, le=4096, description="held-out questions per task (--eval-every)")
     log_level: str = Field(default="INFO", description="logging level")
     metrics_port: int | None = Field(
-        default=None, ge=0, le=65535, description="serve Prometheus /metrics on this port (0 = any free port; unset = off)"
+        default=None,
+        ge=0,
+        le=65535,
+        description="serve Prometheus /metrics on this port (0 = any free port; unset = off)",
     )
-    metrics_host: str = Field(default="127.0.0.1", description="address the /metrics server binds (0.0.0.0 in containers)")
+    metrics_host: str = Field(
+        default="127.0.0.1", description="address the /metrics server binds (0.0.0.0 in containers)"
+    )
     judge: str | None = Field(
         default=None,
         description="open judge's multiaddr (ending /p2p/<peer id>): it asks this node a held-out question every "
@@ -69,7 +79,9 @@ class RunSettings(BaseModel):
     @classmethod
     def _data_dir_is_a_directory(cls, path: Path) -> Path:
         if path.exists() and not path.is_dir():
-            raise ValueError(f"data dir {str(path)!r} exists but is not a directory; give a directory (it is created if missing)")
+            raise ValueError(
+                f"data dir {str(path)!r} exists but is not a directory; give a directory (it is created if missing)"
+            )
         return path
 
     @field_validator("judge")
@@ -107,8 +119,26 @@ CONCERNS: dict[str, type[BaseModel]] = {
 # ones a user meets (the model, joining a swarm, the local/external mix, watching the node), then
 # the rest of each concern under what it tunes.
 EVERYDAY = (
-    "model", "device", "lora", "tasks", "local", "external", "balance", "peers", "listen", "swarm", "swarm_key",
-    "data_dir", "rounds", "seed", "generate_only", "torch_threads", "metrics_port", "metrics_host", "judge", "log_level",
+    "model",
+    "device",
+    "lora",
+    "tasks",
+    "local",
+    "external",
+    "balance",
+    "peers",
+    "listen",
+    "swarm",
+    "swarm_key",
+    "data_dir",
+    "rounds",
+    "seed",
+    "generate_only",
+    "torch_threads",
+    "metrics_port",
+    "metrics_host",
+    "judge",
+    "log_level",
 )
 TUNING_GROUPS = {
     "model": "model tuning",
@@ -143,21 +173,25 @@ class NodeSettings(BaseModel):
     run: RunSettings = Field(default_factory=RunSettings)
 
     @model_validator(mode="after")
-    def _settings_agree(self) -> "NodeSettings":
+    def _settings_agree(self) -> NodeSettings:
         if self.run.generate_only and self.sampling.local == 0:
             raise ValueError("--generate-only with --local 0 neither trains nor publishes: give --local at least 1")
         if self.run.generate_only and self.sampling.balance == "adaptive":
-            raise ValueError("--generate-only with --balance adaptive: a node that never trains has no reward gain "
-                             "to balance by; drop --balance or give --balance fixed")
+            raise ValueError(
+                "--generate-only with --balance adaptive: a node that never trains has no reward gain "
+                "to balance by; drop --balance or give --balance fixed"
+            )
         for spec in self.tasks.specs():
             try:
                 check_problem_spec(ProblemSpec(dataset=spec.name, config=spec.config, seed=0, index=0))
             except Rejected as rejected:
                 # peers would refuse every group of ours, so nobody could learn from them
-                raise ValueError(f"--task-config: {rejected.detail}; peers accept only the ranges in protocol/allowlist.py") from None
+                raise ValueError(
+                    f"--task-config: {rejected.detail}; peers accept only the ranges in protocol/allowlist.py"
+                ) from None
         return self
 
-    def updated(self, values: Mapping[str, Any]) -> "NodeSettings":
+    def updated(self, values: Mapping[str, Any]) -> NodeSettings:
         """These settings with `values` (flat field names) laid over them, validated again."""
         owner = field_owner()
         unknown = sorted(set(values) - set(owner))
@@ -263,13 +297,17 @@ def load_settings(
     for source, values in layers:
         for name, value in values.items():
             if name not in owner:
-                raise SettingsError(f"invalid settings:\n  unknown setting {name!r} in {source}; see `sapo-node start --help`")
+                raise SettingsError(
+                    f"invalid settings:\n  unknown setting {name!r} in {source}; see `sapo-node start --help`"
+                )
             merged[owner[name]][name] = value
             source_of[name] = source
     try:
         return NodeSettings(**merged)
     except ValidationError as exc:
-        raise SettingsError("invalid settings:\n  " + "\n  ".join(explain(exc, field_at=1, source_of=source_of))) from None
+        raise SettingsError(
+            "invalid settings:\n  " + "\n  ".join(explain(exc, field_at=1, source_of=source_of))
+        ) from None
 
 
 def explain(exc: ValidationError, field_at: int = 0, source_of: Mapping[str, str] | None = None) -> list[str]:
@@ -285,7 +323,13 @@ def explain(exc: ValidationError, field_at: int = 0, source_of: Mapping[str, str
             continue
         name = str(loc[field_at])
         value = error.get("input")
-        shown = " " + " ".join(map(str, value)) if isinstance(value, list) else "" if isinstance(value, dict) else f" {value!r}"
+        shown = (
+            " " + " ".join(map(str, value))
+            if isinstance(value, list)
+            else ""
+            if isinstance(value, dict)
+            else f" {value!r}"
+        )
         where = f" ({source_of.get(name, 'defaults')})" if source_of is not None else ""
         lines.append(f"--{name.replace('_', '-')}{shown}{where}: {message}")
     return lines

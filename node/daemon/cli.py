@@ -15,7 +15,6 @@ from pathlib import Path
 
 from sapo.node.core.flags import add_settings_arguments, configure_logging, node_settings_from_flags, settings_from_args
 
-
 GIL_SWITCH_SECONDS = 0.001
 
 
@@ -67,7 +66,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from sapo.node.daemon.status import render_text, status_from_data_dir, status_from_url
 
     if (args.data_dir is None) == (args.url is None):
-        raise ValueError("give a node's data directory (sapo-node status DATA_DIR) or its page (--url http://127.0.0.1:9100)")
+        raise ValueError(
+            "give a node's data directory (sapo-node status DATA_DIR) or its page (--url http://127.0.0.1:9100)"
+        )
     status = status_from_url(args.url) if args.url else status_from_data_dir(args.data_dir)
     print(status.model_dump_json(indent=1) if args.json else render_text(status))
     return 0

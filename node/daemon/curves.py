@@ -8,7 +8,7 @@ memory): `Curve` keeps at most MAX_POINTS bins of consecutive rounds, as sums an
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 

@@ -8,14 +8,15 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
-from sapo.node.daemon.curves import RoundHistory
 from sapo.node.core.metrics import RoundRecord
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState
+from sapo.node.daemon.curves import RoundHistory
 from sapo.node.daemon.status import (
     MAX_POINTS,
     JudgeStatus,
@@ -128,14 +129,23 @@ class LiveStatus:
             accepted_from = dict(counters.accepted_from)
         else:
             accepted_from = {}
-        update |= {"dropped": transport.get("inbox_channel_full", 0), "peers_banned": transport.get("peers_banned", 0),
-                   "transport": dict(transport)}
+        update |= {
+            "dropped": transport.get("inbox_channel_full", 0),
+            "peers_banned": transport.get("peers_banned", 0),
+            "transport": dict(transport),
+        }
         if service is not None:
             bans = service.banned_peers()
             update |= {
                 "bans": bans,
-                "peers": peer_rows(service.connected_peers(), service.peer_addresses(), accepted_from, bans,
-                                   service.peer_agents(), service.peer_scores()),
+                "peers": peer_rows(
+                    service.connected_peers(),
+                    service.peer_addresses(),
+                    accepted_from,
+                    bans,
+                    service.peer_agents(),
+                    service.peer_scores(),
+                ),
             }
         update |= self._history.fields()
         return status.model_copy(update=update)

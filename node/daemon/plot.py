@@ -21,7 +21,11 @@ def load_rounds(data_dir: Path, metric: str) -> list[tuple[int, float]]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a torn last line from a crash mid-write
-            if isinstance(row, dict) and isinstance(row.get("round"), int) and isinstance(row.get(metric), (int, float)):
+            if (
+                isinstance(row, dict)
+                and isinstance(row.get("round"), int)
+                and isinstance(row.get(metric), (int, float))
+            ):
                 points.append((row["round"], float(row[metric])))
     return sorted(points)
 

@@ -24,8 +24,12 @@ class NodeMetrics:
         r = self.registry
         self.round = Gauge("sapo_round", "last finished round", registry=r)
         self.reward = Gauge("sapo_local_reward", "mean reward of this round's local completions", registry=r)
-        self.reward_ma = Gauge("sapo_local_reward_ma", f"moving average of sapo_local_reward over {ma_window} rounds", registry=r)
-        self.cumulative = Gauge("sapo_cumulative_reward", "sum of sapo_local_reward over rounds (the paper's metric)", registry=r)
+        self.reward_ma = Gauge(
+            "sapo_local_reward_ma", f"moving average of sapo_local_reward over {ma_window} rounds", registry=r
+        )
+        self.cumulative = Gauge(
+            "sapo_cumulative_reward", "sum of sapo_local_reward over rounds (the paper's metric)", registry=r
+        )
         self.inbox = Gauge("sapo_inbox_groups", "external question groups waiting in the inbox", registry=r)
         self.external = Gauge("sapo_external_groups", "external groups trained on in the last round", registry=r)
         self.received = Counter("sapo_received_groups", "group messages received from peers", registry=r)
@@ -39,21 +43,40 @@ class NodeMetrics:
             ["event"],
             registry=r,
         )
-        self.tokens_per_second = Gauge("sapo_generation_tokens_per_second", "generated tokens per second, last round", registry=r)
-        self.step_seconds = Gauge("sapo_step_seconds", "seconds of the last round, by phase", ["phase"], registry=r)
-        self.accuracy = Gauge("sapo_local_accuracy", "fraction of this round's local completions with full credit", registry=r)
-        self.format_rate = Gauge("sapo_format_rate", "fraction of this round's local completions with an <answer> tag", registry=r)
-        self.external_reward = Gauge(
-            "sapo_external_reward", "this node's verifier on the external completions trained on (last round that had some)", registry=r
+        self.tokens_per_second = Gauge(
+            "sapo_generation_tokens_per_second", "generated tokens per second, last round", registry=r
         )
-        self.heldout = Gauge("sapo_heldout_accuracy", "held-out greedy accuracy by task (--eval-every)", ["task"], registry=r)
+        self.step_seconds = Gauge("sapo_step_seconds", "seconds of the last round, by phase", ["phase"], registry=r)
+        self.accuracy = Gauge(
+            "sapo_local_accuracy", "fraction of this round's local completions with full credit", registry=r
+        )
+        self.format_rate = Gauge(
+            "sapo_format_rate", "fraction of this round's local completions with an <answer> tag", registry=r
+        )
+        self.external_reward = Gauge(
+            "sapo_external_reward",
+            "this node's verifier on the external completions trained on (last round that had some)",
+            registry=r,
+        )
+        self.heldout = Gauge(
+            "sapo_heldout_accuracy", "held-out greedy accuracy by task (--eval-every)", ["task"], registry=r
+        )
         self.accepted = Counter("sapo_accepted_groups", "received groups that passed every check", registry=r)
-        self.accepted_from = Counter("sapo_accepted_groups_from", "accepted groups by the peer that wrote them", ["peer"], registry=r)
+        self.accepted_from = Counter(
+            "sapo_accepted_groups_from", "accepted groups by the peer that wrote them", ["peer"], registry=r
+        )
         self.banned = Gauge("sapo_banned_peers", "peers banned right now", registry=r)
-        self.judge_score = Gauge("sapo_judge_score", "the open judge's pass@1 on this node's latest judged answer", registry=r)
+        self.judge_score = Gauge(
+            "sapo_judge_score", "the open judge's pass@1 on this node's latest judged answer", registry=r
+        )
         self.judged = Gauge("sapo_judged", "answers the judge has scored (this process)", registry=r)
         self.loading = Gauge("sapo_loading", "1 while the node loads its model or warm-starts, else 0", registry=r)
-        self.info = Gauge("sapo_node_info", "always 1; its labels name the node behind a scrape address", ["peer_id", "model"], registry=r)
+        self.info = Gauge(
+            "sapo_node_info",
+            "always 1; its labels name the node behind a scrape address",
+            ["peer_id", "model"],
+            registry=r,
+        )
         self._window: deque[float] = deque(maxlen=ma_window)
         self._seen: dict[str, float] = {}
         self._peers_exported: set[str] = set()  # the peers with an accepted_from series now

@@ -24,7 +24,13 @@ def settings_markdown() -> str:
     owner = field_owner()
     lines = [BEGIN]
     for title, names in settings_groups():
-        lines += ["", f"**{title}**", "", "| flag | environment | TOML table | default | meaning |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"**{title}**",
+            "",
+            "| flag | environment | TOML table | default | meaning |",
+            "|---|---|---|---|---|",
+        ]
         for name in names:
             model = CONCERNS[owner[name]]
             flag = "--" + name.replace("_", "-")

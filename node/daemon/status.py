@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from sapo.node.daemon.curves import MAX_POINTS, CurvePoint, RoundHistory, curve_point  # noqa: F401 - the page's schema
 from sapo.node.core.metrics import METRICS_FILE, RoundRecord
+from sapo.node.daemon.curves import MAX_POINTS, CurvePoint, RoundHistory, curve_point  # noqa: F401 - the page's schema
 
 STATUS_FILE = "status.json"
 FETCH_TIMEOUT_SECONDS = 10.0
@@ -31,7 +32,9 @@ class PeerRow(BaseModel):
     accepted: int = Field(description="its groups that passed every check (accepted_from)")
     banned: bool = False
     agent: str | None = Field(default=None, description="what its libp2p identify says it runs, e.g. sapo/0.3.0")
-    score: float | None = Field(default=None, description="its peer score here (0: nothing held against it; banned at -100)")
+    score: float | None = Field(
+        default=None, description="its peer score here (0: nothing held against it; banned at -100)"
+    )
 
 
 class Progress(BaseModel):
@@ -55,7 +58,9 @@ class JudgeStatus(BaseModel):
     failures: dict[str, int] = Field(default_factory=dict)
 
 
-Phase = Literal["starting", "loading model", "warm start", "waiting for peers", "training", "stopping", "stopped", "finished"]
+Phase = Literal[
+    "starting", "loading model", "warm start", "waiting for peers", "training", "stopping", "stopped", "finished"
+]
 LOADING_PHASES = ("starting", "loading model", "warm start")
 
 
@@ -85,7 +90,8 @@ class NodeStatus(BaseModel):
     accepted: int = 0
     rejected: dict[str, int] = Field(default_factory=dict, description="refused groups by reason")
     logprobs: dict[str, int] = Field(
-        default_factory=dict, description="peers' shared log-probs: received (messages), joined to their group, late, unmatched"
+        default_factory=dict,
+        description="peers' shared log-probs: received (messages), joined to their group, late, unmatched",
     )
     waiting_while_loading: int = Field(default=0, description="received groups held until the model is loaded")
     dropped: int = Field(default=0, description="received groups dropped because the node could not keep up")
@@ -145,8 +151,13 @@ def peer_rows(
 
     def row(p: str, is_connected: bool) -> PeerRow:
         return PeerRow(
-            peer_id=p, addresses=addresses.get(p, []), connected=is_connected, accepted=accepted_from.get(p, 0),
-            banned=p in banned, agent=agents.get(p), score=scores.get(p),
+            peer_id=p,
+            addresses=addresses.get(p, []),
+            connected=is_connected,
+            accepted=accepted_from.get(p, 0),
+            banned=p in banned,
+            agent=agents.get(p),
+            score=scores.get(p),
         )
 
     others = sorted(set(accepted_from) - set(connected), key=lambda p: -accepted_from[p])
@@ -178,7 +189,9 @@ def write_status_file(data_dir: Path, status: NodeStatus) -> None:
 def status_from_data_dir(data_dir: Path) -> NodeStatus:
     """The node's status from its files: the last snapshot it wrote, and all its rounds."""
     if not data_dir.is_dir():
-        raise ValueError(f"{data_dir} is not a node's data directory (no such directory); pass the --data-dir the node ran with")
+        raise ValueError(
+            f"{data_dir} is not a node's data directory (no such directory); pass the --data-dir the node ran with"
+        )
     path = data_dir / STATUS_FILE
     base = NodeStatus(source="files", updated=time.time(), data_dir=str(data_dir))
     if path.exists():
@@ -187,7 +200,9 @@ def status_from_data_dir(data_dir: Path) -> NodeStatus:
         except ValidationError:
             pass  # from another release of sapo: the round records still tell most of it
     elif not (data_dir / METRICS_FILE).exists():
-        raise ValueError(f"{data_dir} holds neither {STATUS_FILE} nor metrics.jsonl: has a node run with --data-dir {data_dir}?")
+        raise ValueError(
+            f"{data_dir} holds neither {STATUS_FILE} nor metrics.jsonl: has a node run with --data-dir {data_dir}?"
+        )
     if base.phase not in ("stopped", "finished") and base.pid is not None and not _alive(base.pid):
         base = base.model_copy(update={"phase": "stopped"})  # killed without a last word
     return from_records(read_records(data_dir), base)
@@ -202,7 +217,9 @@ def status_from_url(url: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> NodeSta
         with urllib.request.urlopen(base, timeout=timeout) as response:
             return NodeStatus.model_validate_json(response.read())
     except OSError as error:
-        raise ValueError(f"no node answered at {base} ({error}); is it running with --metrics-port, and is that its port?") from None
+        raise ValueError(
+            f"no node answered at {base} ({error}); is it running with --metrics-port, and is that its port?"
+        ) from None
     except ValidationError as error:
         raise ValueError(f"{base} did not answer with a sapo node status: {error.errors()[0]['msg']}") from None
 
@@ -287,7 +304,9 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
             lines.append("external   no external groups trained on yet")
         if status.heldout:
             tasks = ", ".join(f"{task} {value:.2f}" for task, value in sorted(status.heldout.items()))
-            lines.append(f"held-out   {sum(status.heldout.values()) / len(status.heldout):.3f} at round {status.heldout_round} ({tasks})")
+            lines.append(
+                f"held-out   {sum(status.heldout.values()) / len(status.heldout):.3f} at round {status.heldout_round} ({tasks})"
+            )
         lines.append(
             f"round time {last.round_seconds:.1f} s: generation {last.generate_seconds:.1f} s, update {last.train_seconds:.1f} s"
         )
@@ -298,24 +317,34 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
         where = ", ".join(peer.addresses) or ("connected" if peer.connected else "not connected")
         flags = " BANNED" if peer.banned else ""
         score = f"  score {peer.score:g}" if peer.score else ""
-        lines.append(f"  {_short(peer.peer_id):<21} {peer.agent or '?':<18} {peer.accepted:>6} accepted  {where}{flags}{score}")
-    rejected = ", ".join(f"{reason} {count}" for reason, count in sorted(status.rejected.items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"  {_short(peer.peer_id):<21} {peer.agent or '?':<18} {peer.accepted:>6} accepted  {where}{flags}{score}"
+        )
+    rejected = ", ".join(
+        f"{reason} {count}" for reason, count in sorted(status.rejected.items(), key=lambda kv: -kv[1])
+    )
     lines.append(
         f"inbox      {status.inbox_size} group(s); received {status.received}, accepted {status.accepted}, "
         f"rejected {sum(status.rejected.values())}" + (f" ({rejected})" if rejected else "")
     )
     if status.waiting_while_loading or status.dropped:
-        lines.append(f"           {status.waiting_while_loading} waiting for the model to load, {status.dropped} dropped (node too busy)")
-    lines.append(f"bans       {len(status.bans)} now, {status.peers_banned} so far" + (f": {', '.join(map(_short, status.bans))}" if status.bans else ""))
+        lines.append(
+            f"           {status.waiting_while_loading} waiting for the model to load, {status.dropped} dropped (node too busy)"
+        )
+    lines.append(
+        f"bans       {len(status.bans)} now, {status.peers_banned} so far"
+        + (f": {', '.join(map(_short, status.bans))}" if status.bans else "")
+    )
     manners = {k: v for k, v in status.transport.items() if k.startswith(NETWORK_NOTES)}
     if manners:
         lines.append("network    " + ", ".join(f"{k} {v}" for k, v in sorted(manners.items())))
     if status.judge is not None:
         j = status.judge
         if j.last_score is not None:
-            lines.append(f"judge      pass@1 {j.last_score:.2f} at round {j.last_round} ({j.judged} judged, mean {j.mean_score:.2f})")
+            lines.append(
+                f"judge      pass@1 {j.last_score:.2f} at round {j.last_round} ({j.judged} judged, mean {j.mean_score:.2f})"
+            )
         else:
             failures = ", ".join(f"{k} {v}" for k, v in j.failures.items())
             lines.append(f"judge      not judged yet (every {j.every} rounds)" + (f"; {failures}" if failures else ""))
     return "\n".join(lines)
-

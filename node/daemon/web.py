@@ -9,8 +9,8 @@ is fetched from elsewhere: the page works on a machine without internet access.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from importlib import resources
-from typing import Callable
 
 import trio
 
@@ -50,11 +50,20 @@ class Routes:
         if path == "/metrics":
             self.metrics.observe_status(self.status())
             return self.metrics.render(), "200 OK", CONTENT_TYPE
-        return b"not found; try / (the page), /api/status (its JSON) or /metrics (Prometheus)\n", "404 Not Found", "text/plain"
+        return (
+            b"not found; try / (the page), /api/status (its JSON) or /metrics (Prometheus)\n",
+            "404 Not Found",
+            "text/plain",
+        )
 
 
 async def serve_page(
-    metrics: NodeMetrics, status: Callable[[], NodeStatus], host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED
+    metrics: NodeMetrics,
+    status: Callable[[], NodeStatus],
+    host: str,
+    port: int,
+    *,
+    task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     routes = Routes(metrics, status)
     listeners = await trio.open_tcp_listeners(port, host=host)

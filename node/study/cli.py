@@ -39,11 +39,15 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         from sapo.node.study.summary import resummarize
 
         summary = resummarize(Path(args.resummarize), int(args.ma_window) if getattr(args, "ma_window", None) else None)
-        print(f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds")
+        print(
+            f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds"
+        )
         return 0
     node_flags = experiment_node_flags(args.node_args)
     base = node_settings_from_flags(node_flags)
-    study = ExperimentSettings(**{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)})
+    study = ExperimentSettings(
+        **{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)}
+    )
     if study.shared_base and not base.model.lora:
         from sapo.node.core.settings import SettingsError
 
@@ -54,8 +58,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     configure_logging(base.run.log_level)
     configure_torch_threads(base.model.torch_threads)  # the runs this process does itself (--jobs 1)
     summary = run_experiment(study, base, node_flags)
-    print(f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
-          f"in {summary['timing']['wall_seconds']:.0f}s", flush=True)
+    print(
+        f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
+        f"in {summary['timing']['wall_seconds']:.0f}s",
+        flush=True,
+    )
     return 0
 
 
@@ -76,8 +83,9 @@ def add_commands(sub) -> None:
         default = info.get_default(call_default_factory=True)
         help_text = f"{info.description} (default: {','.join(default) if isinstance(default, list) else default})"
         if info.annotation is bool:
-            experiment.add_argument(flag(name), dest=name, action=argparse.BooleanOptionalAction,
-                                    default=argparse.SUPPRESS, help=help_text)
+            experiment.add_argument(
+                flag(name), dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
+            )
         else:
             experiment.add_argument(flag(name), dest=name, default=argparse.SUPPRESS, help=help_text)
     experiment.set_defaults(func=cmd_experiment, takes_node_flags=True)

@@ -23,8 +23,38 @@ SPREAD_WINDOW = 5
 SPREAD_FORMAT = 0.9
 SPREAD_ACCURACY = 0.5
 # Student's t at 97.5 % for 1..30 degrees of freedom (a 95 % two-sided interval); 1.96 beyond.
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+T_975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 RATIO_METRICS = ("cumulative_accuracy", "cumulative_reward")
 
 
@@ -120,7 +150,9 @@ def run_metrics(per_node_rows: list[list[dict]], rounds: int, window: int) -> di
     }
 
 
-def late_joiner_metrics(joiners: list[list[dict]], founders: list[list[dict]], last_round: int) -> dict[str, Any] | None:
+def late_joiner_metrics(
+    joiners: list[list[dict]], founders: list[list[dict]], last_round: int
+) -> dict[str, Any] | None:
     """What the nodes that joined late learned over their first k rounds (up to `last_round`),
     against what the nodes that started the run learned over their own first k rounds: both
     begin at the same warm start, so the difference is what an older swarm gave the newcomers."""
@@ -168,6 +200,7 @@ def ratio_interval(ratios: list[float]) -> dict[str, Any] | None:
 def reference_arms(config: MixConfig, configs: list[MixConfig]) -> dict[str, str]:
     """The arms a config is compared with: T/0 (same I+J, no external groups: the paper's
     baseline, matched batch) and I/0 (same I: matched generation)."""
+
     def local_only(local: int) -> str | None:
         return next((c.name for c in configs if not c.adaptive and c.external == 0 and c.local == local), None)
 
@@ -184,8 +217,16 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
         seeds = runs[config.name]
         entry: dict[str, Any] = {
             key: mean_std([s[key] for s in seeds])
-            for key in ("cumulative_accuracy", "cumulative_reward", "accuracy_start", "accuracy_end", "format_end",
-                        "external_groups", "generated_tokens", "update_tokens")
+            for key in (
+                "cumulative_accuracy",
+                "cumulative_reward",
+                "accuracy_start",
+                "accuracy_end",
+                "format_end",
+                "external_groups",
+                "generated_tokens",
+                "update_tokens",
+            )
         }
         for curve in ("accuracy", "reward"):
             entry[f"{curve}_peak_ma"] = mean_std([s[curve]["peak_ma"] for s in seeds])
@@ -197,8 +238,13 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
             entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
         for label, ref in reference_arms(config, configs).items():
             pairs = list(zip(seeds, runs[ref]))
-            ratios = {metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0]) for metric in RATIO_METRICS}
-            entry[f"ratio_to_{label}"] = {"reference": ref} | {metric: r for metric, r in ratios.items() if r is not None}
+            ratios = {
+                metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0])
+                for metric in RATIO_METRICS
+            }
+            entry[f"ratio_to_{label}"] = {"reference": ref} | {
+                metric: r for metric, r in ratios.items() if r is not None
+            }
         if all(s.get("late_joiners") for s in seeds):
             entry["late_joiners"] = late_joiner_summary(config, configs, seeds, runs)
         entry["spread"] = {
@@ -209,14 +255,19 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
             }
             for kind in ("format", "accuracy")
         }
-        entry |= {"local": config.local, "external": config.external, "adaptive": config.adaptive,
-                  "treatments": list(config.treatments)}
+        entry |= {
+            "local": config.local,
+            "external": config.external,
+            "adaptive": config.adaptive,
+            "treatments": list(config.treatments),
+        }
         out[config.name] = entry
     return out
 
 
-def per_model_results(configs: list[MixConfig], founders: dict[tuple[str, int], list[list[dict]]], seeds: int,
-                      rounds: int, window: int) -> dict[str, Any]:
+def per_model_results(
+    configs: list[MixConfig], founders: dict[tuple[str, int], list[list[dict]]], seeds: int, rounds: int, window: int
+) -> dict[str, Any]:
     """In a study whose nodes run different models (--mixed-sizes, --mixed-tokenizers), each
     model's own numbers: every config summarised over that model's nodes only, with its ratios
     paired per seed against the same model's nodes in the reference arms. A swarm-wide ratio can
@@ -227,14 +278,21 @@ def per_model_results(configs: list[MixConfig], founders: dict[tuple[str, int], 
         return {}
     out: dict[str, Any] = {}
     for model in models:
-        runs = {c.name: [run_metrics([r for r in founders[(c.name, s)] if model_of(r) == model], rounds, window) | {"seed": s}
-                         for s in range(seeds)] for c in configs}
+        runs = {
+            c.name: [
+                run_metrics([r for r in founders[(c.name, s)] if model_of(r) == model], rounds, window) | {"seed": s}
+                for s in range(seeds)
+            ]
+            for c in configs
+        }
         nodes = sum(model_of(r) == model for r in founders[(configs[0].name, 0)])
         out[model] = {"nodes": nodes, "results": summarize(configs, runs)}
     return out
 
 
-def late_joiner_summary(config: MixConfig, configs: list[MixConfig], seeds: list[dict], runs: dict[str, list[dict]]) -> dict[str, Any]:
+def late_joiner_summary(
+    config: MixConfig, configs: list[MixConfig], seeds: list[dict], runs: dict[str, list[dict]]
+) -> dict[str, Any]:
     """The late joiners of a config over seeds: their learning, how it compares with the founders'
     first rounds, and with the late joiners of the reference arms (paired per seed)."""
     late = [s["late_joiners"] for s in seeds]
@@ -249,8 +307,13 @@ def late_joiner_summary(config: MixConfig, configs: list[MixConfig], seeds: list
         entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
     for label, ref in reference_arms(config, configs).items():
         pairs = [(s["late_joiners"], r.get("late_joiners")) for s, r in zip(seeds, runs[ref])]
-        ratio = ratio_interval([s["cumulative_accuracy"] / r["cumulative_accuracy"] for s, r in pairs
-                                if r and r["cumulative_accuracy"] > 0])
+        ratio = ratio_interval(
+            [
+                s["cumulative_accuracy"] / r["cumulative_accuracy"]
+                for s, r in pairs
+                if r and r["cumulative_accuracy"] > 0
+            ]
+        )
         if ratio is not None:
             entry[f"ratio_to_{label}"] = {"reference": ref, "cumulative_accuracy": ratio}
     return entry

@@ -115,7 +115,7 @@ class StudyRun:
     """The members of one config x seed run, sharing one lockstep hub and one round clock, and
     how their rounds generate (each alone, or one batch on a shared base)."""
 
-    clock: "RoundClock"
+    clock: RoundClock
     hub: MemoryHub
     learners: list[Learner]
     solvers: list[ScriptedPeer]
@@ -143,20 +143,31 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
         records = RecordsInMemory(settings.run.data_dir / METRICS_FILE)
         node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks, policy=policy, metrics=records)
         receives = config.adaptive or config.external > 0
-        exchange = hub.join(node.peer_id, settings, inbox=node.inbox if receives else None, counters=node.counters,
-                            verifier=node.verifier, joins_at=study.joins_at(k))
+        exchange = hub.join(
+            node.peer_id,
+            settings,
+            inbox=node.inbox if receives else None,
+            counters=node.counters,
+            verifier=node.verifier,
+            joins_at=study.joins_at(k),
+        )
         # a late joiner's rounds are numbered from its join round, like everyone's in that round
         state = node.start_state().model_copy(update={"round": study.joins_at(k) - 1})
         learners.append(Learner(k, node, exchange, state, records, study.joins_at(k)))
     solvers = []
     for k in range(study.scripted_solvers):
         peer_seed = base.run.seed + 1000 * seed + 500 + k
-        exchange = hub.join(peer_id_for(seed, k, "solver"), every[0], inbox=None, counters=NodeCounters(), model_id="scripted")
+        exchange = hub.join(
+            peer_id_for(seed, k, "solver"), every[0], inbox=None, counters=NodeCounters(), model_id="scripted"
+        )
         solvers.append(
             ScriptedPeer(
-                k, ScriptedSolver(study.solver_accuracy, seed=peer_seed),
-                TaskSampler(base.tasks.specs(), dataset_seed=peer_seed, rng_seed=peer_seed), exchange,
-                base.training.generations, config.local,
+                k,
+                ScriptedSolver(study.solver_accuracy, seed=peer_seed),
+                TaskSampler(base.tasks.specs(), dataset_seed=peer_seed, rng_seed=peer_seed),
+                exchange,
+                base.training.generations,
+                config.local,
             )
         )
     if shared is None:
@@ -174,7 +185,14 @@ def shared_base(every: list[NodeSettings]):
 
     m = every[0].model
     return SharedLoraBase(
-        m.model, len(every), lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank), seeds=[s.run.seed for s in every],
-        models_dir=m.models_dir or every[0].run.data_dir / "models", device=m.device, prompt_style=m.prompt_style,
-        one_shot=m.one_shot, precision=m.precision, generation_precision=m.generation_precision,
+        m.model,
+        len(every),
+        lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank),
+        seeds=[s.run.seed for s in every],
+        models_dir=m.models_dir or every[0].run.data_dir / "models",
+        device=m.device,
+        prompt_style=m.prompt_style,
+        one_shot=m.one_shot,
+        precision=m.precision,
+        generation_precision=m.generation_precision,
     )

@@ -15,8 +15,14 @@ def _band(axis, x, family, label):
     (line,) = axis.plot(x, mean, label=label, linewidth=1.6, marker="o" if len(mean) < 3 else None)
     if len(family) > 1:
         std = [statistics.stdev(col) for col in zip(*family)]
-        axis.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                          color=line.get_color(), alpha=0.15, linewidth=0)
+        axis.fill_between(
+            x,
+            [m - s for m, s in zip(mean, std)],
+            [m + s for m, s in zip(mean, std)],
+            color=line.get_color(),
+            alpha=0.15,
+            linewidth=0,
+        )
 
 
 def plot_curves(runs: dict[str, list[dict]], configs: list[MixConfig], window: int, path: Path) -> None:
@@ -68,7 +74,9 @@ def plot_late_joiners(axis, runs: dict[str, list[dict]], configs: list[MixConfig
         _band(axis, x, joiners, f"{config.name} joiners")
         founders = [moving_average(s["accuracy"]["mean_curve"][:k], w) for s in seeds]
         mean = [statistics.fmean(col) for col in zip(*founders)]
-        axis.plot(x, mean, linestyle="--", linewidth=1.0, color=axis.lines[-1].get_color(), label=f"{config.name} founders")
+        axis.plot(
+            x, mean, linestyle="--", linewidth=1.0, color=axis.lines[-1].get_color(), label=f"{config.name} founders"
+        )
     join_round = next(iter(runs.values()))[0]["late_joiners"]["join_round"]
     axis.set_xlabel("rounds since joining")
     axis.set_ylabel(f"accuracy (MA {window})")

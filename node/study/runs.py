@@ -40,7 +40,12 @@ log = logging.getLogger("sapo.experiment")
 
 
 def run_one(
-    study: ExperimentSettings, base: NodeSettings, config: MixConfig, seed: int, progress=None, deadline: float | None = None
+    study: ExperimentSettings,
+    base: NodeSettings,
+    config: MixConfig,
+    seed: int,
+    progress=None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """One config x seed: build the nodes, run the rounds, write the run's raw.jsonl and metrics.
 
@@ -56,9 +61,12 @@ def run_one(
     with (run_dir / "raw.jsonl").open("w") as raw:
 
         def write_round(round_index: int, results: list[RoundResult | None]) -> None:
-            rows = [round_row(config, seed, learner.index, learner.node.settings.model.model, result.record)
-                    | ({"joined": learner.joins_at} if learner.joins_at > 1 else {})
-                    for learner, result in zip(run.learners, results) if result is not None]
+            rows = [
+                round_row(config, seed, learner.index, learner.node.settings.model.model, result.record)
+                | ({"joined": learner.joins_at} if learner.joins_at > 1 else {})
+                for learner, result in zip(run.learners, results)
+                if result is not None
+            ]
             raw.writelines(json.dumps(row) + "\n" for row in rows)
             raw.flush()  # a long study can be inspected (or salvaged) while it runs
             if progress is not None:
@@ -71,9 +79,12 @@ def run_one(
         learner.records.flush()
     seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
     # CPU time too: on a shared machine it predicts an uncontended run better than wall time
-    return {"setup": setup_seconds, "total": seconds,
-            "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
-            "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes)}
+    return {
+        "setup": setup_seconds,
+        "total": seconds,
+        "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
+        "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes),
+    }
 
 
 async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_round) -> int:
@@ -163,8 +174,12 @@ def run_over_libp2p(
         for r in range(1, study.rounds + 1):
             progress(config.name, seed, r, float("nan"))
     seconds = time.perf_counter() - started
-    return {"setup": 0.0, "total": seconds, "per_node_round": seconds / max(1, study.rounds * study.nodes),
-            "cpu_per_node_round": None}
+    return {
+        "setup": 0.0,
+        "total": seconds,
+        "per_node_round": seconds / max(1, study.rounds * study.nodes),
+        "cpu_per_node_round": None,
+    }
 
 
 def out_dir_of(study: ExperimentSettings, config: MixConfig, seed: int) -> Path:
@@ -209,15 +224,18 @@ def _run_all(
         return {(c.name, s): run_one(study, base, c, s, progress, deadline) for c, s in plan}
     import multiprocessing
     import queue as queue_module
-    from multiprocessing.managers import SyncManager
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing.managers import SyncManager
 
     context = multiprocessing.get_context("spawn")  # no forked torch or tokenizer thread state
     manager = SyncManager(ctx=context)  # the progress queue's server, a process of its own
     manager.start(_die_with_parent, (os.getpid(),))
-    with manager, ProcessPoolExecutor(
-        max_workers=jobs, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
-    ) as pool:
+    with (
+        manager,
+        ProcessPoolExecutor(
+            max_workers=jobs, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
+        ) as pool,
+    ):
         updates = manager.Queue()
         futures = {pool.submit(_run_in_worker, study, base, c, s, updates, deadline): (c.name, s) for c, s in plan}
         pending = set(futures)
@@ -231,7 +249,9 @@ def _run_all(
         return {futures[f]: f.result() for f in futures}
 
 
-def run_experiment(study: ExperimentSettings, base: NodeSettings, node_flags: list[str] | None = None) -> dict[str, Any]:
+def run_experiment(
+    study: ExperimentSettings, base: NodeSettings, node_flags: list[str] | None = None
+) -> dict[str, Any]:
     """Run every config x seed, write the outputs into study.out, and return summary.json's content.
 
     `node_flags` (the flags `base` was parsed from) are what libp2p runs pass to each node process."""
@@ -241,8 +261,13 @@ def run_experiment(study: ExperimentSettings, base: NodeSettings, node_flags: li
     out = study.out
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    bar = tqdm(total=len(configs) * study.seeds * study.rounds, file=sys.stderr, disable=not study.progress,
-               unit="round", dynamic_ncols=True)
+    bar = tqdm(
+        total=len(configs) * study.seeds * study.rounds,
+        file=sys.stderr,
+        disable=not study.progress,
+        unit="round",
+        dynamic_ncols=True,
+    )
 
     def progress(config: str, seed: int, round_index: int, accuracy: float) -> None:
         bar.set_description(f"{config} seed {seed}")
@@ -257,12 +282,16 @@ def run_experiment(study: ExperimentSettings, base: NodeSettings, node_flags: li
                 raw.write((out_dir_of(study, config, seed) / "raw.jsonl").read_text())
     meta = {
         "round_visibility": "same round: all nodes generate and publish, then delivery, then mix and train"
-        if study.transport == "memory" else "libp2p: each node on its own clock; what it received before mixing",
+        if study.transport == "memory"
+        else "libp2p: each node on its own clock; what it received before mixing",
         "node_settings": base.flat(),
         "nodes": node_table(base, study),
         "warm_start": warm_start_recipe(base, study),
         "reasoning_gym": reasoning_gym_version(),
-        "timing": {"wall_seconds": time.perf_counter() - started, "jobs": job_count(study, len(configs) * study.seeds),
-                   "runs": {f"{name} seed {seed}": times for (name, seed), times in seconds.items()}},
+        "timing": {
+            "wall_seconds": time.perf_counter() - started,
+            "jobs": job_count(study, len(configs) * study.seeds),
+            "runs": {f"{name} seed {seed}": times for (name, seed), times in seconds.items()},
+        },
     }
     return write_outputs(study, configs, read_rows(out), meta)

@@ -20,9 +20,24 @@ EXPERIMENT_NODE_DEFAULTS = ["--model", "tiny-micro", "--torch-threads", "1", "--
 # prototype, and a held-out evaluation every 25 rounds. Isolation (8/0) then learns answers,
 # not only the format: over 250 rounds sampled accuracy went 0.29 -> 0.51, held-out 0.47 -> 0.78.
 EXPERIMENT_TINY_DEFAULTS = [
-    "--tasks", "basic_arithmetic", "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}',
-    "--max-new-tokens", "24", "--warm-start-steps", "2000", "--warm-start-answer-noise", "0.6",
-    "--warm-start-tag-rate", "1.0", "--lr", "3e-4", "--eval-every", "25", "--eval-questions", "50",
+    "--tasks",
+    "basic_arithmetic",
+    "--task-config",
+    '{"basic_arithmetic": {"operators": ["+"]}}',
+    "--max-new-tokens",
+    "24",
+    "--warm-start-steps",
+    "2000",
+    "--warm-start-answer-noise",
+    "0.6",
+    "--warm-start-tag-rate",
+    "1.0",
+    "--lr",
+    "3e-4",
+    "--eval-every",
+    "25",
+    "--eval-questions",
+    "50",
 ]
 CLOCK_EPOCH = 1_700_000_000.0
 MA_WINDOW = 100
@@ -50,7 +65,12 @@ METRIC_DEFINITIONS = {
 # the adaptive balance) and the ExternalUse these make of the defaults.
 TREATMENTS: dict[str, dict[str, Any]] = {
     # the paper's controlled run: drop all-zero-advantage groups, sample uniformly, train on every row
-    "paper": {"sampler": "nonzero-uniform", "off_policy_rows": "all", "external_credit": "partial", "augment_external": 0},
+    "paper": {
+        "sampler": "nonzero-uniform",
+        "off_policy_rows": "all",
+        "external_credit": "partial",
+        "augment_external": 0,
+    },
     "positive": {"off_policy_rows": "positive"},  # a peer's completions train only with positive advantage
     "exact": {"external_credit": "exact"},  # a peer's completions earn 1 only for a fully correct answer
     "hascorrect": {"sampler": "has-correct"},  # only mixed groups holding a fully correct answer
@@ -89,8 +109,11 @@ class MixConfig:
     def node_overrides(self) -> dict[str, Any]:
         """The node settings this arm sets: its I/J, its balance and its treatments (one mapping for
         the in-process nodes and the flags of libp2p node processes alike)."""
-        overrides: dict[str, Any] = {"local": self.local, "external": self.external,
-                                     "balance": "adaptive" if self.adaptive else "fixed"}
+        overrides: dict[str, Any] = {
+            "local": self.local,
+            "external": self.external,
+            "balance": "adaptive" if self.adaptive else "fixed",
+        }
         for name in self.treatments:
             overrides |= TREATMENTS[name]
         return overrides
@@ -141,7 +164,10 @@ class ExperimentSettings(BaseModel):
     )
     rounds: int = Field(default=100, ge=1, le=100_000, description="rounds per run")
     seeds: int = Field(
-        default=1, ge=1, le=100, description="runs per config, seeds 0..N-1 (node k of seed s gets node seed --seed + 1000s + k)"
+        default=1,
+        ge=1,
+        le=100,
+        description="runs per config, seeds 0..N-1 (node k of seed s gets node seed --seed + 1000s + k)",
     )
     out: Path = Field(default=Path("sapo-experiment"), description="output directory")
     specialists: Literal["none", "tasks", "questions"] = Field(
@@ -152,28 +178,41 @@ class ExperimentSettings(BaseModel):
     mixed_sizes: bool = Field(default=False, description="node models cycle tiny-micro, tiny-small, tiny")
     mixed_tokenizers: bool = Field(default=False, description="node models alternate tiny (char) and tiny-bpe")
     scripted_solvers: int = Field(default=0, ge=0, le=64, description="extra generate-only peers that answer by script")
-    solver_accuracy: float = Field(default=0.5, ge=0, le=1, description="probability a scripted solver's answer is correct")
+    solver_accuracy: float = Field(
+        default=0.5, ge=0, le=1, description="probability a scripted solver's answer is correct"
+    )
     format_discovery: float | None = Field(
-        default=None, ge=0, le=1,
+        default=None,
+        ge=0,
+        le=1,
         description="warm-start tag rate for all nodes below 1, so the <answer> format must be discovered (default: the "
         "node setting --warm-start-tag-rate)",
     )
     late_joiners: int = Field(
-        default=0, ge=0, le=63,
+        default=0,
+        ge=0,
+        le=63,
         description="the last K learning nodes of each run join at --join-round: before it they neither generate, "
         "publish nor receive, and then start from the warm start like the others did",
     )
     join_round: int | None = Field(
-        default=None, ge=2, le=100_000, description="the round late joiners start at (default: half the rounds, plus one)"
+        default=None,
+        ge=2,
+        le=100_000,
+        description="the round late joiners start at (default: half the rounds, plus one)",
     )
     shared_base: bool = Field(
         default=False,
         description="the learners of a run are LoRA adapters (needs --lora) of one base model in memory, and their "
         "round's generation is one mixed batch through it",
     )
-    round_seconds: float = Field(default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)")
+    round_seconds: float = Field(
+        default=1000.0, gt=0, description="simulated seconds per round (inbox ages use this clock)"
+    )
     ma_window: int | None = Field(
-        default=None, ge=1, le=10_000,
+        default=None,
+        ge=1,
+        le=10_000,
         description="moving-average window of the curves and peak/oscillation metrics (default: 100, the paper's, "
         "or a third of the rounds if that is shorter)",
     )
@@ -186,7 +225,9 @@ class ExperimentSettings(BaseModel):
         "processes on 127.0.0.1 (a fidelity check; homogeneous fixed I/J only)",
     )
     max_minutes: float | None = Field(
-        default=None, gt=0, description="stop starting rounds after this long; configs are compared over the rounds all completed"
+        default=None,
+        gt=0,
+        description="stop starting rounds after this long; configs are compared over the rounds all completed",
     )
     jobs: int | None = Field(
         default=None, ge=1, le=256, description="runs in parallel, one process each (default: one per CPU core)"
@@ -209,7 +250,7 @@ class ExperimentSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "ExperimentSettings":
+    def _check(self) -> ExperimentSettings:
         parse_configs(self.configs)
         if len(set(self.configs)) != len(self.configs):
             raise ValueError(f"configs repeat: {self.configs}")
@@ -219,8 +260,10 @@ class ExperimentSettings(BaseModel):
             unsupported += ["scripted_solvers"] if self.scripted_solvers else []
             unsupported += ["adaptive"] if "adaptive" in self.configs else []
             if unsupported:
-                raise ValueError(f"--transport libp2p runs homogeneous fixed-I/J studies; drop {', '.join(unsupported)} "
-                                 "or use the in-memory transport")
+                raise ValueError(
+                    f"--transport libp2p runs homogeneous fixed-I/J studies; drop {', '.join(unsupported)} "
+                    "or use the in-memory transport"
+                )
         if self.mixed_sizes and self.mixed_tokenizers:
             raise ValueError("choose one of --mixed-sizes and --mixed-tokenizers")
         if self.shared_base:
@@ -231,13 +274,17 @@ class ExperimentSettings(BaseModel):
                 raise ValueError(f"--shared-base puts every learner on one base model; drop {', '.join(conflicting)}")
         if self.late_joiners:
             if self.late_joiners >= self.nodes:
-                raise ValueError(f"--late-joiners {self.late_joiners} leaves no node to start the run with --nodes "
-                                 f"{self.nodes}; use fewer than --nodes")
+                raise ValueError(
+                    f"--late-joiners {self.late_joiners} leaves no node to start the run with --nodes "
+                    f"{self.nodes}; use fewer than --nodes"
+                )
             if self.transport == "libp2p":
                 raise ValueError("--late-joiners needs the in-memory transport's round clock; drop --transport libp2p")
             if self.first_late_round > self.rounds:
-                raise ValueError(f"--join-round {self.first_late_round} is after the last round ({self.rounds}); "
-                                 "late joiners would never run")
+                raise ValueError(
+                    f"--join-round {self.first_late_round} is after the last round ({self.rounds}); "
+                    "late joiners would never run"
+                )
         elif self.join_round is not None:
             raise ValueError("--join-round needs --late-joiners K")
         return self

@@ -9,7 +9,7 @@ policy sampled with its own seed.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 
@@ -26,7 +26,9 @@ class BatchedGeneration:
         self._ready: dict[int, trio.Event] = {}
         self._results: dict[int, dict[int, GenerationResult]] = {}
 
-    async def generate(self, node: Node, plan: RoundPlan, questions: list[Problem], torch_lock: trio.Lock) -> GenerationResult:
+    async def generate(
+        self, node: Node, plan: RoundPlan, questions: list[Problem], torch_lock: trio.Lock
+    ) -> GenerationResult:
         """`run_round`'s generate step: this node's groups, sampled in the round's one batch."""
         round_index = plan.index
         asked = self._asked.setdefault(round_index, [])
@@ -53,13 +55,21 @@ def generate_round(asked: list[tuple[Node, RoundPlan, list[Problem]]]) -> list[G
     the batch is the same from run to run)."""
     ordered = sorted(range(len(asked)), key=lambda i: asked[i][0].settings.run.seed)
     settings = asked[0][0].training
-    if any(n.training.generations != settings.generations or n.training.max_new_tokens != settings.max_new_tokens
-           or n.training.temperature != settings.temperature for n, _, _ in asked):
+    if any(
+        n.training.generations != settings.generations
+        or n.training.max_new_tokens != settings.max_new_tokens
+        or n.training.temperature != settings.temperature
+        for n, _, _ in asked
+    ):
         raise ValueError("nodes on one shared base sample with one --generations, --max-new-tokens and --temperature")
     requests = [asked[i][0].generation_request(asked[i][1], asked[i][2]) for i in ordered]
-    results = generate_groups_together(requests, num_generations=settings.generations,
-                                       max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                                       stop=asked[0][0].stop_requested)
+    results = generate_groups_together(
+        requests,
+        num_generations=settings.generations,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        stop=asked[0][0].stop_requested,
+    )
     out: list[GenerationResult | None] = [None] * len(asked)
     for position, i in enumerate(ordered):
         out[i] = results[position]

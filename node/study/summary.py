@@ -11,14 +11,22 @@ from typing import Any
 from sapo.node.core.loading import warm_start_settings
 from sapo.node.core.settings import NodeSettings
 from sapo.node.study.metrics import (
-    SPREAD_ACCURACY, SPREAD_FORMAT, SPREAD_WINDOW, late_joiner_metrics, per_model_results, run_metrics, summarize,
+    SPREAD_ACCURACY,
+    SPREAD_FORMAT,
+    SPREAD_WINDOW,
+    late_joiner_metrics,
+    per_model_results,
+    run_metrics,
+    summarize,
 )
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.plots import plot_curves
 from sapo.node.study.settings import MA_WINDOW, METRIC_DEFINITIONS, ExperimentSettings, MixConfig, parse_configs
 
 
-def write_outputs(study: ExperimentSettings, configs: list[MixConfig], rows: list[dict], meta: dict[str, Any]) -> dict[str, Any]:
+def write_outputs(
+    study: ExperimentSettings, configs: list[MixConfig], rows: list[dict], meta: dict[str, Any]
+) -> dict[str, Any]:
     """Every run's metrics from its rows, then summary.json, summary.md and curves.png.
 
     Under --max-minutes runs may stop at different rounds; every config is compared over the
@@ -30,7 +38,9 @@ def write_outputs(study: ExperimentSettings, configs: list[MixConfig], rows: lis
     missing = [(c.name, s) for c in configs for s in range(study.seeds) if (c.name, s) not in per_run]
     if missing:
         raise RuntimeError(f"no rows for {missing}: --max-minutes ended the study before any run completed a round")
-    node_rows = {key: [sorted(nodes[k], key=lambda r: r["round"]) for k in sorted(nodes)] for key, nodes in per_run.items()}
+    node_rows = {
+        key: [sorted(nodes[k], key=lambda r: r["round"]) for k in sorted(nodes)] for key, nodes in per_run.items()
+    }
     # The run's founders (who start at round 1) give the swarm's metrics; late joiners their own.
     founders = {key: [r for r in runs_ if r[0].get("joined", 1) == 1] for key, runs_ in node_rows.items()}
     joiners = {key: [r for r in runs_ if r[0].get("joined", 1) > 1] for key, runs_ in node_rows.items()}
@@ -87,7 +97,9 @@ def resummarize(out: Path, ma_window_override: int | None = None) -> dict[str, A
         raise FileNotFoundError(f"{out}/summary.json is missing; resummarize needs the study's recorded settings")
     old = json.loads((out / "summary.json").read_text())
     study_fields = {k: v for k, v in old["study"].items() if k in ExperimentSettings.model_fields}
-    study = ExperimentSettings(**(study_fields | {"out": out} | ({"ma_window": ma_window_override} if ma_window_override else {})))
+    study = ExperimentSettings(
+        **(study_fields | {"out": out} | ({"ma_window": ma_window_override} if ma_window_override else {}))
+    )
     meta = {k: old[k] for k in ("round_visibility", "node_settings", "nodes", "warm_start", "reasoning_gym", "timing")}
     return write_outputs(study, parse_configs(study.configs), read_rows(out), meta)
 
@@ -99,21 +111,30 @@ def node_table(base: NodeSettings, study: ExperimentSettings) -> list[dict[str, 
         if study.specialists == "tasks":
             row["warm_start_tasks"] = [t.name for t in specialist_tasks(base.tasks.specs(), study.nodes, k)]
         table.append(row)
-    table += [{"node": f"solver-{k}", "role": "scripted", "accuracy": study.solver_accuracy} for k in range(study.scripted_solvers)]
+    table += [
+        {"node": f"solver-{k}", "role": "scripted", "accuracy": study.solver_accuracy}
+        for k in range(study.scripted_solvers)
+    ]
     return table
 
 
 def warm_start_recipe(base: NodeSettings, study: ExperimentSettings) -> dict[str, Any] | None:
     settings = base
     if study.format_discovery is not None:
-        settings = base.model_copy(update={"model": base.model.model_copy(update={"warm_start_tag_rate": study.format_discovery})})
+        settings = base.model_copy(
+            update={"model": base.model.model_copy(update={"warm_start_tag_rate": study.format_discovery})}
+        )
     recipe = warm_start_settings(settings)
     if recipe is None:
         return None
-    return {"settings": recipe.model_dump(mode="json"), "tasks": "per node (specialists)" if study.specialists == "tasks"
-            else [t.model_dump(mode="json") for t in base.tasks.specs()],
-            "questions": f"node k: share k of {study.nodes}" if study.specialists == "questions" else "all",
-            "shared": "one per model source and task list, the same for every seed (like one pretrained checkpoint)"}
+    return {
+        "settings": recipe.model_dump(mode="json"),
+        "tasks": "per node (specialists)"
+        if study.specialists == "tasks"
+        else [t.model_dump(mode="json") for t in base.tasks.specs()],
+        "questions": f"node k: share k of {study.nodes}" if study.specialists == "questions" else "all",
+        "shared": "one per model source and task list, the same for every seed (like one pretrained checkpoint)",
+    }
 
 
 def _fmt(stat: dict[str, float] | None, digits: int = 3) -> str:
@@ -141,9 +162,11 @@ def _accuracy_cells(r: dict[str, Any]) -> str:
     """An arm's accuracy cells, the same in the swarm's table and in each model's: cumulative
     accuracy, its ratios to T/0 and I/0, sampled accuracy first -> last tenth, held-out."""
     heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
-    return (f"{_fmt(r['cumulative_accuracy'], 2)} | {_ratio(r, 'baseline', 'cumulative_accuracy')} | "
-            f"{_ratio(r, 'local_only', 'cumulative_accuracy')} | {_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | "
-            f"{heldout}")
+    return (
+        f"{_fmt(r['cumulative_accuracy'], 2)} | {_ratio(r, 'baseline', 'cumulative_accuracy')} | "
+        f"{_ratio(r, 'local_only', 'cumulative_accuracy')} | {_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | "
+        f"{heldout}"
+    )
 
 
 def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
@@ -153,8 +176,11 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
         "# SAPO I/J study",
         "",
         f"{study['nodes']} learning nodes, {summary['rounds_compared']} rounds"
-        + (f" (of {study['rounds']} asked; --max-minutes {study['max_minutes']} ended the runs)"
-           if summary["rounds_compared"] < study["rounds"] else "")
+        + (
+            f" (of {study['rounds']} asked; --max-minutes {study['max_minutes']} ended the runs)"
+            if summary["rounds_compared"] < study["rounds"]
+            else ""
+        )
         + f", {study['seeds']} seed(s), model {settings['model']}, tasks {', '.join(settings['tasks'])}, "
         f"{settings['updates_per_batch']} x {settings['minibatches']} clipped steps a round, lr {settings['lr']}. "
         f"Round visibility: {summary['round_visibility']}.",
@@ -215,11 +241,25 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
     lines += late_joiner_lines(results, configs)
     lines += ["", "## Definitions", ""]
     lines += [f"- **{k}**: {v}" for k, v in summary["definitions"].items()]
-    heterogeneity = ("specialists", "mixed_sizes", "mixed_tokenizers", "scripted_solvers", "solver_accuracy", "format_discovery",
-                     "late_joiners", "join_round")
+    heterogeneity = (
+        "specialists",
+        "mixed_sizes",
+        "mixed_tokenizers",
+        "scripted_solvers",
+        "solver_accuracy",
+        "format_discovery",
+        "late_joiners",
+        "join_round",
+    )
     flags = {k: study[k] for k in heterogeneity}
-    lines += ["", "## Heterogeneity and warm start", "", f"- flags: `{json.dumps(flags)}`",
-              f"- warm start: `{json.dumps(summary['warm_start'])}`", ""]
+    lines += [
+        "",
+        "## Heterogeneity and warm start",
+        "",
+        f"- flags: `{json.dumps(flags)}`",
+        f"- warm start: `{json.dumps(summary['warm_start'])}`",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -239,7 +279,9 @@ def per_model_lines(per_model: dict[str, Any], configs: list[MixConfig]) -> list
     ]
     for model, entry in per_model.items():
         for config in configs:
-            lines.append(f"| {model} | {entry['nodes']} | {config.name} | {_accuracy_cells(entry['results'][config.name])} |")
+            lines.append(
+                f"| {model} | {entry['nodes']} | {config.name} | {_accuracy_cells(entry['results'][config.name])} |"
+            )
     return lines
 
 

@@ -23,8 +23,15 @@ def test_decode_bound_by_hand():
 def test_geometry_of_a_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config)
     g = DecodeGeometry.of(model)
     assert g.weight_bytes == 4 * sum(p.numel() for p in model.parameters())
@@ -39,8 +46,14 @@ def test_peer_scoring_matches_reasoning_gym_default():
     from reasoning_gym.dataset import ProceduralDataset
     from reasoning_gym.utils import extract_answer
 
-    for text, oracle in [("so <answer>7</answer>", "7"), ("<answer> 7 </answer>", "7"), ("<answer>-17</answer>", "7"),
-                         ("no tag 7", "7"), ("<answer>1</answer> <answer>7</answer>", "7"), ("<answer></answer>", "7")]:
+    for text, oracle in [
+        ("so <answer>7</answer>", "7"),
+        ("<answer> 7 </answer>", "7"),
+        ("<answer>-17</answer>", "7"),
+        ("no tag 7", "7"),
+        ("<answer>1</answer> <answer>7</answer>", "7"),
+        ("<answer></answer>", "7"),
+    ]:
         expected = ProceduralDataset.score_answer(None, extract_answer(text), {"answer": oracle})
         assert score(text, oracle) == pytest.approx(expected), text
     assert force_signal([0.0, 0.0, 0.0, 0.0]) == [0.0, 1.0, 0.0, 1.0]

@@ -96,19 +96,25 @@ def test_paper_scale_command_is_a_valid_study():
     from sapo.node.study.cli import experiment_node_settings
     from sapo.node.study.settings import ExperimentSettings
 
-    done = subprocess.run([sys.executable, str(BENCH / "paper_scale.py"), "--dry-run"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "paper_scale.py"), "--dry-run"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     command = shlex.split(done.stdout.splitlines()[0].removeprefix("$ "))
-    args = command[command.index("experiment") + 1:]
+    args = command[command.index("experiment") + 1 :]
     study_names = {f"--{name.replace('_', '-')}" for name in ExperimentSettings.model_fields}
     study, node = {}, []
     for i in range(0, len(args), 2):  # every flag here takes one value
-        (study.__setitem__(args[i][2:].replace("-", "_"), args[i + 1]) if args[i] in study_names
-         else node.extend(args[i:i + 2]))
+        (
+            study.__setitem__(args[i][2:].replace("-", "_"), args[i + 1])
+            if args[i] in study_names
+            else node.extend(args[i : i + 2])
+        )
     assert ExperimentSettings(**study).nodes == 8 and study["rounds"] == "2000"
     settings = experiment_node_settings(node)
-    assert settings.model.device == "cuda" and settings.training.eps_high == 0.28 and settings.training.reward == "binary"
+    assert (
+        settings.model.device == "cuda" and settings.training.eps_high == 0.28 and settings.training.reward == "binary"
+    )
     assert settings.training.updates_per_batch == 1 and len(settings.tasks.tasks) == 9
 
 
@@ -117,8 +123,11 @@ def test_discovery_benchmark_smoke():
     # (5 hosts); the timeout only catches a hang.
     done = run_script("discovery.py", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
-            if line.split()[:1] in (["sapo"], ["rendezvous"], ["kademlia"])}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in done.stdout.splitlines()
+        if line.split()[:1] in (["sapo"], ["rendezvous"], ["kademlia"])
+    }
     assert set(rows) == {"sapo", "rendezvous", "kademlia"}, done.stdout
     for mechanism, (formed, *_rest) in rows.items():
         assert formed != "nan", f"{mechanism} never reached its target: {done.stdout}"
@@ -140,7 +149,7 @@ def test_roofline_smoke(capsys, monkeypatch, tmp_path):
     assert "matmul GFLOPS, weights streamed from memory" in out
     shapes = [line.split()[0] for line in out.splitlines() if " x " in line and ("fp32" in line or "bf16" in line)]
     assert {"q", "lm_head", "q|k|v", "gate|up", "down"} <= set(shapes), shapes
-    table = out[out.index("decoding, tokens per CPU second"):]
+    table = out[out.index("decoding, tokens per CPU second") :]
     rows = [line.split() for line in table.splitlines() if line[:2] in ("1 ", "8 ")]
     assert [r[0] for r in rows] == ["1", "8"], table
     for row in rows:  # ours fp32, ours bf16 and generate: positive rates with their share of the roof
@@ -161,8 +170,11 @@ def test_gil_probe_smoke(tmp_path):
 def test_shared_base_smoke(tmp_path):
     done = run_script("shared_base.py", "--models-dir", str(tmp_path / "models"), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = {line.split(":")[0]: line.split() for line in done.stdout.splitlines()
-            if line.startswith(("separate:", "shared, one by one:", "shared, mixed batch:"))}
+    rows = {
+        line.split(":")[0]: line.split()
+        for line in done.stdout.splitlines()
+        if line.startswith(("separate:", "shared, one by one:", "shared, mixed batch:"))
+    }
     assert len(rows) == 3, done.stdout
     # the same work in every mode: the same tokens per swarm-round
     assert len({row[-1] for row in rows.values()}) == 1, rows
@@ -173,6 +185,7 @@ def test_balance_control_walks_blind(monkeypatch):
     # the gains: the same walk whatever the gains say, and the same walk for the same coin seed.
     monkeypatch.syspath_prepend(str(BENCH))
     import balance_control
+
     from sapo.sampling.balance import AdaptiveBalance
 
     def walk(coin_seed: int | None, gain_of_more_external: float) -> list[int]:
@@ -241,8 +254,8 @@ def test_longrun_smoke_samples_every_node_and_renders_the_same_from_its_samples(
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a bound failed; the tiny model's 0.3-s rounds are noisy
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("node     minute round  RSS MB"))
-    rows = [line.split()[0] for line in lines[header + 1:] if line.startswith(("node-", "swarm "))]
-    assert sorted(set(rows)) == ["node-0", "node-1", "node-2", "swarm"], lines[header:header + 8]
+    rows = [line.split()[0] for line in lines[header + 1 :] if line.startswith(("node-", "swarm "))]
+    assert sorted(set(rows)) == ["node-0", "node-1", "node-2", "swarm"], lines[header : header + 8]
     verdicts = {longrun_check(line): line for line in lines if line.startswith(("PASS ", "FAIL "))}
     for node in ("node-0", "node-1", "node-2"):
         for check in ("rss", "fds", "threads", "data dir", "log", "metrics", "progress", "cpu/token", "round time"):
@@ -251,9 +264,13 @@ def test_longrun_smoke_samples_every_node_and_renders_the_same_from_its_samples(
         log = verdicts[("log", node)]
         assert log.startswith("PASS") and "cap 30 MB" in log, log
     assert (out / "longrun.png").stat().st_size > 10_000
-    again = subprocess.run([sys.executable, str(BENCH / "longrun.py"), "--from", str(out), "--table-minutes", "1"],
-                           capture_output=True, text=True, timeout=120)
-    assert again.stdout.splitlines()[-len(verdicts) - 1:] == lines[-len(verdicts) - 1:]
+    again = subprocess.run(
+        [sys.executable, str(BENCH / "longrun.py"), "--from", str(out), "--table-minutes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.stdout.splitlines()[-len(verdicts) - 1 :] == lines[-len(verdicts) - 1 :]
 
 
 def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch, capsys):
@@ -264,24 +281,51 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
     import longrun
     import longrun_verdicts
 
-    meta = {"nodes": 2, "node_args": ["--model", "tiny"], "minutes": 60, "interval": 60, "warmup_minutes": 10,
-            "keep_checkpoints": 3, "log_cap_bytes": 30 << 20, "started": "then", "note": ""}
+    meta = {
+        "nodes": 2,
+        "node_args": ["--model", "tiny"],
+        "minutes": 60,
+        "interval": 60,
+        "warmup_minutes": 10,
+        "keep_checkpoints": 3,
+        "log_cap_bytes": 30 << 20,
+        "started": "then",
+        "note": "",
+    }
     rows, cpu = [], {"node-0": 0.0, "node-1": 0.0}
     for minute in range(61):
         for node, leak in (("node-0", 1), ("node-1", 0)):
             cpu[node] += 10.0 + 0.2 * minute * leak  # a round a minute, of 1,000 tokens
-            rows.append({
-                "node": node, "time": 1000.0 + 60 * minute, "minute": float(minute), "pid": 1, "round": minute,
-                "rss_bytes": (1000 + 5 * minute * leak) << 20, "fds": 12 + minute // 6 * leak, "threads": 8,
-                "data_dir_bytes": (3 << 20) + 1000 * minute, "checkpoints_bytes": 3 << 20, "checkpoints": 3,
-                "metrics_bytes": 1000 * minute, "logs_bytes": 0, "log_files": 1, "inbox_size": 40,
-                "rounds": [[minute, 30.0 + 0.5 * minute * leak, 1000.0 + 60 * minute, 1000]], "cpu_seconds": cpu[node],
-                "load": 1.0,
-            })
+            rows.append(
+                {
+                    "node": node,
+                    "time": 1000.0 + 60 * minute,
+                    "minute": float(minute),
+                    "pid": 1,
+                    "round": minute,
+                    "rss_bytes": (1000 + 5 * minute * leak) << 20,
+                    "fds": 12 + minute // 6 * leak,
+                    "threads": 8,
+                    "data_dir_bytes": (3 << 20) + 1000 * minute,
+                    "checkpoints_bytes": 3 << 20,
+                    "checkpoints": 3,
+                    "metrics_bytes": 1000 * minute,
+                    "logs_bytes": 0,
+                    "log_files": 1,
+                    "inbox_size": 40,
+                    "rounds": [[minute, 30.0 + 0.5 * minute * leak, 1000.0 + 60 * minute, 1000]],
+                    "cpu_seconds": cpu[node],
+                    "load": 1.0,
+                }
+            )
     (tmp_path / "run.json").write_text(json.dumps(meta))
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert longrun.report(tmp_path, 10.0) == 1
-    verdicts = {longrun_check(line): line[:4] for line in capsys.readouterr().out.splitlines() if line.startswith(("PASS ", "FAIL "))}
+    verdicts = {
+        longrun_check(line): line[:4]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("PASS ", "FAIL "))
+    }
     assert verdicts[("rss", "node-0")] == "FAIL" and verdicts[("rss", "node-1")] == "PASS"
     assert verdicts[("fds", "node-0")] == "FAIL" and verdicts[("fds", "node-1")] == "PASS"
     assert verdicts[("threads", "node-0")] == verdicts[("threads", "node-1")] == "PASS"
@@ -317,7 +361,9 @@ def test_poisoning_benchmark_smoke(tmp_path):
 
 def test_screen_roc_smoke(tmp_path):
     # A briefly warm-started tiny model: its own completions set the bar, a peer's rewritten with a phrase stand above it.
-    done = run_script("screen_roc.py", "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "roc.json"), timeout=600)
+    done = run_script(
+        "screen_roc.py", "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "roc.json"), timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "roc.json").read_text())
     assert set(result["statistics"]) == {"excess, worst 4", "excess, worst 16", "excess, whole", "NLL, worst 16"}

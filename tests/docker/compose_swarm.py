@@ -40,7 +40,17 @@ import psutil
 
 from tests.docker import engine
 from tests.docker.swarm import (
-    SAPO_SERVICES, SERVICES, Clock, Compose, Layout, get_json, inspect, merged_compose_file, node_status, port_in_use, sh,
+    SAPO_SERVICES,
+    SERVICES,
+    Clock,
+    Compose,
+    Layout,
+    get_json,
+    inspect,
+    merged_compose_file,
+    node_status,
+    port_in_use,
+    sh,
     wait_until,
 )
 
@@ -70,7 +80,9 @@ def snapshot() -> dict[str, set[str]]:
 def bring_up(compose: Compose, layout: Layout, dropped: dict[str, list]) -> None:
     busy = [port for port in layout.ports if port_in_use(port)]
     if busy:
-        raise AssertionError(f"127.0.0.1 port(s) {busy} are in use; the swarm needs {layout.ports} (stop what holds them)")
+        raise AssertionError(
+            f"127.0.0.1 port(s) {busy} are in use; the swarm needs {layout.ports} (stop what holds them)"
+        )
     print(f"   {compose.file}: published ports left out under host networking (bound on 127.0.0.1 instead): {dropped}")
     compose("up", "-d", "--no-build", *SERVICES)
 
@@ -102,14 +114,18 @@ def wait_for_swarm(layout: Layout) -> dict[str, dict]:
             connected = [row for row in status["peers"] if row["connected"]]
             lacking = [other for other, peer_id in ids.items() if other != service and peer_id not in accepted]
             if not connected or lacking:
-                missing[service] = f"round {status['round']}, {len(connected)} connected, nothing accepted yet from {lacking}, refused: {status['rejected']}"
+                missing[service] = (
+                    f"round {status['round']}, {len(connected)} connected, nothing accepted yet from {lacking}, refused: {status['rejected']}"
+                )
         return not missing, (statuses if not missing else missing)
 
     statuses = wait_until("every node accepts groups from every other node", trading, SWARM_TIMEOUT)
     for service, status in statuses.items():
         authors = {row["peer_id"][-8:]: row["accepted"] for row in status["peers"] if row["accepted"]}
-        print(f"   {service:<10} {status['peer_id']} round {status['round']:>3}, {status['accepted']} groups accepted "
-              f"(by author {authors}), {sum(r['connected'] for r in status['peers'])} peers connected")
+        print(
+            f"   {service:<10} {status['peer_id']} round {status['round']:>3}, {status['accepted']} groups accepted "
+            f"(by author {authors}), {sum(r['connected'] for r in status['peers'])} peers connected"
+        )
     return statuses
 
 
@@ -142,7 +158,9 @@ def check_prometheus(layout: Layout, out: Path) -> None:
     def scraped() -> tuple[bool, dict]:
         targets = get_json(f"{base}/targets")["data"]["activeTargets"]
         health = {t["labels"]["instance"]: t["health"] for t in targets}
-        series = get_json(f"{base}/query?query=count+by+(instance)+(%7B__name__%3D~%22sapo_.%2B%22%7D)")["data"]["result"]
+        series = get_json(f"{base}/query?query=count+by+(instance)+(%7B__name__%3D~%22sapo_.%2B%22%7D)")["data"][
+            "result"
+        ]
         per_instance = {r["metric"]["instance"]: int(r["value"][1]) for r in series}
         done = set(health) == expected and all(h == "up" for h in health.values()) and set(per_instance) == expected
         return done, {"targets": health, "sapo_series": per_instance}
@@ -156,17 +174,34 @@ def check_prometheus(layout: Layout, out: Path) -> None:
 def screenshot_page(url: str, shot: Path, profile: Path) -> None:
     """The bootstrap node's page, as tests/node/daemon/test_page.py takes it."""
     chromium = next(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n))
-    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-            "--virtual-time-budget=5000"]
+    base = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+    ]
     dom = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     rows = re.findall(r'data-peer="(\w+)"', dom.stdout)
-    assert len(set(rows)) >= 3 and re.search(r'id="phase"[^>]*>training<', dom.stdout), "the page shows no training swarm"
-    result = subprocess.run([*base, "--hide-scrollbars", "--window-size=1100,1900", f"--screenshot={shot}", url],
-                            capture_output=True, text=True, timeout=120)
+    assert len(set(rows)) >= 3 and re.search(r'id="phase"[^>]*>training<', dom.stdout), (
+        "the page shows no training swarm"
+    )
+    result = subprocess.run(
+        [*base, "--hide-scrollbars", "--window-size=1100,1900", f"--screenshot={shot}", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, f"{shot} is no page screenshot"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000, (
+        f"{shot} is no page screenshot"
+    )
     print(f"   {shot} ({shot.stat().st_size // 1024} KiB), {len(set(rows))} peers on the page")
 
 
@@ -181,18 +216,24 @@ def kill_and_watch_restart(compose: Compose, layout: Layout, service: str) -> No
     `restart: unless-stopped` bring it back from its volume."""
     port, container = layout.pages[service], compose.container_of(service)
     before = node_status(port)
-    saved = wait_until(f"{service} has a checkpoint", lambda: (bool(checkpoints_of(container)), checkpoints_of(container)), 300)
+    saved = wait_until(
+        f"{service} has a checkpoint", lambda: (bool(checkpoints_of(container)), checkpoints_of(container)), 300
+    )
     facts = inspect(container)
     restarts, round_at_kill = facts["RestartCount"], node_status(port)["round"]
     killed_at = time.time()
     os.kill(facts["State"]["Pid"], signal.SIGKILL)
-    print(f"   killed {service}'s node (host pid {facts['State']['Pid']}) at round {round_at_kill}; checkpoints {saved}")
+    print(
+        f"   killed {service}'s node (host pid {facts['State']['Pid']}) at round {round_at_kill}; checkpoints {saved}"
+    )
 
     def back() -> tuple[bool, str]:
         state = inspect(container)
         status = node_status(port)
         fresh = status.get("started") and status["started"] > killed_at
-        return bool(state["RestartCount"] > restarts and fresh), f"restarts {state['RestartCount']}, started {status.get('started')}"
+        return bool(
+            state["RestartCount"] > restarts and fresh
+        ), f"restarts {state['RestartCount']}, started {status.get('started')}"
 
     wait_until(f"compose restarts {service}", back, 180, interval=1.0)
     after = node_status(port)
@@ -205,16 +246,18 @@ def kill_and_watch_restart(compose: Compose, layout: Layout, service: str) -> No
         if not resumed:
             return False, "no 'resumed from' line yet"
         start = int(resumed.group(2))
-        return bool(re.search(rf"round {start + 1}: ", text[resumed.end():])), start
+        return bool(re.search(rf"round {start + 1}: ", text[resumed.end() :])), start
 
     resumed_round = wait_until(f"{service} resumes and trains its next round", trained_on, 180)
     # the last checkpoint before the kill, or one the node finished in the moment before it
     assert saved[-1] <= resumed_round <= round_at_kill + 1 and resumed_round in checkpoints_of(container), (
         f"{service} resumed at round {resumed_round}, not from its last checkpoint ({saved[-1]}..{round_at_kill})"
     )
-    print(f"   {service} came back (restart count {inspect(container)['RestartCount']}) as {after['peer_id']}, "
-          f"resumed from its checkpoint at round {resumed_round} (it had reached {round_at_kill}) and trained round "
-          f"{resumed_round + 1}")
+    print(
+        f"   {service} came back (restart count {inspect(container)['RestartCount']}) as {after['peer_id']}, "
+        f"resumed from its checkpoint at round {resumed_round} (it had reached {round_at_kill}) and trained round "
+        f"{resumed_round + 1}"
+    )
 
 
 def docker_time(stamp: str) -> datetime:
@@ -234,7 +277,11 @@ def stop_cleanly(compose: Compose) -> None:
         state = inspect(container)["State"]
         logs = sh("docker", "logs", "--timestamps", "--since", since, container)
         signalled = SIGTERM_LINE.findall(logs.stdout + logs.stderr)
-        took = f"{(docker_time(state['FinishedAt']) - docker_time(signalled[-1])).total_seconds():.1f}s after SIGTERM" if signalled else ""
+        took = (
+            f"{(docker_time(state['FinishedAt']) - docker_time(signalled[-1])).total_seconds():.1f}s after SIGTERM"
+            if signalled
+            else ""
+        )
         print(f"   {service:<10} exit {state['ExitCode']} {took}")
         if state["ExitCode"] != 0:
             unclean[service] = state["ExitCode"]
@@ -278,7 +325,9 @@ def run(out: Path) -> None:
             with clock.phase("prometheus"):
                 check_prometheus(layout, out)
             with clock.phase("page screenshot"):
-                screenshot_page(f"http://127.0.0.1:{layout.pages['bootstrap']}/", out / "page-compose.png", out / "chromium")
+                screenshot_page(
+                    f"http://127.0.0.1:{layout.pages['bootstrap']}/", out / "page-compose.png", out / "chromium"
+                )
             with clock.phase("kill and restart"):
                 kill_and_watch_restart(compose, layout, VICTIM)
             with clock.phase("stop (SIGTERM)"):

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "sapo-base:bookworm"
@@ -39,7 +39,9 @@ def sh(*args: str, check: bool = True, quiet: bool = False, **kwargs) -> subproc
     """Run a command; on failure, raise with its output (and show it unless `quiet`)."""
     result = subprocess.run(list(args), text=True, capture_output=True, **kwargs)
     if check and result.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -116,9 +118,23 @@ def stage_build_inputs(repo: Path = REPO) -> dict[str, str]:
     takes them from. Both are git-ignored. Returns what was staged."""
     staged = {}
     wheels = repo / "docker" / "wheels"
-    found = sh(sys.executable, "-m", "pip", "download", "--no-index", "--no-deps", "--only-binary=:all:", TORCH, "-d", str(wheels),
-               check=False)
-    staged["torch wheel"] = next((w.name for w in wheels.glob("torch-2.13.0*.whl")), f"none (the build downloads one): {found.stderr.strip()[-200:]}")
+    found = sh(
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-index",
+        "--no-deps",
+        "--only-binary=:all:",
+        TORCH,
+        "-d",
+        str(wheels),
+        check=False,
+    )
+    staged["torch wheel"] = next(
+        (w.name for w in wheels.glob("torch-2.13.0*.whl")),
+        f"none (the build downloads one): {found.stderr.strip()[-200:]}",
+    )
     cert = pip_config().get("cert") or os.environ.get("PIP_CERT")
     if cert and Path(cert).is_file():
         shutil.copyfile(cert, repo / "docker" / "certs" / "pip-cert.crt")
@@ -132,11 +148,28 @@ def build(tag: str, dockerfile: Path, context: Path, build_args: dict[str, str])
     """`docker build --network host` (there is no bridge) with the classic builder, which both
     Debian's docker.io CLI and newer CLIs without the buildx plugin have."""
     args = [arg for key, value in build_args.items() for arg in ("--build-arg", f"{key}={value}")]
-    sh("docker", "build", "--network", "host", "--force-rm", "-f", str(dockerfile), *args, "-t", tag, str(context),
-       env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    sh(
+        "docker",
+        "build",
+        "--network",
+        "host",
+        "--force-rm",
+        "-f",
+        str(dockerfile),
+        *args,
+        "-t",
+        tag,
+        str(context),
+        env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )
 
 
 def build_images(repo: Path = REPO, base: str = BASE_IMAGE) -> None:
     """The sapo image from docker/Dockerfile as committed (build arguments only) and the test's Prometheus."""
     build(SAPO_IMAGE, repo / "docker" / "Dockerfile", repo, {"BASE_IMAGE": base})
-    build(PROMETHEUS_IMAGE, repo / "tests" / "docker" / "prometheus.Dockerfile", repo / "tests" / "docker", {"BASE_IMAGE": base})
+    build(
+        PROMETHEUS_IMAGE,
+        repo / "tests" / "docker" / "prometheus.Dockerfile",
+        repo / "tests" / "docker",
+        {"BASE_IMAGE": base},
+    )

@@ -7,10 +7,11 @@ import json
 import socket
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import yaml
 
@@ -37,10 +38,16 @@ class Layout:
     prometheus: str  # host:port
 
     @classmethod
-    def from_override(cls, path: Path = OVERRIDE_FILE) -> "Layout":
+    def from_override(cls, path: Path = OVERRIDE_FILE) -> Layout:
         services = yaml.safe_load(path.read_text())["services"]
-        pages = {name: int(flag_value(s["command"], "--metrics-port")) for name, s in services.items() if s["command"][0] == "start"}
-        listens = [s["environment"]["SAPO_LISTEN"] for s in services.values() if "SAPO_LISTEN" in s.get("environment", {})]
+        pages = {
+            name: int(flag_value(s["command"], "--metrics-port"))
+            for name, s in services.items()
+            if s["command"][0] == "start"
+        }
+        listens = [
+            s["environment"]["SAPO_LISTEN"] for s in services.values() if "SAPO_LISTEN" in s.get("environment", {})
+        ]
         listens.append(flag_value(services["judge"]["command"], "--listen"))
         web = next(c for c in services["prometheus"]["command"] if c.startswith("--web.listen-address="))
         prometheus = web.split("=", 1)[1]
@@ -55,8 +62,19 @@ def merged_compose_file(out: Path) -> tuple[Path, dict[str, list]]:
     override cannot remove a list entry. The override binds those same ports on 127.0.0.1, so a
     user's addresses stay the same (tests/docker/test_compose.py checks it). -> (file, dropped)."""
     merged = yaml.safe_load(
-        sh("docker-compose", "-p", PROJECT, "-f", str(COMPOSE_FILE), "-f", str(OVERRIDE_FILE), "--profile", "monitoring",
-           "config", cwd=REPO).stdout
+        sh(
+            "docker-compose",
+            "-p",
+            PROJECT,
+            "-f",
+            str(COMPOSE_FILE),
+            "-f",
+            str(OVERRIDE_FILE),
+            "--profile",
+            "monitoring",
+            "config",
+            cwd=REPO,
+        ).stdout
     )
     dropped = {}
     for name, service in merged["services"].items():
@@ -74,8 +92,18 @@ class Compose:
     file: Path
 
     def __call__(self, *args: str, check: bool = True):
-        return sh("docker-compose", "-p", PROJECT, "-f", str(self.file), "--profile", "monitoring", *args, check=check,
-                  cwd=REPO)
+        return sh(
+            "docker-compose",
+            "-p",
+            PROJECT,
+            "-f",
+            str(self.file),
+            "--profile",
+            "monitoring",
+            *args,
+            check=check,
+            cwd=REPO,
+        )
 
     def container_of(self, service: str) -> str:
         ids = self("ps", "-q", service).stdout.split()

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.settings import NetworkSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -45,19 +45,29 @@ def cli_bin(tmp_path) -> str:
 ANNOUNCED = {name: peer_id_of(create_new_key_pair()) for name in ("bootstrap", "judge")}
 
 
-def run_entrypoint(args: list[str], env: dict[str, str], cli_bin: str, data_dir: Path,
-                   ids_dir: Path | None = None) -> subprocess.CompletedProcess:
+def run_entrypoint(
+    args: list[str], env: dict[str, str], cli_bin: str, data_dir: Path, ids_dir: Path | None = None
+) -> subprocess.CompletedProcess:
     """The image's entrypoint, with the ids volume at `ids_dir` (made, holding ANNOUNCED, if not given)."""
     if ids_dir is None:
         ids_dir = data_dir / "ids"
         ids_dir.mkdir(exist_ok=True)
         for name, peer_id in ANNOUNCED.items():
             (ids_dir / name).write_text(peer_id + "\n")
-    full_env = {**os.environ, "SAPO_NODE_BIN": cli_bin, "SAPO_DATA_DIR": str(data_dir), "SAPO_PYTHON": sys.executable,
-                "SAPO_IDS_DIR": str(ids_dir), "SAPO_ID_WAIT_SECONDS": "2", **env}
+    full_env = {
+        **os.environ,
+        "SAPO_NODE_BIN": cli_bin,
+        "SAPO_DATA_DIR": str(data_dir),
+        "SAPO_PYTHON": sys.executable,
+        "SAPO_IDS_DIR": str(ids_dir),
+        "SAPO_ID_WAIT_SECONDS": "2",
+        **env,
+    }
     # the compose file's /ids paths, inside the test's ids folder
     full_env = {k: v.replace("/ids/", f"{ids_dir}/") if k == "SAPO_ANNOUNCE_ID" else v for k, v in full_env.items()}
-    return subprocess.run([str(DOCKER / "entrypoint.sh"), *args], capture_output=True, text=True, env=full_env, timeout=120)
+    return subprocess.run(
+        [str(DOCKER / "entrypoint.sh"), *args], capture_output=True, text=True, env=full_env, timeout=120
+    )
 
 
 def announced(address: str) -> str:
@@ -198,7 +208,7 @@ def test_dockerfile_builds_cpu_by_default_with_a_cuda_variant():
 
 def test_image_runs_as_a_user_with_a_health_check_and_the_node_as_pid_1():
     text = (DOCKER / "Dockerfile").read_text()
-    final = text[text.rindex("FROM ${BASE_IMAGE}"):]
+    final = text[text.rindex("FROM ${BASE_IMAGE}") :]
     assert "\nUSER sapo\n" in final and "chown sapo:sapo /data" in final
     assert re.search(r"^HEALTHCHECK .*sapo-healthcheck", final, re.M)
     # exec: the node replaces the shell, so docker stop's SIGTERM reaches it
@@ -220,7 +230,14 @@ def test_every_file_the_dockerfile_copies_is_in_the_build_context():
 
 # The compose test's override may change these flags (ports and hosts for the host network,
 # the tiny model, and augmenting its groups, which carry no signal alone), nothing else of a service's command.
-HOST_NETWORK_FLAGS = {"--metrics-port", "--metrics-host", "--listen", "--model", "--max-new-tokens", "--augment-external"}
+HOST_NETWORK_FLAGS = {
+    "--metrics-port",
+    "--metrics-host",
+    "--listen",
+    "--model",
+    "--max-new-tokens",
+    "--augment-external",
+}
 OVERRIDE = yaml.safe_load((ROOT / "tests" / "docker" / "compose.host-network.yml").read_text())["services"]
 
 
@@ -271,7 +288,9 @@ def test_host_network_override_gives_every_service_its_own_ports():
     scraped = yaml.safe_load((ROOT / "tests" / "docker" / "prometheus.host-network.yml").read_text())
     (job,) = scraped["scrape_configs"]
     targets = set(job["static_configs"][0]["targets"])
-    assert targets == {f"127.0.0.1:{flags(s['command'])['--metrics-port']}" for s in OVERRIDE.values() if s["command"][0] == "start"}
+    assert targets == {
+        f"127.0.0.1:{flags(s['command'])['--metrics-port']}" for s in OVERRIDE.values() if s["command"][0] == "start"
+    }
 
 
 def test_entrypoint_passes_arguments_through_untouched(cli_bin, tmp_path):

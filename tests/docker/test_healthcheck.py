@@ -67,6 +67,8 @@ def test_the_judge_is_healthy_while_its_port_accepts_connections():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        assert healthcheck.check_judge(["judge", "--listen", f"/ip4/127.0.0.1/tcp/{port}"]).endswith(f"127.0.0.1:{port}")
+        assert healthcheck.check_judge(["judge", "--listen", f"/ip4/127.0.0.1/tcp/{port}"]).endswith(
+            f"127.0.0.1:{port}"
+        )
     with pytest.raises(SystemExit, match=f"judge port 127.0.0.1:{port}"):
         healthcheck.check_judge(["judge", "--listen", f"/ip4/127.0.0.1/tcp/{port}"])

@@ -36,10 +36,12 @@ def test_monitoring_services_sit_behind_their_profile_and_mount_files_that_exist
         service = SERVICES[name]
         assert service["profiles"] == ["monitoring"]
         assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", service["image"]), "pin the image's version"
-        for target, source in mounts(name).items():
+        for source in mounts(name).values():
             assert source.exists(), f"{name} mounts {source}, which is not in the repo"
     # a plain `up` starts no monitoring
-    assert all("monitoring" not in s.get("profiles", []) for n, s in SERVICES.items() if n not in ("prometheus", "grafana"))
+    assert all(
+        "monitoring" not in s.get("profiles", []) for n, s in SERVICES.items() if n not in ("prometheus", "grafana")
+    )
     for volume in ("prometheus-data", "grafana-data"):
         assert volume in COMPOSE["volumes"]
 
@@ -78,12 +80,32 @@ def test_grafana_provisions_the_prometheus_datasource_and_the_dashboard():
 
 def a_round() -> RoundRecord:
     return RoundRecord(
-        round=3, time=1.0, reward_mean=0.5, cumulative_reward=1.0, format_rate=0.9, accuracy=0.4,
-        heldout={"basic_arithmetic": 0.3}, per_task={"basic_arithmetic": 0.5}, local_groups=2, external_groups=2,
-        external_reward_mean=0.25, inbox_size=5, received=9, accepted=7, rejected={"duplicate": 2},
-        transport={"peers_banned": 1}, published=4, accepted_from={"12D3KooWpeer": 7}, peers=["12D3KooWpeer"],
-        generate_seconds=1.0, train_seconds=0.5, round_seconds=1.6, generated_tokens=10, tokens_per_second=10.0,
-        loss=0.1, clip_fraction=0.0,
+        round=3,
+        time=1.0,
+        reward_mean=0.5,
+        cumulative_reward=1.0,
+        format_rate=0.9,
+        accuracy=0.4,
+        heldout={"basic_arithmetic": 0.3},
+        per_task={"basic_arithmetic": 0.5},
+        local_groups=2,
+        external_groups=2,
+        external_reward_mean=0.25,
+        inbox_size=5,
+        received=9,
+        accepted=7,
+        rejected={"duplicate": 2},
+        transport={"peers_banned": 1},
+        published=4,
+        accepted_from={"12D3KooWpeer": 7},
+        peers=["12D3KooWpeer"],
+        generate_seconds=1.0,
+        train_seconds=0.5,
+        round_seconds=1.6,
+        generated_tokens=10,
+        tokens_per_second=10.0,
+        loss=0.1,
+        clip_fraction=0.0,
     )
 
 
@@ -93,8 +115,14 @@ async def test_every_dashboard_query_names_a_metric_the_node_exports():
     metrics = NodeMetrics()
     metrics.observe(a_round())
     status = NodeStatus(
-        source="live", updated=1.0, peer_id="12D3KooWme", model="tiny", phase="training",
-        judge=JudgeStatus(address="/ip4/127.0.0.1/tcp/4101/p2p/12D3KooWjudge", every=10, last_round=3, last_score=1.0, judged=1),
+        source="live",
+        updated=1.0,
+        peer_id="12D3KooWme",
+        model="tiny",
+        phase="training",
+        judge=JudgeStatus(
+            address="/ip4/127.0.0.1/tcp/4101/p2p/12D3KooWjudge", every=10, last_round=3, last_score=1.0, judged=1
+        ),
     )
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_page, metrics, lambda: status, "127.0.0.1", 0)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sapo.sampling.balance import AdaptiveBalance, BalanceState, FixedBalance, HISTORY_LIMIT
+from sapo.sampling.balance import HISTORY_LIMIT, AdaptiveBalance, BalanceState, FixedBalance
 
 
 def play(balance, state: BalanceState, rounds: range, gain_per_j: float, external=None):

@@ -47,9 +47,15 @@ def test_fresh_keys_cannot_push_out_established_groups_or_take_the_training():
     settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "inbox_max_age_seconds": 3600})
     clock = Clock()
     inbox = node_inbox(settings)
-    intake = node_intake(settings, inbox, NodeCounters(), peer_id=ME, rg_version=reasoning_gym_version(), verifier=score_group)
-    encoders = {peer: GroupEncoder(peer_id=peer, swarm=settings.network.swarm, model_id="m",
-                                   rg_version=reasoning_gym_version(), clock=clock) for peer in HONEST + FRESH}
+    intake = node_intake(
+        settings, inbox, NodeCounters(), peer_id=ME, rg_version=reasoning_gym_version(), verifier=score_group
+    )
+    encoders = {
+        peer: GroupEncoder(
+            peer_id=peer, swarm=settings.network.swarm, model_id="m", rg_version=reasoning_gym_version(), clock=clock
+        )
+        for peer in HONEST + FRESH
+    }
     # four honest authors, one group every 15 s each for 12.5 minutes: 200 groups, full standing
     honest = groups(200, seed=1)
     for i, group in enumerate(honest):
@@ -69,7 +75,9 @@ def test_fresh_keys_cannot_push_out_established_groups_or_take_the_training():
     # the next 10 rounds, J = 4 each, as the node draws and trains them
     rng, sampler, fresh_rows, rows = random.Random(0), SamplerState(), 0, 0
     for _ in range(10):
-        chosen, sampler = choose_from_inbox(inbox, settings.external_use, settings.sampling.external, rng, sampler, clock.now)
+        chosen, sampler = choose_from_inbox(
+            inbox, settings.external_use, settings.sampling.external, rng, sampler, clock.now
+        )
         inbox.take(chosen)
         trained = training_set([], chosen, settings.external_use, "t").rows
         rows += len(trained.rows)
@@ -85,7 +93,9 @@ def chosen_origin(chosen, trained, row) -> str:
 
 def test_without_standing_the_same_flood_takes_the_inbox():
     """The control: what the node did before (--standing off)."""
-    settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "inbox_max_age_seconds": 3600, "standing": "off"})
+    settings = load_settings(
+        {"model": "tiny", "tasks": ["basic_arithmetic"], "inbox_max_age_seconds": 3600, "standing": "off"}
+    )
     inbox = node_inbox(settings)
     for i, group in enumerate(groups(200, seed=1)):
         inbox.add(group.model_copy(update={"origin": HONEST[i % 4]}), T0 + 15 * (i // 4))

@@ -11,8 +11,8 @@ from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import completion_logprobs, settle_old_logprobs
-from tests.training.rows import encode_groups
 from sapo.training.warmstart import WarmStartSettings, warm_start
+from tests.training.rows import encode_groups
 
 TASKS = default_task_specs(["basic_arithmetic"])
 
@@ -26,7 +26,9 @@ def test_recorded_logprobs_are_the_policys_own_and_give_weight_one_to_itself(tmp
     problems = TaskSampler(TASKS, dataset_seed=3, rng_seed=3).sample(3)
     result = generate_groups(policy, problems, num_generations=4, max_new_tokens=24, seed=5, record_behavior=True)
     plain = generate_groups(policy, problems, num_generations=4, max_new_tokens=24, seed=5)
-    assert [g.completions for g in plain.groups] == [g.completions for g in result.groups], "recording changes no sample"
+    assert [g.completions for g in plain.groups] == [g.completions for g in result.groups], (
+        "recording changes no sample"
+    )
     assert all(g.behavior is None for g in plain.groups)
 
     for group in result.groups:
@@ -38,7 +40,9 @@ def test_recorded_logprobs_are_the_policys_own_and_give_weight_one_to_itself(tmp
     # The same groups seen as a peer's: the receiver (here the same policy) re-encodes the text
     # and finds the sender's log-probs equal to its own, so each weight is 1.
     # (Rewards set so that every group has a signal and trains.)
-    from_peer = [g.model_copy(update={"origin": "12D3KooWpeer", "rewards": [1.0, 0.0, 0.0, 0.0]}) for g in result.groups]
+    from_peer = [
+        g.model_copy(update={"origin": "12D3KooWpeer", "rewards": [1.0, 0.0, 0.0, 0.0]}) for g in result.groups
+    ]
     batch = encode_groups(policy, from_peer, 24, importance_weight="sequence")
     assert batch is not None
     compared = [row for row, sender in enumerate(batch.behavior) if sender is not None]

@@ -78,19 +78,25 @@ def test_auto_precision_on_cuda_is_bf16_for_the_update_and_for_sampling(tmp_path
 
 
 def test_bf16_update_on_cuda_runs_its_forward_in_bf16_and_trains_fp32_weights(tmp_path, problem):
-    group = QuestionGroup(problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>-9</answer>"],
-                          rewards=[1.0, 0.0], origin="peer")
+    group = QuestionGroup(
+        problem=problem,
+        completions=[f"<answer>{problem.answer}</answer>", "<answer>-9</answer>"],
+        rewards=[1.0, 0.0],
+        origin="peer",
+    )
     fp32 = load_policy("tiny", device="cuda", seed=0, models_dir=tmp_path, precision="fp32")
     bf16 = load_policy("tiny", device="cuda", seed=0, models_dir=tmp_path, precision="bf16")
     batch = encode_groups(fp32, [group], 32)
     seen = []
     hook = bf16.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     with torch.no_grad():
-        reference = completion_logprobs(fp32.model, batch.input_ids.to(CUDA), batch.attention_mask.to(CUDA),
-                                        batch.completion_length)
+        reference = completion_logprobs(
+            fp32.model, batch.input_ids.to(CUDA), batch.attention_mask.to(CUDA), batch.completion_length
+        )
         with bf16.autocast():
-            low = completion_logprobs(bf16.model, batch.input_ids.to(CUDA), batch.attention_mask.to(CUDA),
-                                      batch.completion_length)
+            low = completion_logprobs(
+                bf16.model, batch.input_ids.to(CUDA), batch.attention_mask.to(CUDA), batch.completion_length
+            )
     hook.remove()
     assert seen == [torch.bfloat16] and low.dtype == torch.float32
     mask = batch.completion_mask.bool().to(CUDA)
@@ -105,14 +111,20 @@ def test_bf16_update_on_cuda_runs_its_forward_in_bf16_and_trains_fp32_weights(tm
 
 def test_greedy_decoding_on_cuda_matches_generate(tiny):
     model, _, tokenizer = tiny
-    ours = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=24, temperature=None,
-                          seed=0, device=CUDA)
+    ours = decode_samples(
+        model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=24, temperature=None, seed=0, device=CUDA
+    )
     enc = encode(tokenizer, PROMPTS, CUDA)
     with torch.inference_mode():
-        out = model.generate(**enc, do_sample=False, max_new_tokens=24, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id)
+        out = model.generate(
+            **enc,
+            do_sample=False,
+            max_new_tokens=24,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
-    theirs = [[t for t in row.tolist() if t not in special] for row in out[:, enc["input_ids"].shape[1]:]]
+    theirs = [[t for t in row.tolist() if t not in special] for row in out[:, enc["input_ids"].shape[1] :]]
     assert ours.token_ids == theirs
     assert len(set(map(tuple, ours.token_ids))) == 2  # the two prompts really lead to different text
 
@@ -152,8 +164,15 @@ def test_seeded_sampling_on_cuda_repeats_and_seeds_differ(tiny):
 
 @pytest.mark.parametrize("temperature", [None, 1.0])
 def test_a_mixed_batch_on_cuda_decodes_what_each_node_decodes_alone(tmp_path, temperature):
-    shared = SharedLoraBase("tiny", 3, lora=LoraOptions(rank=4, alpha=8), seeds=[0, 1, 2], models_dir=tmp_path,
-                            device="cuda", generation_precision="fp32")
+    shared = SharedLoraBase(
+        "tiny",
+        3,
+        lora=LoraOptions(rank=4, alpha=8),
+        seeds=[0, 1, 2],
+        models_dir=tmp_path,
+        device="cuda",
+        generation_precision="fp32",
+    )
     with torch.no_grad():  # LoRA starts as B = 0 (every adapter the base); give each node its own
         for k, view in enumerate(shared.views):
             generator = torch.Generator().manual_seed(100 + k)
@@ -161,13 +180,17 @@ def test_a_mixed_batch_on_cuda_decodes_what_each_node_decodes_alone(tmp_path, te
                 if "lora_B" in name:
                     parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
     prompts = [["1+2=", "3+4=", "9+9="], ["2+2=", "5+1="], ["7+1=", "4+4=", "6+3=", "0+8="]]
-    common = dict(samples_per_prompt=4, max_new_tokens=8, temperature=temperature, device=CUDA,
-                  weights_dtype=torch.float32)
+    common = dict(
+        samples_per_prompt=4, max_new_tokens=8, temperature=temperature, device=CUDA, weights_dtype=torch.float32
+    )
     seeds = [11, 12, 13]
-    together = decode_mixed(shared.model, shared.tokenizer, prompts, [v.name for v in shared.views], seeds=seeds,
-                            **common)
-    alone = [decode_samples(view, shared.tokenizer, p, seed=seed, **common)
-             for view, p, seed in zip(shared.views, prompts, seeds)]
+    together = decode_mixed(
+        shared.model, shared.tokenizer, prompts, [v.name for v in shared.views], seeds=seeds, **common
+    )
+    alone = [
+        decode_samples(view, shared.tokenizer, p, seed=seed, **common)
+        for view, p, seed in zip(shared.views, prompts, seeds)
+    ]
     assert [b.token_ids for b in together] == [b.token_ids for b in alone]
     first_alone = decode_samples(shared.views[0], shared.tokenizer, prompts[2], seed=seeds[2], **common)
     assert first_alone.token_ids != alone[2].token_ids  # and the adapters matter

@@ -47,29 +47,41 @@ def hf_greedy(model, tokenizer, prompts, max_new_tokens):
     tokenizer.padding_side = "left"
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.inference_mode():
-        out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
-                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        out = model.generate(
+            **enc,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
-    return [[t for t in row.tolist() if t not in special] for row in out[:, enc["input_ids"].shape[1]:]]
+    return [[t for t in row.tolist() if t not in special] for row in out[:, enc["input_ids"].shape[1] :]]
 
 
 def test_greedy_matches_generate_with_left_padding(tiny):
     model, tokenizer = tiny
-    ours = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=24,
-                          temperature=None, seed=0, device=CPU)
+    ours = decode_samples(
+        model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=24, temperature=None, seed=0, device=CPU
+    )
     assert ours.token_ids == hf_greedy(model, tokenizer, PROMPTS, 24)
     assert len(set(map(tuple, ours.token_ids))) == 2  # the two prompts really lead to different text
-    alone = [decode_samples(model, tokenizer, [p], samples_per_prompt=1, max_new_tokens=24, temperature=None,
-                            seed=0, device=CPU).token_ids[0] for p in PROMPTS]
+    alone = [
+        decode_samples(
+            model, tokenizer, [p], samples_per_prompt=1, max_new_tokens=24, temperature=None, seed=0, device=CPU
+        ).token_ids[0]
+        for p in PROMPTS
+    ]
     assert alone == ours.token_ids
 
 
 def test_shared_prefill_repeats_each_prompt_for_its_samples(tiny):
     model, tokenizer = tiny
-    greedy = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=16,
-                            temperature=None, seed=0, device=CPU).token_ids
-    cold = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=3, max_new_tokens=16,
-                          temperature=1e-4, seed=0, device=CPU).token_ids
+    greedy = decode_samples(
+        model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=16, temperature=None, seed=0, device=CPU
+    ).token_ids
+    cold = decode_samples(
+        model, tokenizer, PROMPTS, samples_per_prompt=3, max_new_tokens=16, temperature=1e-4, seed=0, device=CPU
+    ).token_ids
     assert cold == [greedy[0]] * 3 + [greedy[1]] * 3
 
 
@@ -79,8 +91,16 @@ def test_first_token_frequencies_follow_the_tempered_softmax(tiny):
     ids = tokenizer([PROMPTS[0]], return_tensors="pt", add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         probs = torch.softmax(model(input_ids=ids).logits[0, -1] / temperature, -1)
-    out = decode_samples(model, tokenizer, [PROMPTS[0]], samples_per_prompt=draws, max_new_tokens=1,
-                         temperature=temperature, seed=1, device=CPU)
+    out = decode_samples(
+        model,
+        tokenizer,
+        [PROMPTS[0]],
+        samples_per_prompt=draws,
+        max_new_tokens=1,
+        temperature=temperature,
+        seed=1,
+        device=CPU,
+    )
     counts = torch.zeros_like(probs)
     for row in out.token_ids:
         counts[row[0] if row else tokenizer.eos_token_id] += 1
@@ -111,8 +131,17 @@ def test_a_set_stop_event_interrupts(tiny):
     event = threading.Event()
     event.set()
     with pytest.raises(GenerationInterrupted):
-        decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=2, max_new_tokens=8, temperature=1.0,
-                       seed=0, device=CPU, stop=event)
+        decode_samples(
+            model,
+            tokenizer,
+            PROMPTS,
+            samples_per_prompt=2,
+            max_new_tokens=8,
+            temperature=1.0,
+            seed=0,
+            device=CPU,
+            stop=event,
+        )
 
 
 # --- the sampler ---------------------------------------------------------------------------------
@@ -210,9 +239,17 @@ def test_static_decoder_handles_qwen2_biases(tiny):
 
     _, tokenizer = tiny
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         tie_word_embeddings=False)).eval()
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1 and p.shape[0] != 64:  # the q/k/v biases (norm weights are 64 wide)
@@ -237,23 +274,46 @@ def test_a_model_outside_the_llama_family_decodes_through_its_forward(tiny):
 
     _, tokenizer = tiny
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)).eval()
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tokenizer),
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    ).eval()
     assert "gpt2" in LlamaDecoder.unsupported(model)
-    ours = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=12, temperature=None,
-                          seed=0, device=CPU)
+    ours = decode_samples(
+        model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=12, temperature=None, seed=0, device=CPU
+    )
     assert ours.token_ids == hf_greedy(model, tokenizer, PROMPTS, 12)
 
 
 def test_rows_that_leave_do_not_disturb_the_rest(tiny):
     model, tokenizer = tiny
-    alone = [decode_samples(model, tokenizer, [p], samples_per_prompt=1, max_new_tokens=20, temperature=None,
-                            seed=0, device=CPU).token_ids[0] for p in PROMPTS]
+    alone = [
+        decode_samples(
+            model, tokenizer, [p], samples_per_prompt=1, max_new_tokens=20, temperature=None, seed=0, device=CPU
+        ).token_ids[0]
+        for p in PROMPTS
+    ]
     # Row 0 stops after its first n tokens (the stop text, which row 1 never writes), so the cache
     # drops it after step n; row 1 goes on alone.
     n = next(n for n in range(1, 8) if tokenizer.decode(alone[0][:n]) not in tokenizer.decode(alone[1]))
-    out = decode_samples(model, tokenizer, PROMPTS, samples_per_prompt=1, max_new_tokens=20, temperature=None,
-                         seed=0, device=CPU, stop_text=tokenizer.decode(alone[0][:n]))
+    out = decode_samples(
+        model,
+        tokenizer,
+        PROMPTS,
+        samples_per_prompt=1,
+        max_new_tokens=20,
+        temperature=None,
+        seed=0,
+        device=CPU,
+        stop_text=tokenizer.decode(alone[0][:n]),
+    )
     assert out.token_ids == [alone[0][:n], alone[1]] and n < len(alone[1])
 
 

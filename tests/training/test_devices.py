@@ -88,9 +88,11 @@ def test_torch_threads_are_set_once_for_the_process():
     import sys
 
     # a child process: the setting is process-wide, so a test must not change the suite's own
-    code = ("import torch\nfrom sapo.training.devices import configure_torch_threads, owned_cpus\n"
-            "print(configure_torch_threads(3), torch.get_num_threads(), configure_torch_threads(0), "
-            "torch.get_num_threads(), owned_cpus())\n")
+    code = (
+        "import torch\nfrom sapo.training.devices import configure_torch_threads, owned_cpus\n"
+        "print(configure_torch_threads(3), torch.get_num_threads(), configure_torch_threads(0), "
+        "torch.get_num_threads(), owned_cpus())\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     given, set_to, default, default_set, owned = map(int, out)
     assert (given, set_to) == (3, 3)
@@ -106,13 +108,17 @@ def test_a_process_that_configured_torch_reuses_freed_memory_without_page_faults
     # (The first is larger because torch's aligned allocation asks for a little more than the
     # tensor: a freed block of the same size may not hold it, and whether it does depends on where
     # the interpreter's small allocations fell in between.)
-    code = ("import resource, sys, torch\nfrom sapo.training.devices import configure_torch_threads\n"
-            "if sys.argv[1] == 'configured':\n    configure_torch_threads(1)\n"
-            "torch.ones(32 * 2**20)\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-            "torch.ones(16 * 2**20)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
-    faults = {arm: int(subprocess.run([sys.executable, "-c", code, arm], capture_output=True, text=True,
-                                      check=True).stdout) for arm in ("default", "configured")}
+    code = (
+        "import resource, sys, torch\nfrom sapo.training.devices import configure_torch_threads\n"
+        "if sys.argv[1] == 'configured':\n    configure_torch_threads(1)\n"
+        "torch.ones(32 * 2**20)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "torch.ones(16 * 2**20)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+    )
+    faults = {
+        arm: int(subprocess.run([sys.executable, "-c", code, arm], capture_output=True, text=True, check=True).stdout)
+        for arm in ("default", "configured")
+    }
     assert faults["default"] > 10_000  # 64 MB in 4 kB pages, faulted in again
     assert faults["configured"] < 1_000, faults

@@ -19,16 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from sapo.sampling.external_use import ExternalUse
+from sapo.sampling.training_set import training_set
 from sapo.training.config import TrainingSettings
 from sapo.training.generation import generate_groups
 from sapo.training.policy import load_policy
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.sampling.external_use import ExternalUse
-from sapo.sampling.training_set import training_set
 from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
-from tests.training.rows import encode_groups
 from sapo.training.warmstart import WarmStartSettings, warm_start
+from tests.training.rows import encode_groups
 
 TASKS = default_task_specs(["basic_arithmetic"])
 
@@ -47,7 +47,10 @@ def warm(tmp_path_factory) -> Path:
 
 def closing_logprob(policy, problems) -> float:
     """Mean log p of '/' in '<answer>KEY</answer>': the tag closing after the right answer."""
-    groups = [QuestionGroup(problem=p, completions=[f"<answer>{p.answer}</answer>", "x"], rewards=[1.0, 0.0]) for p in problems]
+    groups = [
+        QuestionGroup(problem=p, completions=[f"<answer>{p.answer}</answer>", "x"], rewards=[1.0, 0.0])
+        for p in problems
+    ]
     batch = encode_groups(policy, groups, 32)
     rows = [r for r in range(len(batch.completions)) if batch.advantages[r] > 0]
     ids, attention, _ = batch.padded(rows)
@@ -60,21 +63,34 @@ def closing_logprob(policy, problems) -> float:
 def peer_group(problem, rng: random.Random) -> QuestionGroup:
     """What another policy wrote: one right answer and seven answers this one would not give."""
     wrong = [f"<answer>{rng.randint(100, 999)}</answer>" for _ in range(7)]
-    return QuestionGroup(problem=problem, completions=[f"<answer>{problem.answer}</answer>", *wrong],
-                         rewards=[1.0] + [0.0] * 7, origin="12D3KooWpeer")
+    return QuestionGroup(
+        problem=problem,
+        completions=[f"<answer>{problem.answer}</answer>", *wrong],
+        rewards=[1.0] + [0.0] * 7,
+        origin="12D3KooWpeer",
+    )
 
 
 def own_group(policy, problem, seed: int) -> QuestionGroup:
     """The control: the right answer and seven failures this policy sampled itself."""
     (group,) = generate_groups(policy, [problem], num_generations=8, max_new_tokens=24, seed=seed).groups
-    return group.model_copy(update={"completions": [f"<answer>{problem.answer}</answer>", *group.completions[1:]],
-                                    "rewards": [1.0, *group.rewards[1:]]})
+    return group.model_copy(
+        update={
+            "completions": [f"<answer>{problem.answer}</answer>", *group.completions[1:]],
+            "rewards": [1.0, *group.rewards[1:]],
+        }
+    )
 
 
-@pytest.mark.parametrize("failures, off_policy_rows, falls", [
-    ("peer", "all", True), ("peer", "positive", False), ("own", "all", False),
-    ("peer", None, False),  # the node's defaults keep the tag (they did not before "positive" was the default)
-])
+@pytest.mark.parametrize(
+    "failures, off_policy_rows, falls",
+    [
+        ("peer", "all", True),
+        ("peer", "positive", False),
+        ("own", "all", False),
+        ("peer", None, False),  # the node's defaults keep the tag (they did not before "positive" was the default)
+    ],
+)
 def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_rows, falls):
     torch.manual_seed(0)
     policy = load_policy("tiny-micro", device="cpu", seed=0, models_dir=warm, weights_from=warm)
@@ -86,7 +102,10 @@ def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_r
     sampler, rng = TaskSampler(TASKS, dataset_seed=1, rng_seed=1), random.Random(0)
     for step in range(10):
         problems = sampler.sample(4)
-        groups = [peer_group(p, rng) if failures == "peer" else own_group(policy, p, 100 * step + i) for i, p in enumerate(problems)]
+        groups = [
+            peer_group(p, rng) if failures == "peer" else own_group(policy, p, 100 * step + i)
+            for i, p in enumerate(problems)
+        ]
         grpo_update(policy, optimizer, training_set(groups, [], use, policy.tokenizer_fingerprint).rows, settings, rng)
     after = closing_logprob(policy, probe)
     if falls:
@@ -95,8 +114,10 @@ def test_a_peers_failures_push_the_closing_tag_down(warm, failures, off_policy_r
         assert after > before - 0.01, (before, after)
 
 
-@pytest.mark.parametrize(("own_rows", "off_policy_rows"), [("all", "all"), ("all", "positive"), ("positive", "all"),
-                                                          ("positive", "positive")])
+@pytest.mark.parametrize(
+    ("own_rows", "off_policy_rows"),
+    [("all", "all"), ("all", "positive"), ("positive", "all"), ("positive", "positive")],
+)
 def test_which_rows_train_by_whose_they_are_and_their_sign(own_rows, off_policy_rows):
     problem = TaskSampler(TASKS, 1, 0).sample(1)[0]
     texts = ["<answer>right</answer>", "<answer>wrong</answer>"]

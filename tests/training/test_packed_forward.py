@@ -29,16 +29,22 @@ def problems():
 
 def groups_of(problems) -> list[QuestionGroup]:
     return [
-        QuestionGroup(problem=problems[0], completions=["<answer>5</answer>", "I think it is <answer>12</answer>", "7"],
-                      rewards=[1.0, 0.0, 0.0], origin="peer"),
-        QuestionGroup(problem=problems[1], completions=["<answer>55</answer> yes", "x"], rewards=[1.0, 0.0],
-                      origin="peer"),
+        QuestionGroup(
+            problem=problems[0],
+            completions=["<answer>5</answer>", "I think it is <answer>12</answer>", "7"],
+            rewards=[1.0, 0.0, 0.0],
+            origin="peer",
+        ),
+        QuestionGroup(
+            problem=problems[1], completions=["<answer>55</answer> yes", "x"], rewards=[1.0, 0.0], origin="peer"
+        ),
     ]
 
 
 def policy_of(name: str, lora: bool, tmp_path: Path):
-    policy = load_policy(name, device="cpu", seed=0, models_dir=tmp_path, lora=LoraOptions() if lora else None,
-                         precision="fp32")  # exactness against the model's own fp32 forward
+    policy = load_policy(
+        name, device="cpu", seed=0, models_dir=tmp_path, lora=LoraOptions() if lora else None, precision="fp32"
+    )  # exactness against the model's own fp32 forward
     if lora:  # B starts at zero; give the adapter an effect, so that its part of the forward shows
         with torch.no_grad(), torch.random.fork_rng():
             torch.manual_seed(1)
@@ -115,8 +121,9 @@ def test_passes_keep_the_rows_order_and_split_groups_at_the_budget(problems, tmp
     assert update.PassLayout(batch, 2, False, forward).pieces(rows) == [[0, 1], [2, 3], [4]]  # a pass spans groups
 
 
-def test_an_update_runs_each_real_token_once_and_moves_the_weights_as_the_models_own_forward(problems, tmp_path,
-                                                                                                monkeypatch):
+def test_an_update_runs_each_real_token_once_and_moves_the_weights_as_the_models_own_forward(
+    problems, tmp_path, monkeypatch
+):
     """One SGD step on packed rows equals the step on the model's own padded forward, and the
     packed step runs exactly the prompts (once each) and the completions."""
     settings = TrainingSettings(lr=1e-3, max_new_tokens=64, minibatches=1, updates_per_batch=1)
@@ -127,7 +134,9 @@ def test_an_update_runs_each_real_token_once_and_moves_the_weights_as_the_models
         if not packed:
             monkeypatch.setattr(update, "fits", lambda model: False)
         seen = []
-        hook = policy.model.get_input_embeddings().register_forward_pre_hook(lambda m, args: seen.append(args[0].numel()))
+        hook = policy.model.get_input_embeddings().register_forward_pre_hook(
+            lambda m, args: seen.append(args[0].numel())
+        )
         before = torch.cat([p.detach().flatten().clone() for p in policy.model.parameters()])
         grpo_update(policy, torch.optim.SGD(policy.trainable_parameters(), lr=1.0), rows, settings, random.Random(0))
         hook.remove()

@@ -35,8 +35,12 @@ def test_a_llama_family_policy_updates_in_bf16_where_the_cpu_has_it(tmp_path):
 
 def test_bf16_policy_runs_its_forward_in_bf16_and_keeps_fp32_weights(tmp_path):
     problem = TaskSampler(default_task_specs(["basic_arithmetic"]), 3, 3).sample(1)[0]
-    group = QuestionGroup(problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>-9</answer>"],
-                          rewards=[1.0, 0.0], origin="peer")
+    group = QuestionGroup(
+        problem=problem,
+        completions=[f"<answer>{problem.answer}</answer>", "<answer>-9</answer>"],
+        rewards=[1.0, 0.0],
+        origin="peer",
+    )
     fp32 = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, precision="fp32")
     bf16 = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, precision="bf16")
     batch = encode_groups(fp32, [group], 32)
@@ -50,8 +54,13 @@ def test_bf16_policy_runs_its_forward_in_bf16_and_keeps_fp32_weights(tmp_path):
     assert seen == [torch.bfloat16] and low.dtype == torch.float32
     mask = batch.completion_mask.bool()
     assert (low[mask] - reference[mask]).abs().max() < 0.1  # bf16 keeps about 3 significant digits
-    stats = grpo_update(bf16, make_optimizer(bf16, TrainingSettings(lr=1e-3)), rows_of(bf16, [group]),
-                        TrainingSettings(lr=1e-3), random.Random(0))
+    stats = grpo_update(
+        bf16,
+        make_optimizer(bf16, TrainingSettings(lr=1e-3)),
+        rows_of(bf16, [group]),
+        TrainingSettings(lr=1e-3),
+        random.Random(0),
+    )
     assert not stats.skipped and torch.isfinite(torch.tensor(stats.loss))
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
 
@@ -74,7 +83,9 @@ def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_p
     from sapo.training import decoding
     from sapo.training.generation import sample_completions
 
-    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, generation_precision="bf16", precision="fp32")
+    policy = load_policy(
+        "tiny", device="cpu", seed=0, models_dir=tmp_path, generation_precision="bf16", precision="fp32"
+    )
     assert policy.generation_dtype == torch.bfloat16 and not policy.bf16  # the update keeps its own precision
     built, real_of = [], decoding.LlamaDecoder.of
 
@@ -94,8 +105,16 @@ def test_the_nodes_generation_precision_setting_reaches_its_policy(tmp_path):
     from sapo.node.core.settings import load_settings
 
     for choice, bf16 in (("fp32", False), ("bf16", True)):
-        settings = load_settings({"model": "tiny-micro", "warm_start_steps": 0, "generation_precision": choice,
-                                  "data_dir": tmp_path / choice, "torch_threads": 1, "checkpoint_every": 0})
+        settings = load_settings(
+            {
+                "model": "tiny-micro",
+                "warm_start_steps": 0,
+                "generation_precision": choice,
+                "data_dir": tmp_path / choice,
+                "torch_threads": 1,
+                "checkpoint_every": 0,
+            }
+        )
         node = Node(settings)
         assert node.policy.generation_bf16 is bf16, choice
         assert node.policy.generation_dtype == (torch.bfloat16 if bf16 else torch.float32)

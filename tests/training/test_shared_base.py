@@ -15,8 +15,15 @@ PROMPTS = [["1+2=", "3+4=", "9+9="], ["2+2=", "5+1="], ["7+1=", "4+4=", "6+3=", 
 
 @pytest.fixture
 def shared(tmp_path) -> SharedLoraBase:
-    base = SharedLoraBase("tiny", 3, lora=LoraOptions(rank=4, alpha=8), seeds=[0, 1, 2], models_dir=tmp_path,
-                          device="cpu", generation_precision="fp32")
+    base = SharedLoraBase(
+        "tiny",
+        3,
+        lora=LoraOptions(rank=4, alpha=8),
+        seeds=[0, 1, 2],
+        models_dir=tmp_path,
+        device="cpu",
+        generation_precision="fp32",
+    )
     # LoRA starts as B = 0 (every adapter the base); give each node a different one
     with torch.no_grad():
         for k, view in enumerate(base.views):
@@ -33,7 +40,8 @@ def test_one_base_copy_and_one_adapter_per_node(shared):
     assert all(owned) and not (owned[0] & owned[1]) and not (owned[1] & owned[2])
     base_count = sum(p.numel() for n, p in shared.model.named_parameters() if "lora_" not in n)
     assert sum(p.numel() for p in shared.model.parameters()) == base_count + sum(
-        sum(p.numel() for p in v.parameters()) for v in views)
+        sum(p.numel() for p in v.parameters()) for v in views
+    )
     views[2].activate()  # PEFT freezes the inactive adapters; each node still sees its own as trainable
     assert all(len(shared.policy(k).trainable_parameters()) == len(owned[k]) for k in range(3))
     assert not any(p.requires_grad for n, p in shared.model.named_parameters() if "lora_" not in n)
@@ -41,12 +49,21 @@ def test_one_base_copy_and_one_adapter_per_node(shared):
 
 @pytest.mark.parametrize("temperature", [None, 1.0])
 def test_a_mixed_batch_decodes_what_each_node_decodes_alone(shared, temperature):
-    common = dict(samples_per_prompt=4, max_new_tokens=8, temperature=temperature, device=torch.device("cpu"),
-                  weights_dtype=torch.float32)
+    common = dict(
+        samples_per_prompt=4,
+        max_new_tokens=8,
+        temperature=temperature,
+        device=torch.device("cpu"),
+        weights_dtype=torch.float32,
+    )
     seeds = [11, 12, 13]
-    together = decode_mixed(shared.model, shared.tokenizer, PROMPTS, [v.name for v in shared.views], seeds=seeds, **common)
-    alone = [decode_samples(view, shared.tokenizer, prompts, seed=seed, **common)
-             for view, prompts, seed in zip(shared.views, PROMPTS, seeds)]
+    together = decode_mixed(
+        shared.model, shared.tokenizer, PROMPTS, [v.name for v in shared.views], seeds=seeds, **common
+    )
+    alone = [
+        decode_samples(view, shared.tokenizer, prompts, seed=seed, **common)
+        for view, prompts, seed in zip(shared.views, PROMPTS, seeds)
+    ]
     assert [b.token_ids for b in together] == [b.token_ids for b in alone]
     assert [len(b.token_ids) for b in together] == [4 * len(p) for p in PROMPTS]
     # and the adapters matter: the nodes do not all decode what the first one would
@@ -71,8 +88,14 @@ def test_a_nodes_adapter_saves_as_a_plain_lora_checkpoint(shared, tmp_path):
     view = shared.views[2]
     view.save_pretrained(tmp_path / "adapter")
     # the same base (a tiny model is built from a seed: the shared one's is the first node's)
-    alone = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path, lora=LoraOptions(rank=4, alpha=8),
-                        adapter_from=tmp_path / "adapter")
+    alone = load_policy(
+        "tiny",
+        device="cpu",
+        seed=0,
+        models_dir=tmp_path,
+        lora=LoraOptions(rank=4, alpha=8),
+        adapter_from=tmp_path / "adapter",
+    )
     ids = shared.tokenizer(["3+4="], return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.allclose(alone.model(input_ids=ids).logits, view(input_ids=ids).logits, atol=1e-5)

@@ -203,10 +203,20 @@ def test_decoder_matches_generate_on_smollm2(converted):
     from tests.training.test_decoding import hf_greedy, teacher_forced_logits
 
     _, model, tokenizer, _, _ = converted
-    prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in (
-        PROMPT, [{"role": "user", "content": "Name three colours, then say <answer>done</answer>."}])]
-    ours = decode_samples(model, tokenizer, prompts, samples_per_prompt=1, max_new_tokens=16, temperature=None,
-                          seed=0, device=torch.device("cpu"))
+    prompts = [
+        tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+        for m in (PROMPT, [{"role": "user", "content": "Name three colours, then say <answer>done</answer>."}])
+    ]
+    ours = decode_samples(
+        model,
+        tokenizer,
+        prompts,
+        samples_per_prompt=1,
+        max_new_tokens=16,
+        temperature=None,
+        seed=0,
+        device=torch.device("cpu"),
+    )
     assert ours.token_ids == hf_greedy(model, tokenizer, prompts, 16)
     shortest = min(map(len, ours.token_ids))
     continuation = torch.tensor([row[:shortest] for row in ours.token_ids])

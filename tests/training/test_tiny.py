@@ -180,7 +180,10 @@ def test_bpe_tokenizer_and_weights_identical_across_processes():
     script = FINGERPRINT + "import sys; print(fingerprint(sys.argv[1], int(sys.argv[2])))"
     out = subprocess.run(
         [sys.executable, "-c", script, "tiny-bpe", "5"],
-        capture_output=True, text=True, check=True, timeout=120,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
         env={**os.environ, "PYTHONHASHSEED": "12345"},
     )
     assert out.stdout.strip().splitlines()[-1] == here["fingerprint"]("tiny-bpe", 5)

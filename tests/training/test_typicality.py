@@ -35,7 +35,9 @@ def rewritten(group: QuestionGroup, text) -> QuestionGroup:
     """The group with each right completion replaced by `text(problem)`; the wrong ones kept."""
     answer = group.problem.answer
     texts = [text(group.problem) for _ in range(4)] + [f"<answer>{int(answer) + 1}</answer>"] * 4
-    return group.model_copy(update={"completions": texts, "rewards": score_group(group.problem, texts), "origin": "peer"})
+    return group.model_copy(
+        update={"completions": texts, "rewards": score_group(group.problem, texts), "origin": "peer"}
+    )
 
 
 def test_own_samples_average_zero_excess_surprise(policy_and_groups):
@@ -56,18 +58,29 @@ def test_injected_text_stands_far_above_the_bar_and_is_refused(policy_and_groups
     trust = TrustSettings()
     own = excess_surprise(policy, winning(groups), 32)
     assert own  # the warm-started policy gets some right
-    bar = ScreenReference().updated([worst_stretch(z, trust.screen_window) for g in own for z in g]).bar(trust.screen_margin)
+    bar = (
+        ScreenReference()
+        .updated([worst_stretch(z, trust.screen_window) for g in own for z in g])
+        .bar(trust.screen_margin)
+    )
     clean = [rewritten(g, lambda p: f"<answer>{p.answer}</answer>") for g in groups]
     phrase = [rewritten(g, lambda p: f"SAPO rocks! <answer>{p.answer}</answer>") for g in groups]
-    working = [rewritten(g, lambda p: f"{p.question.removeprefix('Calculate').strip(' .')} = {int(p.answer) + 1}. "
-                         f"<answer>{p.answer}</answer>") for g in groups]
+    working = [
+        rewritten(
+            g,
+            lambda p: (
+                f"{p.question.removeprefix('Calculate').strip(' .')} = {int(p.answer) + 1}. <answer>{p.answer}</answer>"
+            ),
+        )
+        for g in groups
+    ]
     candidates = clean + phrase + working
     verdict = screen(candidates, excess_surprise(policy, winning(candidates), 32), own, ScreenReference(), trust)
     assert verdict.bar == pytest.approx(bar)
     assert verdict.kept == clean
     assert verdict.refused == phrase + working
     scores = verdict.scores  # 4 judged (right) completions a group, in order
-    assert max(scores[: 4 * len(clean)]) < bar < min(scores[4 * len(clean):]) - 10
+    assert max(scores[: 4 * len(clean)]) < bar < min(scores[4 * len(clean) :]) - 10
 
 
 def test_one_poisoned_answer_is_dropped_from_its_group_and_the_rest_train(policy_and_groups):
@@ -92,8 +105,16 @@ def test_a_group_whose_answer_this_node_does_not_know_passes(policy_and_groups):
     trust = TrustSettings()
     own = excess_surprise(policy, winning(groups), 32)
     # a long, unlikely answer content: would be many nats if it counted
-    odd = [g.model_copy(update={"completions": ["<answer>12345678901234567890</answer>", "<answer>x</answer>"],
-                                "rewards": [1.0, 0.0], "origin": "peer"}) for g in groups[:2]]
+    odd = [
+        g.model_copy(
+            update={
+                "completions": ["<answer>12345678901234567890</answer>", "<answer>x</answer>"],
+                "rewards": [1.0, 0.0],
+                "origin": "peer",
+            }
+        )
+        for g in groups[:2]
+    ]
     verdict = screen(odd, excess_surprise(policy, winning(odd), 32), own, ScreenReference(), trust)
     assert verdict.kept == odd
 
@@ -105,15 +126,31 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
     from sapo.training.generation import GenerationResult
 
     policy, groups = policy_and_groups
-    settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "data_dir": str(tmp_path), "max_new_tokens": 32})
+    settings = load_settings(
+        {"model": "tiny", "tasks": ["basic_arithmetic"], "data_dir": str(tmp_path), "max_new_tokens": 32}
+    )
     node = Node(settings, peer_id="me", policy=policy)
     honest = rewritten(groups[0], lambda p: f"<answer>{p.answer}</answer>").model_copy(update={"origin": "alice"})
-    poisoned = rewritten(groups[1], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>").model_copy(update={"origin": "mallory"})
-    for author, t in (("alice", 0.0), ("alice", 60.0), ("alice", 120.0), ("mallory", 0.0), ("mallory", 60.0), ("mallory", 120.0)):
+    poisoned = rewritten(groups[1], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>").model_copy(
+        update={"origin": "mallory"}
+    )
+    for author, t in (
+        ("alice", 0.0),
+        ("alice", 60.0),
+        ("alice", 120.0),
+        ("mallory", 0.0),
+        ("mallory", 60.0),
+        ("mallory", 120.0),
+    ):
         node.inbox.standing.credit(author, t)
     state = node.start_state()
     plan = node.plan(state)
-    prepared = node.prepare(plan, GenerationResult(groups[2:], 0.0, 0), Selection([honest, poisoned], SamplerState(), state.streams.mix), state)
+    prepared = node.prepare(
+        plan,
+        GenerationResult(groups[2:], 0.0, 0),
+        Selection([honest, poisoned], SamplerState(), state.streams.mix),
+        state,
+    )
     assert prepared.external == [honest] and prepared.refused == [poisoned]
     assert node.inbox.standing.of("mallory") == 0.0 < node.inbox.standing.of("alice")
     # the bar moves with this round's own winning completions

@@ -99,7 +99,9 @@ def test_training_on_a_peers_text_raises_its_good_completion(problem, tmp_path, 
     settings = TrainingSettings(lr=1e-3, max_new_tokens=64)
     optimizer = make_optimizer(pol, settings)
     for _ in range(3):
-        stats = grpo_update(pol, optimizer, rows_of(pol, [g]), settings, random.Random(0))  # the peer's failures train too
+        stats = grpo_update(
+            pol, optimizer, rows_of(pol, [g]), settings, random.Random(0)
+        )  # the peer's failures train too
     assert not stats.skipped and stats.sequences == 4
     assert logprob_of(good) > before_good + 0.5
     assert logprob_of(bad) < before_bad
@@ -108,14 +110,19 @@ def test_training_on_a_peers_text_raises_its_good_completion(problem, tmp_path, 
 def test_micro_batches_change_memory_not_the_update(problem, tmp_path):
     """Gradient accumulation over micro-batches gives the same step as one big pass. (Plain SGD
     shows the gradient itself; Adam would amplify float rounding in near-zero coordinates.)"""
-    g = group(problem, ["<answer>5</answer>", "<answer>1</answer> and more text", "no tag", "<answer>55</answer>"],
-              [1.0, 0.0, 0.0, 0.5])
+    g = group(
+        problem,
+        ["<answer>5</answer>", "<answer>1</answer> and more text", "no tag", "<answer>55</answer>"],
+        [1.0, 0.0, 0.0, 0.5],
+    )
     results = []
     for micro in (1, 3, 64):
         # fp32: in bf16 a pass's rounding depends on its shape, so passes of other sizes differ by it
         pol = policy("tiny", tmp_path, precision="fp32")
         settings = TrainingSettings(lr=1e-3, max_new_tokens=64, micro_batch_size=micro, minibatches=1)
-        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), rows_of(pol, [g]), settings, random.Random(0))
+        grpo_update(
+            pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), rows_of(pol, [g]), settings, random.Random(0)
+        )
         results.append(torch.cat([p.detach().flatten() for p in pol.model.parameters()]))
     assert torch.allclose(results[0], results[2], atol=1e-5)
     assert torch.allclose(results[1], results[2], atol=1e-5)
@@ -126,8 +133,9 @@ def test_micro_batches_change_memory_not_the_update(problem, tmp_path):
 @pytest.mark.parametrize("name", ["tiny", "tiny-bpe"])
 def test_shared_prompt_pass_gives_the_padded_pass_logprobs_and_gradient(problem, tmp_path, name):
     pol = policy(name, tmp_path)
-    g = group(problem, ["<answer>5</answer>", "I think it is <answer>12</answer>", "7", "<answer>1"],
-              [1.0, 0.0, 0.0, 0.5])
+    g = group(
+        problem, ["<answer>5</answer>", "I think it is <answer>12</answer>", "7", "<answer>1"], [1.0, 0.0, 0.0, 0.5]
+    )
     batch = encode_groups(pol, [g], max_completion_tokens=64)
     rows = list(range(4))
     weights = torch.linspace(0.5, 2.0, batch.completion_length)
@@ -139,7 +147,8 @@ def test_shared_prompt_pass_gives_the_padded_pass_logprobs_and_gradient(problem,
         return value.detach(), torch.cat([p.grad.flatten() for p in pol.model.parameters() if p.grad is not None])
 
     padded_value, padded_grad = loss_and_grad(
-        completion_logprobs(pol.model, batch.input_ids, batch.attention_mask, batch.completion_length))
+        completion_logprobs(pol.model, batch.input_ids, batch.attention_mask, batch.completion_length)
+    )
     ids, _ = batch.completion_rows(rows)
     shared_value, shared_grad = loss_and_grad(shared_prompt_logprobs(pol.model, batch.prompts[0], ids))
     assert torch.allclose(shared_value, padded_value, atol=1e-4)
@@ -151,16 +160,19 @@ def test_shared_prompt_update_of_groups_of_unlike_lengths_is_the_padded_update(p
     # The shared-prompt path runs each group at its own width; the plain path pads every row to
     # the round's longest completion in one pass. One SGD step must come out the same.
     other = TaskSampler(default_task_specs(["basic_arithmetic"]), 4, 4).sample(1)[0]
-    groups = [group(problem, ["<answer>5</answer>", "7", "<answer>12"], [1.0, 0.0, 0.5]),
-              group(other, ["<answer>3</answer> since three" * 3, "no", "<answer>4</answer>"], [1.0, 0.0, 0.0])]
+    groups = [
+        group(problem, ["<answer>5</answer>", "7", "<answer>12"], [1.0, 0.0, 0.5]),
+        group(other, ["<answer>3</answer> since three" * 3, "no", "<answer>4</answer>"], [1.0, 0.0, 0.0]),
+    ]
     settings = TrainingSettings(lr=1e-3, max_new_tokens=128, minibatches=1, updates_per_batch=1)
     moved = {}
     for shared in (True, False):
         monkeypatch.setattr(EncodedBatch, "shared_prompt_saves", lambda self, shared=shared: shared)
         pol = policy("tiny", tmp_path)
         before = torch.cat([p.detach().flatten().clone() for p in pol.model.parameters()])
-        grpo_update(pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), rows_of(pol, groups), settings,
-                    random.Random(0))
+        grpo_update(
+            pol, torch.optim.SGD(pol.trainable_parameters(), lr=1.0), rows_of(pol, groups), settings, random.Random(0)
+        )
         moved[shared] = torch.cat([p.detach().flatten() for p in pol.model.parameters()]) - before
     assert moved[True].abs().max() > 1e-3
     assert torch.allclose(moved[True], moved[False], atol=1e-5, rtol=1e-3)

@@ -51,7 +51,11 @@ def test_a_watcher_that_raises_stops_the_warm_start_and_nothing_is_cached(tmp_pa
 
     with pytest.raises(Stop), watching_warm_start(stop_at_two):
         cached_warm_start(
-            "tiny", model_seed=0, tasks=TASKS, settings=WarmStartSettings(steps=50, batch_size=2),
-            models_dir=tmp_path, device="cpu",
+            "tiny",
+            model_seed=0,
+            tasks=TASKS,
+            settings=WarmStartSettings(steps=50, batch_size=2),
+            models_dir=tmp_path,
+            device="cpu",
         )
     assert not list((tmp_path / "warmstart").glob("*/recipe.json"))

@@ -26,11 +26,23 @@ async def test_an_accepted_authors_network_group_is_recorded_and_shared():
             b = await start_node(nursery, peers=[a.addr])
             await wait_for_mesh([a, b])
             inbox = node_inbox(settings)
-            intake = node_intake(settings, inbox, NodeCounters(), peer_id=b.service.peer_id,
-                                 rg_version=reasoning_gym_version(), verifier=score_group)
-            exchange = GossipExchange(b.service, GroupEncoder(peer_id=b.service.peer_id, swarm=SWARM, model_id="m",
-                                                             rg_version=reasoning_gym_version()), intake, NodeCounters())
-            encoder = GroupEncoder(peer_id=a.service.peer_id, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version())
+            intake = node_intake(
+                settings,
+                inbox,
+                NodeCounters(),
+                peer_id=b.service.peer_id,
+                rg_version=reasoning_gym_version(),
+                verifier=score_group,
+            )
+            exchange = GossipExchange(
+                b.service,
+                GroupEncoder(peer_id=b.service.peer_id, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version()),
+                intake,
+                NodeCounters(),
+            )
+            encoder = GroupEncoder(
+                peer_id=a.service.peer_id, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version()
+            )
             assert b.service.network_group_of(a.service.peer_id) == "local"  # 127.0.0.1 is not routable
             assert await a.service.publish(encoder.frame(honest_group(0), 1))
             [message] = await receive_all(b, 1)

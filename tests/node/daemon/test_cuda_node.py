@@ -30,9 +30,34 @@ def test_a_node_trains_on_cuda_and_its_checkpoint_resumes_on_cuda_and_on_the_cpu
 
 def test_a_shared_base_lora_study_runs_on_cuda(tmp_path):
     out = tmp_path / "study"
-    result = sapo_node("experiment", "--nodes", "2", "--configs", "2/0,1/1", "--rounds", "2", "--shared-base",
-                       "--no-progress", "--jobs", "1", "--out", str(out), "--model", "tiny", "--lora", "--lora-rank", "4",
-                       "--tasks", "basic_arithmetic", "--max-new-tokens", "6", "--generations", "4", "--device", "cuda")
+    result = sapo_node(
+        "experiment",
+        "--nodes",
+        "2",
+        "--configs",
+        "2/0,1/1",
+        "--rounds",
+        "2",
+        "--shared-base",
+        "--no-progress",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+        "--model",
+        "tiny",
+        "--lora",
+        "--lora-rank",
+        "4",
+        "--tasks",
+        "basic_arithmetic",
+        "--max-new-tokens",
+        "6",
+        "--generations",
+        "4",
+        "--device",
+        "cuda",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["study"]["shared_base"] is True and set(summary["results"]) == {"2/0", "1/1"}

@@ -19,13 +19,12 @@ def test_both_exchanges_have_the_protocols_signatures():
 async def test_shared_log_probs_cross_the_wire_and_reach_the_receivers_inbox():
     from sapo.node.core.counters import NodeCounters
     from sapo.node.core.memory_exchange import MemoryHub
+    from sapo.node.core.settings import NodeSettings
     from sapo.node.study.nodes import peer_id_for
     from sapo.sampling.inbox import Inbox
     from sapo.training.rollouts import Behavior
     from sapo.training.tasks import reasoning_gym_version
     from tests.node.daemon.test_hostile_peer import honest_group
-
-    from sapo.node.core.settings import NodeSettings
 
     hub = MemoryHub(lambda: 1_700_000_000.0, rg_version=reasoning_gym_version())
     inbox = Inbox(16, 2**20, 600)

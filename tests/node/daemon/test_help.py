@@ -14,9 +14,20 @@ from sapo.node.core.settings import CONCERNS, EVERYDAY, field_owner, settings_gr
 # A value other than its default for every setting that is not a bool, a choice or a number
 # (those are derived below), as a user would type it.
 OTHER = {
-    "model": "tiny", "device": "cpu", "listen": "/ip4/127.0.0.1/tcp/4002", "swarm": "other", "log_level": "DEBUG",
-    "metrics_host": "0.0.0.0", "identity_seed": "ab" * 32, "warm_start_share": "1/4", "data_dir": "elsewhere",
-    "models_dir": "models-here", "lr": "0.0003", "metrics_port": "9100", "micro_batch_size": "4", "warm_start_steps": "10",
+    "model": "tiny",
+    "device": "cpu",
+    "listen": "/ip4/127.0.0.1/tcp/4002",
+    "swarm": "other",
+    "log_level": "DEBUG",
+    "metrics_host": "0.0.0.0",
+    "identity_seed": "ab" * 32,
+    "warm_start_share": "1/4",
+    "data_dir": "elsewhere",
+    "models_dir": "models-here",
+    "lr": "0.0003",
+    "metrics_port": "9100",
+    "micro_batch_size": "4",
+    "warm_start_steps": "10",
     "judge": "/ip4/127.0.0.1/tcp/4101/p2p/12D3KooWJPtxrHVDPoETNfPJY4WWVzX7Ti4WPemtXDgb5qmFrDiv",
     "tasks": ["basic_arithmetic"],
     "peers": ["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWAiuDqrAu34MJemTVcjU4AtGeryEYP7BRcPRvQtkK87sm"],
@@ -73,8 +84,9 @@ def test_every_setting_is_a_documented_flag_that_reaches_its_field(tmp_path):
 
 
 def test_the_first_screen_of_help_lists_the_everyday_settings_only():
-    out = subprocess.run([sys.executable, "-m", "sapo.node.cli", "start", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "sapo.node.cli", "start", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     first_group_end = out.index(f"\n{settings_groups()[1][0]}:")
     first_screen = out[:first_group_end]
     options = re.findall(r"^  (--?[a-z][\w-]*)", first_screen, flags=re.MULTILINE)

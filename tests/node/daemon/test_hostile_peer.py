@@ -10,20 +10,21 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.node.core.exchange import GroupEncoder
 from sapo.protocol.gossip import GossipService
-from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.identity import peer_id_of
+from sapo.protocol.settings import NetworkSettings
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
 from tests.conftest import FAST_TINY, read_metrics
 from tests.processes import LISTEN
 
 
-
 def honest_group(index: int = 0) -> QuestionGroup:
     """An honest group on the `index`-th question: distinct indexes give distinct content, which
     the intake needs to accept more than one (it refuses a re-stamped copy as a repeat)."""
     problem = TaskSampler(default_task_specs(["basic_arithmetic"]), 77, 0).sample(index + 1)[index]
-    return QuestionGroup(problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>x</answer>"], rewards=[1.0, 0.0])
+    return QuestionGroup(
+        problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>x</answer>"], rewards=[1.0, 0.0]
+    )
 
 
 async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path):
@@ -48,13 +49,21 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
                 key,
                 send,
             )
-            encoder = GroupEncoder(peer_id=attacker_id, swarm="default", model_id="evil", rg_version=reasoning_gym_version())
+            encoder = GroupEncoder(
+                peer_id=attacker_id, swarm="default", model_id="evil", rg_version=reasoning_gym_version()
+            )
             group = honest_group()
             spoofed = group.model_copy(update={"problem": group.problem.model_copy(update={"answer": "12345"})})
-            impostor = GroupEncoder(peer_id=peer_id_of(create_new_key_pair(b"\x08" * 32)), swarm="default",
-                                    model_id="evil", rg_version=reasoning_gym_version())
+            impostor = GroupEncoder(
+                peer_id=peer_id_of(create_new_key_pair(b"\x08" * 32)),
+                swarm="default",
+                model_id="evil",
+                rg_version=reasoning_gym_version(),
+            )
             # a config that would make us generate an enormous problem
-            huge_spec = group.problem.spec.model_copy(update={"config": {**group.problem.spec.config, "max_digits": 10**6}})
+            huge_spec = group.problem.spec.model_copy(
+                update={"config": {**group.problem.spec.config, "max_digits": 10**6}}
+            )
             enormous = group.model_copy(update={"problem": group.problem.model_copy(update={"spec": huge_spec})})
             honest_frame = encoder.frame(group, 1)
             bad_frames = {

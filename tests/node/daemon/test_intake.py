@@ -22,15 +22,28 @@ ME, ALICE, MALLORY = peer_id_for(0, 0), peer_id_for(0, 1), peer_id_for(0, 2)
 def intake(keep: bool = False) -> tuple[Intake, list[tuple[str, str]]]:
     charged: list[tuple[str, str]] = []
     return Intake(
-        Inbox(64, 2**22, 600), NodeCounters(), swarm="t", local_peer_id=ME, rg_version=reasoning_gym_version(),
-        limits=DecodeLimits(), policy=VerifyPolicy(), max_age_seconds=600,
-        on_reject=lambda signer, reason: charged.append((signer, reason)), keep_groups_without_signal=keep,
+        Inbox(64, 2**22, 600),
+        NodeCounters(),
+        swarm="t",
+        local_peer_id=ME,
+        rg_version=reasoning_gym_version(),
+        limits=DecodeLimits(),
+        policy=VerifyPolicy(),
+        max_age_seconds=600,
+        on_reject=lambda signer, reason: charged.append((signer, reason)),
+        keep_groups_without_signal=keep,
     ), charged
 
 
 def encoder(peer: str, share: bool = False) -> GroupEncoder:
-    return GroupEncoder(peer_id=peer, swarm="t", model_id="m", rg_version=reasoning_gym_version(),
-                        share_logprobs=share, clock=lambda: NOW)
+    return GroupEncoder(
+        peer_id=peer,
+        swarm="t",
+        model_id="m",
+        rg_version=reasoning_gym_version(),
+        share_logprobs=share,
+        clock=lambda: NOW,
+    )
 
 
 def flat(index: int) -> QuestionGroup:
@@ -43,8 +56,11 @@ def test_a_group_whose_completions_all_score_alike_is_refused_counted_and_charge
     assert [receiver.accept(frame, ALICE, NOW) for frame in frames] == [None] * 5
     assert receiver.counters.rejected["no_signal"] == 5 and len(receiver.inbox) == 0
     assert charged == [(ALICE, "no_signal")] * 5
-    right = QuestionGroup(problem=honest_group(6).problem, completions=[f"<answer>{honest_group(6).problem.answer}</answer>"] * 2,
-                          rewards=[0.0, 0.0])  # all correct: nothing to learn either, whatever the sender claims
+    right = QuestionGroup(
+        problem=honest_group(6).problem,
+        completions=[f"<answer>{honest_group(6).problem.answer}</answer>"] * 2,
+        rewards=[0.0, 0.0],
+    )  # all correct: nothing to learn either, whatever the sender claims
     assert receiver.accept(encoder(ALICE).frame(right, 1), ALICE, NOW) is None
     assert receiver.accept(encoder(ALICE).frame(honest_group(7), 1), ALICE, NOW) is not None
     assert len(receiver.inbox) == 1 and receiver.counters.accepted_from == {ALICE: 1}

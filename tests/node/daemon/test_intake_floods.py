@@ -34,8 +34,15 @@ class Clock:
 def node(clock: Clock, max_age: float = 600.0, seen_capacity: int = 65_536) -> tuple[Intake, PeerGuard]:
     guard = PeerGuard(rate=GOSSIP_RATE, burst=100, ban_seconds=600, clock=clock)
     intake = Intake(
-        Inbox(10_000, 2**28, max_age), NodeCounters(), swarm="t", local_peer_id=ME, rg_version=reasoning_gym_version(),
-        limits=DecodeLimits(), policy=VerifyPolicy(), max_age_seconds=max_age, seen_capacity=seen_capacity,
+        Inbox(10_000, 2**28, max_age),
+        NodeCounters(),
+        swarm="t",
+        local_peer_id=ME,
+        rg_version=reasoning_gym_version(),
+        limits=DecodeLimits(),
+        policy=VerifyPolicy(),
+        max_age_seconds=max_age,
+        seen_capacity=seen_capacity,
         on_reject=lambda signer, reason: guard.penalize(signer.encode(), reason),
     )
     return intake, guard
@@ -51,10 +58,14 @@ def flat(index: int) -> QuestionGroup:
 
 def taught(index: int) -> QuestionGroup:
     problem = PROBLEMS[index]
-    return QuestionGroup(problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>x</answer>"], rewards=[1.0, 0.0])
+    return QuestionGroup(
+        problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>x</answer>"], rewards=[1.0, 0.0]
+    )
 
 
-def run(intake: Intake, guard: PeerGuard, clock: Clock, seconds: float, senders: dict[str, tuple[float, object]]) -> dict[str, float]:
+def run(
+    intake: Intake, guard: PeerGuard, clock: Clock, seconds: float, senders: dict[str, tuple[float, object]]
+) -> dict[str, float]:
     """Each sender publishes at its rate (groups a second) what its maker makes of a running
     index, through the gossip bucket then the intake; when each one was banned (or absent)."""
     banned: dict[str, float] = {}

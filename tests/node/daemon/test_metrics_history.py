@@ -21,16 +21,41 @@ PEERS = [f"12D3KooW{chr(65 + i) * 44}" for i in range(3)]
 def record(n: int, **changes) -> RoundRecord:
     """A round as a node with three peers writes it: about 1.1 KB of JSON."""
     values = dict(
-        round=n, time=1765000000.0 + 8 * n, reward_mean=0.4375, cumulative_reward=0.4375 * n, format_rate=0.96875,
-        accuracy=0.40625, per_task={"basic_arithmetic": 0.5, "propositional_logic": 0.375, "word_sorting": 0.4375},
-        local_groups=4, external_groups=4, external_planned=4, external_reward_mean=0.3125, screened_out=1,
-        inbox_size=37, received=40 * n, accepted=30 * n,
+        round=n,
+        time=1765000000.0 + 8 * n,
+        reward_mean=0.4375,
+        cumulative_reward=0.4375 * n,
+        format_rate=0.96875,
+        accuracy=0.40625,
+        per_task={"basic_arithmetic": 0.5, "propositional_logic": 0.375, "word_sorting": 0.4375},
+        local_groups=4,
+        external_groups=4,
+        external_planned=4,
+        external_reward_mean=0.3125,
+        screened_out=1,
+        inbox_size=37,
+        received=40 * n,
+        accepted=30 * n,
         rejected={"duplicate": 4 * n, "stale": 2 * n, "bad_signature": 12, "screened": 89},
-        transport={"malformed_frames": 3, "inbox_channel_full": 0, "peers_banned": 1, "relay_circuits_limited": 2,
-                   "peers_without_discovery": 1, "relayed_links_recovered": 4},
-        published=4 * n, accepted_from={p: 6 * n for p in PEERS}, peers=PEERS,
-        generate_seconds=5.123, train_seconds=2.456, round_seconds=8.012, generated_tokens=8192,
-        update_tokens=6144, tokens_per_second=1023.4, loss=0.01234, clip_fraction=0.0123,
+        transport={
+            "malformed_frames": 3,
+            "inbox_channel_full": 0,
+            "peers_banned": 1,
+            "relay_circuits_limited": 2,
+            "peers_without_discovery": 1,
+            "relayed_links_recovered": 4,
+        },
+        published=4 * n,
+        accepted_from={p: 6 * n for p in PEERS},
+        peers=PEERS,
+        generate_seconds=5.123,
+        train_seconds=2.456,
+        round_seconds=8.012,
+        generated_tokens=8192,
+        update_tokens=6144,
+        tokens_per_second=1023.4,
+        loss=0.01234,
+        clip_fraction=0.0123,
     )
     return RoundRecord(**(values | changes))
 
@@ -41,7 +66,7 @@ def write_history(path, rounds: int) -> None:
     plain, judged = (record(0, **extra).model_dump_json() for extra in ({}, {"heldout": {"basic_arithmetic": 0.5}}))
     head = '{"round":0,'
     assert plain.startswith(head) and judged.startswith(head)
-    tails = ["," + plain[len(head):] + "\n", "," + judged[len(head):] + "\n"]
+    tails = ["," + plain[len(head) :] + "\n", "," + judged[len(head) :] + "\n"]
     with path.open("w") as f:
         for start in range(1, rounds + 1, 10_000):
             f.write("".join(f'{{"round":{n}{tails[n % 10 == 0]}' for n in range(start, min(rounds, start + 9_999) + 1)))
@@ -73,7 +98,9 @@ print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 
 
 def resume(data_dir, last: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", RESUME, str(data_dir), str(last)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", RESUME, str(data_dir), str(last)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -155,7 +182,9 @@ def test_the_rewrite_is_on_disk_before_it_takes_the_name(tmp_path, monkeypatch):
         log.append(record(n))
     calls = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}"))), real_fsync(fd)))
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (calls.append(("fsync", os.path.isdir(f"/proc/self/fd/{fd}"))), real_fsync(fd))
+    )
     monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(("replace", None)), real_replace(a, b)))
     log.truncate_after(2)
     assert calls == [("fsync", False), ("replace", None), ("fsync", True)]

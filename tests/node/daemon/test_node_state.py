@@ -21,11 +21,26 @@ def half_right(problem, completions):
 
 
 def tiny_node(data_dir, peer_id="12D3KooWtest", **settings) -> Node:
-    return Node(load_settings({
-        "model": "tiny-micro", "tasks": ["basic_arithmetic"], "warm_start_steps": 0, "generations": 2,
-        "max_new_tokens": 4, "local": 3, "external": 3, "data_dir": data_dir, "torch_threads": 1,
-        "checkpoint_every": 0, "inbox_max_age_seconds": 10**9, **settings,
-    }), peer_id=peer_id, verifier=half_right)
+    return Node(
+        load_settings(
+            {
+                "model": "tiny-micro",
+                "tasks": ["basic_arithmetic"],
+                "warm_start_steps": 0,
+                "generations": 2,
+                "max_new_tokens": 4,
+                "local": 3,
+                "external": 3,
+                "data_dir": data_dir,
+                "torch_threads": 1,
+                "checkpoint_every": 0,
+                "inbox_max_age_seconds": 10**9,
+                **settings,
+            }
+        ),
+        peer_id=peer_id,
+        verifier=half_right,
+    )
 
 
 def member(hub, node, receives=True):
@@ -42,7 +57,9 @@ async def test_a_node_alone_keeps_its_split_and_its_j_under_the_default_balance(
     for _ in range(30):
         result = await run_round(node, state, alone, trio.Lock())
         state = result.state
-        splits.add((len(result.training_set.local), result.plan.local, result.plan.external, result.record.external_groups))
+        splits.add(
+            (len(result.training_set.local), result.plan.local, result.plan.external, result.record.external_groups)
+        )
     assert splits == {(3, 3, 3, 0)}  # 3 local groups every round; J planned 3, and nothing came
     assert state.round == 30 and state.balance.external == 3 and {j for _, j in state.balance.history} == {3}
 
@@ -102,8 +119,10 @@ def test_a_checkpoint_of_sapo_0_2_resumes_its_round_totals_and_balance():
 
     # what sapo 0.2 wrote: the totals in state.json, the balance and last reward in trainer.pt
     saved = {"round": 40, "cumulative_reward": 12.5, "peer_id": "12D3KooWtest", "settings": {}}
-    trainer = {"balance": {"external": 6, "history": [[10, 5], [20, 6]], "gains": {"plus": [0.1], "minus": []}},
-               "last_reward": 0.4}
+    trainer = {
+        "balance": {"external": 6, "history": [[10, 5], [20, 6]], "gains": {"plus": [0.1], "minus": []}},
+        "last_reward": 0.4,
+    }
     state = restore_state(saved, trainer, first(BalanceState(external=4)))
     assert (state.round, state.cumulative_reward, state.balance.external) == (40, 12.5, 6)
     assert state.balance.history == ((10, 5), (20, 6)) and state.balance.plus == (0.1,)

@@ -17,7 +17,9 @@ from tests.conftest import sapo_node, wait_for
 from tests.processes import PLUMBING, NodeProcess, with_peers
 
 PAGE = re.compile(r"^page on (http://\S+)$")
-CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None)
+CHROMIUM = next(
+    (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None
+)
 # CI (.ci/run) installs Chromium and sets SAPO_REQUIRE_CHROMIUM, so there a missing browser fails instead.
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None and not os.environ.get("SAPO_REQUIRE_CHROMIUM"),
@@ -67,10 +69,23 @@ def chromium(url: str, profile: Path, *extra: str) -> subprocess.CompletedProces
     """Headless Chromium, isolated and quiet; --virtual-time-budget lets the page's fetch of
     /api/status and its drawing finish before the DOM is dumped or the screenshot taken."""
     return subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-         "--virtual-time-budget=5000", *extra, url],
-        capture_output=True, text=True, timeout=90,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
 
 
@@ -127,6 +142,8 @@ def test_the_dashboard_queries_only_metrics_the_node_exports(watched):
     body = urllib.request.urlopen(url + "metrics", timeout=10).read().decode()
     declared = set(re.findall(r"^# TYPE (\S+) ", body, re.M))
     dashboard = json.loads(DASHBOARD.read_text())
-    queried = {name for panel in dashboard["panels"] for t in panel["targets"] for name in re.findall(r"\bsapo_\w+", t["expr"])}
+    queried = {
+        name for panel in dashboard["panels"] for t in panel["targets"] for name in re.findall(r"\bsapo_\w+", t["expr"])
+    }
     assert queried and queried <= declared, f"not exported: {sorted(queried - declared)}"
     assert re.search(r'^sapo_node_info\{.*peer_id="12D3', body, re.M)

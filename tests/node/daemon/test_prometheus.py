@@ -7,17 +7,38 @@ import urllib.request
 from tests.conftest import FAST_TINY, read_metrics, wait_for
 
 EXPECTED = [
-    "sapo_round", "sapo_local_reward", "sapo_local_reward_ma", "sapo_cumulative_reward", "sapo_inbox_groups",
-    "sapo_received_groups_total", "sapo_rejected_groups_total", "sapo_published_groups_total",
-    "sapo_connected_peers", "sapo_generation_tokens_per_second", "sapo_step_seconds",
+    "sapo_round",
+    "sapo_local_reward",
+    "sapo_local_reward_ma",
+    "sapo_cumulative_reward",
+    "sapo_inbox_groups",
+    "sapo_received_groups_total",
+    "sapo_rejected_groups_total",
+    "sapo_published_groups_total",
+    "sapo_connected_peers",
+    "sapo_generation_tokens_per_second",
+    "sapo_step_seconds",
 ]
 
 
 def test_running_node_serves_prometheus_metrics(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sapo.node.cli", "start", *FAST_TINY, "--rounds", "0", "--data-dir", str(tmp_path),
-         "--metrics-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            "start",
+            *FAST_TINY,
+            "--rounds",
+            "0",
+            "--data-dir",
+            str(tmp_path),
+            "--metrics-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         url = wait_for(lambda: _metrics_url(proc), timeout=120, interval=0, what="the metrics address")
@@ -58,9 +79,15 @@ def test_the_accepted_from_series_follow_the_peers_the_node_still_counts():
     for peer in ("alice", "bob", "alice", "carol"):  # carol makes bob the one counted longest ago
         counters.accepted_from[peer] += 1
         metrics.observe(record(1, accepted_from=dict(counters.accepted_from)))
-        exported.append(sorted(re.findall(r'sapo_accepted_groups_from_total\{peer="(\w+)"\} (\S+)', metrics.render().decode())))
-    assert exported == [[("alice", "1.0")], [("alice", "1.0"), ("bob", "1.0")], [("alice", "2.0"), ("bob", "1.0")],
-                        [("alice", "2.0"), ("carol", "1.0")]]
+        exported.append(
+            sorted(re.findall(r'sapo_accepted_groups_from_total\{peer="(\w+)"\} (\S+)', metrics.render().decode()))
+        )
+    assert exported == [
+        [("alice", "1.0")],
+        [("alice", "1.0"), ("bob", "1.0")],
+        [("alice", "2.0"), ("bob", "1.0")],
+        [("alice", "2.0"), ("carol", "1.0")],
+    ]
 
 
 def test_a_node_counts_groups_for_the_1024_peers_it_counted_last():

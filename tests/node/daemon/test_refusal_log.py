@@ -21,8 +21,16 @@ def stale_frames(count: int) -> list[bytes]:
 
 
 def intake(counters: NodeCounters) -> Intake:
-    return Intake(Inbox(512, 64 << 20, 1e12, 0.25), counters, swarm="sapo-test", local_peer_id="me", rg_version="0.1.25",
-                  limits=DecodeLimits(), policy=VerifyPolicy(accept_other_rg_versions=True), max_age_seconds=600)
+    return Intake(
+        Inbox(512, 64 << 20, 1e12, 0.25),
+        counters,
+        swarm="sapo-test",
+        local_peer_id="me",
+        rg_version="0.1.25",
+        limits=DecodeLimits(),
+        policy=VerifyPolicy(accept_other_rg_versions=True),
+        max_age_seconds=600,
+    )
 
 
 def test_ten_minutes_of_refused_groups_log_a_summary_a_minute_and_count_every_one(caplog):
@@ -38,7 +46,9 @@ def test_ten_minutes_of_refused_groups_log_a_summary_a_minute_and_count_every_on
     assert len(lines) == 10, lines[:5]
     assert lines[0].startswith("refused 1 group(s) from 1 peer(s) in 0 s: stale 1 (latest: stale from ")
     assert "created 3600s ago" in lines[0]
-    assert all(line.startswith("refused 60 group(s) from 1 peer(s) in 59 s: stale 60") for line in lines[1:]), lines[1:3]
+    assert all(line.startswith("refused 60 group(s) from 1 peer(s) in 59 s: stale 60") for line in lines[1:]), lines[
+        1:3
+    ]
 
 
 def test_each_refused_group_is_still_a_debug_line(caplog):

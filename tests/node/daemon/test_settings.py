@@ -16,7 +16,7 @@ def test_paper_defaults():
 
 def test_precedence_defaults_toml_env_cli(tmp_path):
     config = tmp_path / "node.toml"
-    config.write_text('rounds = 7\nseed = 3\n[training]\nlr = 0.01\nmax_new_tokens = 64\n')
+    config.write_text("rounds = 7\nseed = 3\n[training]\nlr = 0.01\nmax_new_tokens = 64\n")
     s = load_settings(config_file=config)
     assert (s.run.rounds, s.run.seed, s.training.lr, s.training.max_new_tokens) == (7, 3, 0.01, 64)
     s = load_settings(config_file=config, environ={"SAPO_SEED": "4", "SAPO_LR": "0.02", "HOME": "/x"})
@@ -27,9 +27,29 @@ def test_precedence_defaults_toml_env_cli(tmp_path):
 
 def test_cli_flags_reach_every_concern(tmp_path):
     args = build_parser().parse_args(
-        ["start", "--model", "tiny", "--local", "2", "--external", "6", "--generations", "4", "--lora",
-         "--tasks", "basic_arithmetic", "bf", "--peers", "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWLxXydXxaSwjPDk6SeRkMHtB2ZDM5V5N3948EbaK2eUiP", "--data-dir", str(tmp_path),
-         "--task-weights", "bf=2", "--rounds", "5"]
+        [
+            "start",
+            "--model",
+            "tiny",
+            "--local",
+            "2",
+            "--external",
+            "6",
+            "--generations",
+            "4",
+            "--lora",
+            "--tasks",
+            "basic_arithmetic",
+            "bf",
+            "--peers",
+            "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWLxXydXxaSwjPDk6SeRkMHtB2ZDM5V5N3948EbaK2eUiP",
+            "--data-dir",
+            str(tmp_path),
+            "--task-weights",
+            "bf=2",
+            "--rounds",
+            "5",
+        ]
     )
     s = settings_from_args(args)
     assert s.model.model == "tiny" and s.model.lora

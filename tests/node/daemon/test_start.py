@@ -5,8 +5,16 @@ import json
 from tests.conftest import FAST_TINY, read_metrics, sapo_node
 
 REQUIRED_KEYS = {
-    "round", "reward_mean", "cumulative_reward", "local_groups", "external_groups", "inbox_size",
-    "generate_seconds", "train_seconds", "round_seconds", "per_task",
+    "round",
+    "reward_mean",
+    "cumulative_reward",
+    "local_groups",
+    "external_groups",
+    "inbox_size",
+    "generate_seconds",
+    "train_seconds",
+    "round_seconds",
+    "per_task",
 }
 
 
@@ -62,8 +70,15 @@ def test_corrupt_checkpoint_falls_back_and_says_which_file(tmp_path):
 def test_bad_settings_and_missing_model_are_clear_errors(tmp_path):
     bad = sapo_node("start", "--lr", "-1", "--data-dir", str(tmp_path))
     assert bad.returncode == 2 and "--lr '-1' (command line)" in bad.stderr
-    missing = sapo_node("start", "--model", str(tmp_path / "no-such-model"), "--data-dir", str(tmp_path / "d"),
-                        "--listen", "/ip4/127.0.0.1/tcp/0")
+    missing = sapo_node(
+        "start",
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr and not (tmp_path / "d").exists()  # refused before anything is written
 
@@ -71,13 +86,27 @@ def test_bad_settings_and_missing_model_are_clear_errors(tmp_path):
 def test_smollm2_default_runs_one_full_round_offline(tmp_path, shared_models_dir):
     data = tmp_path / "smol"
     result = sapo_node(
-        "start", "--rounds", "1", "--generations", "2", "--max-new-tokens", "32", "--data-dir", str(data),
-        "--models-dir", str(shared_models_dir), "--listen", "/ip4/127.0.0.1/tcp/0",
-        timeout=600, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        "start",
+        "--rounds",
+        "1",
+        "--generations",
+        "2",
+        "--max-new-tokens",
+        "32",
+        "--data-dir",
+        str(data),
+        "--models-dir",
+        str(shared_models_dir),
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        timeout=600,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = read_metrics(data)
-    assert row["round"] == 1 and row["local_groups"] == 4 and row["generated_tokens"] > 0  # no probe before a peer is seen: the centre, 4/4
+    assert (
+        row["round"] == 1 and row["local_groups"] == 4 and row["generated_tokens"] > 0
+    )  # no probe before a peer is seen: the centre, 4/4
     assert (data / "checkpoints" / "round-00000001" / "model" / "model.safetensors").exists()
 
 
@@ -96,8 +125,9 @@ def test_lora_node_trains_an_adapter_and_resumes(tmp_path):
 
 def test_generate_only_node_publishes_but_never_trains(tmp_path):
     data = tmp_path / "gen"
-    result = sapo_node("start", *FAST_TINY, "--generate-only", "--sampler", "uniform", "--rounds", "2",
-                       "--data-dir", str(data))
+    result = sapo_node(
+        "start", *FAST_TINY, "--generate-only", "--sampler", "uniform", "--rounds", "2", "--data-dir", str(data)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = read_metrics(data)
     assert all(r["loss"] is None and r["train_seconds"] == 0 for r in rows)

@@ -30,18 +30,26 @@ def test_a_warm_starting_node_is_dialable_shows_its_progress_and_keeps_what_peer
     assert loading, [s.phase for s in seen]
     assert loading[-1].progress.total == 40 and 0 < loading[-1].progress.done <= 40
     assert loading[-1].progress.seconds_left is not None
-    assert any(any(p.peer_id == a.peer_id and p.connected for p in s.peers) for s in loading), "a connected during the warm start"
+    assert any(any(p.peer_id == a.peer_id and p.connected for p in s.peers) for s in loading), (
+        "a connected during the warm start"
+    )
     assert any(s.waiting_while_loading > 0 for s in loading), "a's groups waited for b's intake"
     # then b checks what waited, and trains on it
-    wait_for(lambda: (b.metrics() or [{}])[-1].get("accepted_from", {}).get(a.peer_id, 0) > 0 or not b.alive(),
-             timeout=120, what="b to accept a's groups")
+    wait_for(
+        lambda: (b.metrics() or [{}])[-1].get("accepted_from", {}).get(a.peer_id, 0) > 0 or not b.alive(),
+        timeout=120,
+        what="b to accept a's groups",
+    )
     assert b.alive(), b.log_text()[-3000:]
     assert "Traceback" not in b.log_text()
 
 
 def test_ctrl_c_during_the_warm_start_stops_at_once_and_caches_nothing(tmp_path):
     models = tmp_path / "models"
-    node = NodeProcess(tmp_path / "n", ["--warm-start-steps", "5000", "--models-dir", str(models), "--metrics-port", "0", "--rounds", "1"])
+    node = NodeProcess(
+        tmp_path / "n",
+        ["--warm-start-steps", "5000", "--models-dir", str(models), "--metrics-port", "0", "--rounds", "1"],
+    )
     try:
         url = page_url(node)
         wait_for(lambda: status_from_url(url).phase == "warm start", timeout=120, interval=0.2, what="the warm start")

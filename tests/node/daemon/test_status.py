@@ -9,8 +9,9 @@ import tracemalloc
 
 from pytest import approx
 
-from sapo.node.daemon.curves import Curve, RoundHistory
+from sapo.node.cli import main
 from sapo.node.core.metrics import MetricsLog, RoundRecord
+from sapo.node.daemon.curves import Curve, RoundHistory
 from sapo.node.daemon.status import (
     MAX_POINTS,
     NodeStatus,
@@ -21,7 +22,6 @@ from sapo.node.daemon.status import (
     status_from_data_dir,
     write_status_file,
 )
-from sapo.node.cli import main
 from tests.conftest import sapo_node
 
 PEER = "12D3KooWPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
@@ -29,12 +29,31 @@ PEER = "12D3KooWPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
 
 def record(n: int, **changes) -> RoundRecord:
     values = dict(
-        round=n, time=1000.0 + n, reward_mean=n / 10, cumulative_reward=sum(i / 10 for i in range(1, n + 1)),
-        format_rate=0.5, accuracy=n / 20, per_task={"basic_arithmetic": n / 10}, local_groups=2, external_groups=2,
-        external_reward_mean=0.25, inbox_size=7, received=10 * n, accepted=8 * n, rejected={"duplicate": 2 * n},
-        transport={"peers_banned": 1}, published=2 * n, accepted_from={PEER: 8 * n}, peers=[PEER],
-        generate_seconds=1.5, train_seconds=0.5, round_seconds=2.1, generated_tokens=100, tokens_per_second=66.0,
-        loss=0.1, clip_fraction=0.0,
+        round=n,
+        time=1000.0 + n,
+        reward_mean=n / 10,
+        cumulative_reward=sum(i / 10 for i in range(1, n + 1)),
+        format_rate=0.5,
+        accuracy=n / 20,
+        per_task={"basic_arithmetic": n / 10},
+        local_groups=2,
+        external_groups=2,
+        external_reward_mean=0.25,
+        inbox_size=7,
+        received=10 * n,
+        accepted=8 * n,
+        rejected={"duplicate": 2 * n},
+        transport={"peers_banned": 1},
+        published=2 * n,
+        accepted_from={PEER: 8 * n},
+        peers=[PEER],
+        generate_seconds=1.5,
+        train_seconds=0.5,
+        round_seconds=2.1,
+        generated_tokens=100,
+        tokens_per_second=66.0,
+        loss=0.1,
+        clip_fraction=0.0,
     )
     return RoundRecord(**(values | changes))
 
@@ -64,8 +83,15 @@ def test_the_last_status_file_wins_for_live_fields_and_a_dead_pid_reads_as_stopp
     write_rounds(tmp_path, [record(1), record(2)])
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     snapshot = NodeStatus(
-        source="live", updated=2000.0, pid=int(dead.stdout), peer_id="12D3KooWme", model="tiny", phase="training",
-        listen=["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWme"], bans=[PEER], peers_banned=1,
+        source="live",
+        updated=2000.0,
+        pid=int(dead.stdout),
+        peer_id="12D3KooWme",
+        model="tiny",
+        phase="training",
+        listen=["/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWme"],
+        bans=[PEER],
+        peers_banned=1,
         peers=[PeerRow(peer_id=PEER, addresses=["/ip4/127.0.0.1/tcp/5555"], connected=True, accepted=3, banned=True)],
     )
     write_status_file(tmp_path, snapshot)
@@ -99,8 +125,8 @@ def test_long_runs_are_binned_to_at_most_max_points_with_the_newest_round_last()
 def test_a_live_node_holds_the_same_memory_after_16000_rounds_as_after_8000(tmp_path):
     """The page's curves are bins, not every round a node ever ran (5.6 KB a round before)."""
     from sapo.node.core.flags import node_settings_from_flags
-    from sapo.node.daemon.live import LiveStatus
     from sapo.node.core.state import NodeState, RandomStreams
+    from sapo.node.daemon.live import LiveStatus
     from sapo.sampling.balance import BalanceState
 
     live = LiveStatus(node_settings_from_flags(["--data-dir", str(tmp_path)]), "12D3KooWme", threading.Event())
@@ -126,7 +152,9 @@ def test_reading_a_long_runs_files_holds_the_same_memory_at_8000_rounds_as_at_40
     base = record(1)
     peaks = []
     for start in (1, 4001):
-        write_rounds(tmp_path, (base.model_copy(update={"round": n, "time": 1000.0 + n}) for n in range(start, start + 4000)))
+        write_rounds(
+            tmp_path, (base.model_copy(update={"round": n, "time": 1000.0 + n}) for n in range(start, start + 4000))
+        )
         tracemalloc.start()
         try:
             status = status_from_data_dir(tmp_path)

@@ -10,9 +10,25 @@ def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
     # have loaded and published; a tiny round takes 0.2-0.3 s, so 5 rounds could all pass first
     # (it did once under the whole suite's load: the first node's 5 rounds ended in 1.0 s).
     result = sapo_node(
-        "swarm", "--nodes", "3", "--data-dir", str(tmp_path), "--progress-every", "2",
-        "--model", "tiny", "--rounds", "12", "--tasks", "basic_arithmetic", "--max-new-tokens", "24",
-        "--warm-start-steps", "100", "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}',
+        "swarm",
+        "--nodes",
+        "3",
+        "--data-dir",
+        str(tmp_path),
+        "--progress-every",
+        "2",
+        "--model",
+        "tiny",
+        "--rounds",
+        "12",
+        "--tasks",
+        "basic_arithmetic",
+        "--max-new-tokens",
+        "24",
+        "--warm-start-steps",
+        "100",
+        "--task-config",
+        '{"basic_arithmetic": {"operators": ["+"]}}',
         timeout=400,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -20,11 +36,17 @@ def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
     assert "n0: r" in result.stdout  # live progress lines
     for i in range(3):
         # where to look: each node's page, and its log
-        assert re.search(rf"^node {i}: page http://127\.0\.0\.1:\d+/  log {re.escape(str(tmp_path))}/node-{i}/node\.log$",
-                         result.stdout, re.M), result.stdout
+        assert re.search(
+            rf"^node {i}: page http://127\.0\.0\.1:\d+/  log {re.escape(str(tmp_path))}/node-{i}/node\.log$",
+            result.stdout,
+            re.M,
+        ), result.stdout
         log = (tmp_path / f"node-{i}" / "node.log").read_text().splitlines()
         # the address first, then the loading, then the rounds, in the order they happened
-        first = {what: next(n for n, line in enumerate(log) if what in line) for what in ("listening on", "model loaded", "round 1:")}
+        first = {
+            what: next(n for n, line in enumerate(log) if what in line)
+            for what in ("listening on", "model loaded", "round 1:")
+        }
         assert first["listening on"] < first["model loaded"] < first["round 1:"], log[:20]
         rows = read_metrics(tmp_path / f"node-{i}")
         assert [r["round"] for r in rows] == list(range(1, 13))
@@ -34,7 +56,9 @@ def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
 
 
 def test_swarm_refuses_per_node_flags_it_sets_itself(tmp_path):
-    result = sapo_node("swarm", "--nodes", "2", "--data-dir", str(tmp_path), "--model", "tiny", "--listen", "/ip4/1.2.3.4/tcp/1")
+    result = sapo_node(
+        "swarm", "--nodes", "2", "--data-dir", str(tmp_path), "--model", "tiny", "--listen", "/ip4/1.2.3.4/tcp/1"
+    )
     assert result.returncode != 0 and "--listen" in result.stderr
 
 
@@ -48,12 +72,29 @@ def test_ctrl_c_stops_every_node_cleanly(tmp_path):
 
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sapo.node.cli", "swarm", "--nodes", "2", "--data-dir", str(tmp_path),
-         "--progress-every", "1", *node_flags, "--rounds", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            "swarm",
+            "--nodes",
+            "2",
+            "--data-dir",
+            str(tmp_path),
+            "--progress-every",
+            "1",
+            *node_flags,
+            "--rounds",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        wait_for(lambda: all(read_metrics(tmp_path / f"node-{i}") for i in range(2)), timeout=120, what="both nodes to run")
+        wait_for(
+            lambda: all(read_metrics(tmp_path / f"node-{i}") for i in range(2)), timeout=120, what="both nodes to run"
+        )
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:
@@ -81,9 +122,13 @@ async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monke
     from tests.conftest import FAST_TINY
 
     cap = 16 << 10
-    monkeypatch.setattr(swarm, "NODE_LOG_MAX_BYTES", cap, raising=False)  # raising=False: the test runs on a swarm without rotation too
+    monkeypatch.setattr(
+        swarm, "NODE_LOG_MAX_BYTES", cap, raising=False
+    )  # raising=False: the test runs on a swarm without rotation too
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
-    failed = await swarm.run_swarm(1, tmp_path, [*node_flags, "--rounds", "3", "--log-level", "DEBUG"], progress_every=1.0)
+    failed = await swarm.run_swarm(
+        1, tmp_path, [*node_flags, "--rounds", "3", "--log-level", "DEBUG"], progress_every=1.0
+    )
     assert failed == 0
     node = tmp_path / "node-0"
     kept = sorted(p.name for p in node.glob("node.log*"))
@@ -108,8 +153,21 @@ def test_nodes_end_when_their_swarm_is_killed_outright(tmp_path):
 
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sapo.node.cli", "swarm", "--nodes", "1", "--data-dir", str(tmp_path), *node_flags,
-         "--rounds", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            "swarm",
+            "--nodes",
+            "1",
+            "--data-dir",
+            str(tmp_path),
+            *node_flags,
+            "--rounds",
+            "0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_for(lambda: read_metrics(tmp_path / "node-0"), timeout=180, what="the node to run")

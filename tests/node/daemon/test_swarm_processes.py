@@ -32,7 +32,11 @@ def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nod
     nodes.append(start_node(tmp_path / "n2", [first.address], extra))
     for node in nodes:
         others = [o for o in nodes if o is not node]
-        wait_for(lambda: used_external_from_both_others(node, others), timeout=180, what=f"{node.data_dir.name} to train on both peers' groups")
+        wait_for(
+            lambda: used_external_from_both_others(node, others),
+            timeout=180,
+            what=f"{node.data_dir.name} to train on both peers' groups",
+        )
 
     # kill -9 one node, restart it with the same data dir: same peer id, it rejoins and receives again
     victim = nodes[2]
@@ -62,8 +66,20 @@ def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nod
 def test_heterogeneous_tokenizers_train_on_each_others_text(tmp_path, nodes):
     """A char-level and a byte-level-BPE model share one topic; each re-encodes and trains on
     the other's completions (a quick warm start gives them rewards with some signal)."""
-    common = ["--local", "2", "--external", "2", "--rounds", "0", "--warm-start-steps", "150",
-              "--models-dir", str(tmp_path / "models"), "--task-config", '{"basic_arithmetic": {"operators": ["+"]}}']
+    common = [
+        "--local",
+        "2",
+        "--external",
+        "2",
+        "--rounds",
+        "0",
+        "--warm-start-steps",
+        "150",
+        "--models-dir",
+        str(tmp_path / "models"),
+        "--task-config",
+        '{"basic_arithmetic": {"operators": ["+"]}}',
+    ]
     char = start_node(tmp_path / "char", [], [*common, "--model", "tiny"])
     nodes.append(char)
     bpe = start_node(tmp_path / "bpe", [char.address], [*common, "--model", "tiny-bpe"])

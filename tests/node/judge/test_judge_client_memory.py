@@ -26,7 +26,8 @@ async def test_scores_and_peers_seen_are_bounded_but_counted_in_full(monkeypatch
 
     many = [f"12D3KooWpeer{i}" for i in range(judge_client.PEERS_SEEN_KEPT + 500)]
     for start in range(0, len(many), 100):
-        record = RoundRecord.model_construct(round=start + 1, peers=many[start : start + 100], accepted_from={},
-                                             external_groups=0)
+        record = RoundRecord.model_construct(
+            round=start + 1, peers=many[start : start + 100], accepted_from={}, external_groups=0
+        )
         client.round_done(record)
     assert judge_client.PEERS_SEEN_KEPT <= len(client._peers_seen) < judge_client.PEERS_SEEN_KEPT + 100

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from sapo.node.daemon.status import status_from_data_dir
 from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
@@ -23,8 +22,18 @@ class JudgeProcess:
     def __init__(self, data_dir: Path, listen: str = LOOPBACK_LISTEN):
         self.data_dir = data_dir
         self.log = (data_dir.parent / f"{data_dir.name}.log").open("a")
-        args = [sys.executable, "-m", "sapo.node.cli", "judge", "--data-dir", str(data_dir),
-                "--listen", listen, "--tasks", "basic_arithmetic"]
+        args = [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            "judge",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            listen,
+            "--tasks",
+            "basic_arithmetic",
+        ]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
 
     def wait_listening(self) -> str:
@@ -71,10 +80,17 @@ def test_two_nodes_are_judged_and_results_survive_a_judge_restart(tmp_path, node
         timeout=90,
         what="both nodes to be judged twice",
     )
+
     # what the node's page and `sapo-node status` show: its latest pass@1 (status.json, every 5 s)
     def judged_in_status(node):
         judge = status_from_data_dir(node.data_dir).judge
-        return judge is not None and judge.judged >= 1 and 0.0 <= judge.last_score <= 1.0 and judge.address == address and judge.scores
+        return (
+            judge is not None
+            and judge.judged >= 1
+            and 0.0 <= judge.last_score <= 1.0
+            and judge.address == address
+            and judge.scores
+        )
 
     wait_for(lambda: judged_in_status(first), timeout=30, what="the node's status to show the judge's score")
     for node in (first, second):

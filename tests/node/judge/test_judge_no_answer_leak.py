@@ -20,7 +20,8 @@ import re
 import subprocess
 import sys
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import msgpack
 import pytest
@@ -113,8 +114,14 @@ def the_old_judges_question(index: int) -> dict[str, Any]:
     """What a v1 judge sent: its spec came from the default seed and a results counter."""
     spec = ProblemSpec(dataset="arc_1d", config=EASY_CONFIGS["arc_1d"], seed=OLD_DEFAULT_SEED, index=index)
     problem = generate_problem(spec)
-    return {"schema_version": 1, "kind": "question", "id": "0123456789abcdef", "task": spec.dataset,
-            "question": problem.question, "spec": spec.model_dump()}
+    return {
+        "schema_version": 1,
+        "kind": "question",
+        "id": "0123456789abcdef",
+        "task": spec.dataset,
+        "question": problem.question,
+        "spec": spec.model_dump(),
+    }
 
 
 def test_the_same_cheat_scores_one_against_judge_wire_v1():
@@ -179,9 +186,14 @@ async def test_a_cheating_node_client_scores_what_a_wrong_answer_earns(nursery, 
         return f"<answer>{key}</answer>" if key is not None else WRONG
 
     monkeypatch.setattr(judge_client, "answer_greedily", cheat)
-    node = judge_client.JudgeClient(judge.listen_addrs[0], 1, create_new_key_pair(),
-                                    policy=types.SimpleNamespace(model_id="cheat"),
-                                    torch_lock=trio.Lock(), max_new_tokens=8)
+    node = judge_client.JudgeClient(
+        judge.listen_addrs[0],
+        1,
+        create_new_key_pair(),
+        policy=types.SimpleNamespace(model_id="cheat"),
+        torch_lock=trio.Lock(),
+        max_new_tokens=8,
+    )
     await nursery.start(node.run)
     scores = [await node.evaluate(node_round) for node_round in range(1, 7)]
     assert scores == [0.0] * 6 and tried == [None] * 6
@@ -195,8 +207,9 @@ async def test_a_cheating_node_client_scores_what_a_wrong_answer_earns(nursery, 
 def old_judge_wire() -> types.ModuleType:
     """Release 0.1.0's own protocol/judge_wire.py (0.2.0's is the same), from this repository's history."""
     commit = released().get("0.1.0")
-    source = subprocess.run(["git", "show", f"{commit}:protocol/judge_wire.py"], cwd=ROOT, capture_output=True,
-                            text=True)
+    source = subprocess.run(
+        ["git", "show", f"{commit}:protocol/judge_wire.py"], cwd=ROOT, capture_output=True, text=True
+    )
     if not commit or source.returncode:
         pytest.skip(f"release 0.1.0's judge_wire.py is not in this clone's history: {source.stderr[:200]}")
     module = types.ModuleType("judge_wire_0_1_0")
@@ -213,8 +226,9 @@ async def test_an_old_node_gets_a_refusal_it_reads_and_the_judge_keeps_serving(j
     node = await client(nursery, judge)
     stream = await node.open()
     with trio.fail_after(10):
-        await stream.write(old.encode(old.EvalRequest(peer_id=node.peer_id, model_id="old", node_round=1,
-                                                      swarm_peers_seen=0)))
+        await stream.write(
+            old.encode(old.EvalRequest(peer_id=node.peer_id, model_id="old", node_round=1, swarm_peers_seen=0))
+        )
         # the old client reads a Question; it meets the judge's error frame, which it can read
         with pytest.raises(old.JudgeWireError) as refused:
             await old.read_message(stream, old.Question)

@@ -1,14 +1,17 @@
 """`judge report`: leaderboard order, swarm/isolated classes, and the PNG."""
 
-from sapo.node.judge.server import DB_FILE_NAME, JudgeResult, ResultStore
-from sapo.node.judge.report import judge_report, plot_judged, is_swarm_peer
-from sapo.node.judge.server import load_results
+from sapo.node.judge.report import is_swarm_peer, judge_report, plot_judged
+from sapo.node.judge.server import DB_FILE_NAME, JudgeResult, ResultStore, load_results
 
 
 def fill(path, peer, rounds, score, peers_seen):
     store = ResultStore(path)
     for r in rounds:
-        store.add(JudgeResult(f"{peer}{r:08x}".ljust(16, "0")[:16], peer, "tiny", r, peers_seen, 0, "bf", "{}", "", score(r), r))
+        store.add(
+            JudgeResult(
+                f"{peer}{r:08x}".ljust(16, "0")[:16], peer, "tiny", r, peers_seen, 0, "bf", "{}", "", score(r), r
+            )
+        )
     store.close()
 
 

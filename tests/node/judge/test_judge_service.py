@@ -6,9 +6,9 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from sapo.protocol.hosts import new_noise_host
 from sapo.node.judge.server import DB_FILE_NAME, JudgeResult, JudgeService, JudgeSettings, ResultStore, load_results
 from sapo.protocol import judge_wire as wire
+from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.identity import peer_id_of
 from sapo.training.tasks import generate_problem
 

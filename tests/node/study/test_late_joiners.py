@@ -21,12 +21,35 @@ from sapo.training.tasks import reasoning_gym_version
 from tests.node.daemon.test_hostile_peer import honest_group
 
 STUDY = [
-    "experiment", "--nodes", "3", "--late-joiners", "1", "--join-round", "3", "--configs", "8/0,4/4", "--rounds", "5",
-    "--seeds", "1", "--no-progress", "--jobs", "1",
-    "--tasks", "basic_arithmetic", "--sampler", "uniform", "--max-new-tokens", "6", "--generations", "4",
-    "--warm-start-steps", "0",
+    "experiment",
+    "--nodes",
+    "3",
+    "--late-joiners",
+    "1",
+    "--join-round",
+    "3",
+    "--configs",
+    "8/0,4/4",
+    "--rounds",
+    "5",
+    "--seeds",
+    "1",
+    "--no-progress",
+    "--jobs",
+    "1",
+    "--tasks",
+    "basic_arithmetic",
+    "--sampler",
+    "uniform",
+    "--max-new-tokens",
+    "6",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
     # the untrained model's groups all score 0: kept only by a node that adds its own completions
-    "--augment-external", "1",
+    "--augment-external",
+    "1",
 ]
 
 
@@ -61,7 +84,8 @@ def test_the_summary_reports_the_joiners_apart_from_the_founders(study):
         assert (late["nodes"], late["join_round"], late["rounds"]) == (1, 3, 3)
         run = summary["runs"][config][0]
         assert run["late_joiners"]["mean_curve"] == [
-            r["accuracy"] for r in map(json.loads, (study / "raw.jsonl").read_text().splitlines())
+            r["accuracy"]
+            for r in map(json.loads, (study / "raw.jsonl").read_text().splitlines())
             if r["config"] == config and r["node"] == 2
         ]
     text = (study / "summary.md").read_text()
@@ -86,11 +110,24 @@ def test_joiners_are_set_against_the_founders_first_rounds():
 
 def test_the_joiners_ratios_are_paired_per_seed():
     configs = parse_configs(["8/0", "4/0", "4/4"])
-    late = lambda cumulative, founders: {"late_joiners": {  # noqa: E731
-        "nodes": 2, "join_round": 51, "rounds": 50, "cumulative_accuracy": cumulative, "founders_cumulative_accuracy": founders,
-        "versus_founders": cumulative / founders, "accuracy_start": 0.2, "accuracy_end": 0.4, "heldout": []}}
-    runs = {"8/0": [late(10.0, 10.0), late(20.0, 10.0)], "4/0": [late(5.0, 5.0), late(10.0, 5.0)],
-            "4/4": [late(15.0, 10.0), late(20.0, 10.0)]}
+    late = lambda cumulative, founders: {  # noqa: E731
+        "late_joiners": {
+            "nodes": 2,
+            "join_round": 51,
+            "rounds": 50,
+            "cumulative_accuracy": cumulative,
+            "founders_cumulative_accuracy": founders,
+            "versus_founders": cumulative / founders,
+            "accuracy_start": 0.2,
+            "accuracy_end": 0.4,
+            "heldout": [],
+        }
+    }
+    runs = {
+        "8/0": [late(10.0, 10.0), late(20.0, 10.0)],
+        "4/0": [late(5.0, 5.0), late(10.0, 5.0)],
+        "4/4": [late(15.0, 10.0), late(20.0, 10.0)],
+    }
     entry = late_joiner_summary(configs[2], configs, runs["4/4"], runs)
     assert entry["ratio_to_baseline"]["reference"] == "8/0"
     assert entry["ratio_to_baseline"]["cumulative_accuracy"]["ratios"] == [1.5, 1.0]  # seed by seed, not mean / mean
@@ -104,8 +141,12 @@ async def test_a_lockstep_round_waits_only_for_members_that_have_joined():
 
     hub = MemoryHub(lambda: 1_700_000_000.0, rg_version=reasoning_gym_version(), lockstep=True)
     inboxes = [Inbox(16, 2**20, 600) for _ in range(3)]
-    members = [hub.join(peer_id_for(0, k), NodeSettings(), inbox=inboxes[k], counters=NodeCounters(),
-                        joins_at=1 if k < 2 else 2) for k in range(3)]
+    members = [
+        hub.join(
+            peer_id_for(0, k), NodeSettings(), inbox=inboxes[k], counters=NodeCounters(), joins_at=1 if k < 2 else 2
+        )
+        for k in range(3)
+    ]
     with trio.fail_after(5):  # round 1: the late member is not waited for, and hears nothing
         async with trio.open_nursery() as nursery:
             for k in (0, 1):

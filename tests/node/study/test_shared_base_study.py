@@ -16,13 +16,32 @@ from sapo.node.study.runs import run_lockstep
 from sapo.node.study.settings import ExperimentSettings, parse_configs
 from sapo.training import decoding
 
-NODE_FLAGS = ["--model", "tiny", "--lora", "--lora-rank", "4", "--tasks", "basic_arithmetic", "--sampler", "uniform",
-              "--max-new-tokens", "6", "--generations", "4", "--generation-precision", "fp32", "--lr", "1e-2"]
+NODE_FLAGS = [
+    "--model",
+    "tiny",
+    "--lora",
+    "--lora-rank",
+    "4",
+    "--tasks",
+    "basic_arithmetic",
+    "--sampler",
+    "uniform",
+    "--max-new-tokens",
+    "6",
+    "--generations",
+    "4",
+    "--generation-precision",
+    "fp32",
+    "--lr",
+    "1e-2",
+]
 
 
 def rounds_of(tmp_path, name: str, batched: bool, monkeypatch) -> tuple[list[dict], int]:
     # a scripted peer that is right half the time: external groups with signal, so the adapters train
-    study = ExperimentSettings(nodes=3, configs=["2/2"], rounds=3, shared_base=True, scripted_solvers=1, out=tmp_path / name)
+    study = ExperimentSettings(
+        nodes=3, configs=["2/2"], rounds=3, shared_base=True, scripted_solvers=1, out=tmp_path / name
+    )
     base = experiment_node_settings(NODE_FLAGS)
     run = build_run(base, study, parse_configs(study.configs)[0], 0, tmp_path / name)
     assert len({id(learner.node.policy.model.shared) for learner in run.learners}) == 1  # one base in memory
@@ -32,10 +51,18 @@ def rounds_of(tmp_path, name: str, batched: bool, monkeypatch) -> tuple[list[dic
     real = decoding.decode_mixed
     monkeypatch.setattr("sapo.training.generation.decode_mixed", lambda *a, **k: calls.append(1) or real(*a, **k))
     rows: list[dict] = []
-    trio.run(run_lockstep, run, study.rounds, None,
-             lambda r, results: rows.extend(x.record.model_dump(exclude={"generate_seconds", "train_seconds", "round_seconds",
-                                                                        "cpu_seconds", "generate_cpu_seconds"})
-                                            for x in results))
+    trio.run(
+        run_lockstep,
+        run,
+        study.rounds,
+        None,
+        lambda r, results: rows.extend(
+            x.record.model_dump(
+                exclude={"generate_seconds", "train_seconds", "round_seconds", "cpu_seconds", "generate_cpu_seconds"}
+            )
+            for x in results
+        ),
+    )
     return rows, len(calls)
 
 
@@ -59,7 +86,26 @@ def test_shared_base_needs_lora_and_one_model(tmp_path, capsys):
 
 def test_the_cli_runs_a_shared_base_study(tmp_path):
     out = tmp_path / "study"
-    assert main(["experiment", "--nodes", "2", "--configs", "2/0,1/1", "--rounds", "2", "--shared-base", "--no-progress",
-                 "--jobs", "1", "--out", str(out), *NODE_FLAGS]) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                "--nodes",
+                "2",
+                "--configs",
+                "2/0,1/1",
+                "--rounds",
+                "2",
+                "--shared-base",
+                "--no-progress",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+                *NODE_FLAGS,
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["study"]["shared_base"] is True and set(summary["results"]) == {"2/0", "1/1"}

@@ -16,13 +16,34 @@ from sapo.node.study.summary import per_model_lines
 from sapo.training.tasks import default_task_specs
 
 STUDY = [
-    "experiment", "--nodes", "2", "--configs", "8/0,4/4", "--rounds", "4", "--seeds", "1",
-    "--scripted-solvers", "1", "--solver-accuracy", "0.5", "--no-progress",
+    "experiment",
+    "--nodes",
+    "2",
+    "--configs",
+    "8/0,4/4",
+    "--rounds",
+    "4",
+    "--seeds",
+    "1",
+    "--scripted-solvers",
+    "1",
+    "--solver-accuracy",
+    "0.5",
+    "--no-progress",
     # node settings, passed through
-    "--tasks", "basic_arithmetic", "--sampler", "uniform", "--max-new-tokens", "6", "--generations", "4",
-    "--warm-start-steps", "0",
+    "--tasks",
+    "basic_arithmetic",
+    "--sampler",
+    "uniform",
+    "--max-new-tokens",
+    "6",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
     # the untrained model's groups all score 0: kept only by a node that adds its own completions
-    "--augment-external", "1",
+    "--augment-external",
+    "1",
 ]
 
 
@@ -96,8 +117,16 @@ def test_every_treatment_reaches_a_libp2p_node_process_as_flags_start_accepts():
 def test_heterogeneity_assignments():
     base = load_settings({"model": "tiny"})
     assert [node_model(base, ExperimentSettings(mixed_sizes=True), k) for k in range(4)] == [
-        "tiny-micro", "tiny-small", "tiny", "tiny-micro"]
-    assert [node_model(base, ExperimentSettings(mixed_tokenizers=True), k) for k in range(3)] == ["tiny", "tiny-bpe", "tiny"]
+        "tiny-micro",
+        "tiny-small",
+        "tiny",
+        "tiny-micro",
+    ]
+    assert [node_model(base, ExperimentSettings(mixed_tokenizers=True), k) for k in range(3)] == [
+        "tiny",
+        "tiny-bpe",
+        "tiny",
+    ]
     tasks = default_task_specs(["basic_arithmetic", "base_conversion", "bf"])
     assert [t.name for t in specialist_tasks(tasks, 8, 4)] == ["base_conversion"]
     with pytest.raises(ValueError, match="two --tasks"):
@@ -124,8 +153,9 @@ def test_a_mixed_study_pairs_each_model_with_its_own_nodes_in_the_reference_arm(
     configs = parse_configs(["8/0", "4/0", "4/4"])
     # per seed and config: one "a" node and two "b" nodes; sharing helps a (x2), hurts b (x0.5)
     accuracy = {"8/0": (0.2, 0.4), "4/0": (0.1, 0.4), "4/4": (0.4, 0.2)}
-    founders = {(c, s): [node("a", a * (1 + s)), node("b", b), node("b", b)]
-                for c, (a, b) in accuracy.items() for s in (0, 1)}
+    founders = {
+        (c, s): [node("a", a * (1 + s)), node("b", b), node("b", b)] for c, (a, b) in accuracy.items() for s in (0, 1)
+    }
     per_model = per_model_results(configs, founders, seeds=2, rounds=2, window=2)
     assert set(per_model) == {"a", "b"} and (per_model["a"]["nodes"], per_model["b"]["nodes"]) == (1, 2)
     a, b = per_model["a"]["results"]["4/4"], per_model["b"]["results"]["4/4"]
@@ -134,7 +164,10 @@ def test_a_mixed_study_pairs_each_model_with_its_own_nodes_in_the_reference_arm(
     assert b["ratio_to_baseline"]["cumulative_accuracy"]["ratios"] == pytest.approx([0.5, 0.5])
     assert a["cumulative_accuracy"]["mean"] == pytest.approx((0.8 + 1.6) / 2)  # seed 1's a doubles
     table = "\n".join(per_model_lines(per_model, configs))
-    assert "## Per model" in table and "| b | 2 | 4/4 | 0.40 ± 0.00 | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in table
+    assert (
+        "## Per model" in table
+        and "| b | 2 | 4/4 | 0.40 ± 0.00 | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in table
+    )
     # one model everywhere: nothing per model
     same = {key: [node("a", 0.5)] for key in founders}
     assert per_model_results(configs, same, seeds=2, rounds=2, window=2) == {}
@@ -176,12 +209,37 @@ def test_study_defaults_apply_the_tiny_stand_in_only_to_tiny_models():
 def test_the_same_study_runs_over_real_libp2p_node_processes(tmp_path):
     """--transport libp2p: each run is a `sapo-node swarm` on 127.0.0.1; the summary has the same shape."""
     out = tmp_path / "libp2p"
-    assert main([
-        "experiment", "--transport", "libp2p", "--nodes", "2", "--configs", "2/0,1/1", "--rounds", "2", "--seeds", "1",
-        "--no-progress", "--out", str(out),
-        "--generations", "4", "--max-new-tokens", "8", "--warm-start-steps", "0", "--sampler", "uniform",
-        "--augment-external", "1",
-    ]) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                "--transport",
+                "libp2p",
+                "--nodes",
+                "2",
+                "--configs",
+                "2/0,1/1",
+                "--rounds",
+                "2",
+                "--seeds",
+                "1",
+                "--no-progress",
+                "--out",
+                str(out),
+                "--generations",
+                "4",
+                "--max-new-tokens",
+                "8",
+                "--warm-start-steps",
+                "0",
+                "--sampler",
+                "uniform",
+                "--augment-external",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["study"]["transport"] == "libp2p" and set(summary["results"]) == {"2/0", "1/1"}
     rows = _raw(out)
@@ -222,20 +280,39 @@ def test_workers_end_with_a_killed_study(tmp_path):
     psutil = pytest.importorskip("psutil")
     if not sys.platform.startswith("linux"):
         pytest.skip("the parent-death signal is Linux's")
-    study = subprocess.Popen([sys.executable, "-m", "sapo.node.cli", *STUDY[:STUDY.index("--rounds")], "--rounds", "10000",
-                              *STUDY[STUDY.index("--rounds") + 2:], "--out", str(tmp_path / "s"), "--jobs", "2"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    study = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            *STUDY[: STUDY.index("--rounds")],
+            "--rounds",
+            "10000",
+            *STUDY[STUDY.index("--rounds") + 2 :],
+            "--out",
+            str(tmp_path / "s"),
+            "--jobs",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         raws = [tmp_path / "s" / "runs" / name / "seed-0" / "raw.jsonl" for name in ("8-0", "4-4")]
         while time.monotonic() < deadline and not all(raw.exists() and raw.stat().st_size for raw in raws):
             time.sleep(0.5)  # both runs are training
-        workers = [p for p in psutil.Process(study.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+        workers = [
+            p for p in psutil.Process(study.pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())
+        ]
         assert len(workers) >= 2, "the study never started its workers"
         study.send_signal(signal.SIGKILL)
         study.wait(10)
         gone, alive = psutil.wait_procs(workers, timeout=20)
         assert not alive, [p.cmdline()[:3] for p in alive]
     finally:
-        for p in [*psutil.Process().children(recursive=True), *(w for w in locals().get("workers", []) if w.is_running())]:
+        for p in [
+            *psutil.Process().children(recursive=True),
+            *(w for w in locals().get("workers", []) if w.is_running()),
+        ]:
             p.kill()
