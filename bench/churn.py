@@ -1,6 +1,6 @@
 """Churn: a swarm on 127.0.0.1 where a node leaves and another joins every `--every` seconds.
 
-`--nodes` gossip peers (bench/gossip_peer.py: the node's real GossipService, publishing real
+`--nodes` gossip peers (bench/gossip_peer.py: the node's real network (protocol/network.py), publishing real
 RolloutGroup frames, no model) run as OS processes and publish `--rate` groups a second each.
 Every `--every` seconds a random node leaves, alternately gracefully (SIGTERM: it closes its
 host) and by crashing (SIGKILL), and a new node with a new identity joins, bootstrapping from
@@ -200,7 +200,7 @@ def print_report(args: argparse.Namespace, r: dict) -> None:
     p50, p99, p100 = (1e3 * percentile(r["latencies"], q) for q in (50, 99, 100))
     print()
     print(
-        f"churn benchmark: {args.nodes} nodes on 127.0.0.1 (gossip peers, real GossipService), one leaves and "
+        f"churn benchmark: {args.nodes} nodes on 127.0.0.1 (gossip peers, real network (protocol/network.py)), one leaves and "
         f"one joins every {args.every:g} s for {r['seconds']:.0f} s, {args.rate:g} groups/s per node; "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end"
     )

@@ -1,10 +1,10 @@
 """Peer discovery compared: /sapo/peers/1 against py-libp2p 0.8.1's rendezvous and Kademlia.
 
-`--nodes` real GossipServices on 127.0.0.1 in one trio process start as a star around node 0
+`--nodes` real networks (protocol/network.py) on 127.0.0.1 in one trio process start as a star around node 0
 (every other node's only `peers` entry), which is where discovery must take over: GossipSub
 prunes the hub's mesh to D_high and a pure star delivers badly past 12 leaves (bench/README.md).
 Each mechanism then has to get every node to `--target` connections (the node's
-`discover_peers`), dialling through the gossip service's own dial (so bans and the allow list
+`discover_peers`), dialling through the network's own dial (so bans and the allow list
 apply to what the mechanism asks it to dial, not to what the library dials by itself):
 
   sapo        /sapo/peers/1 (protocol/discovery.py): signed records of peers that are connected now;
@@ -90,14 +90,14 @@ async def dial_candidates(member: Member, candidates, target: int) -> None:
     ]
     random.shuffle(pool)
     for info in pool[: max(0, target - len(connected))]:
-        if not await service._dial_discovered(info):
+        if not await service.dial(info):
             member.dial_failures += 1
 
 
 async def rendezvous_loop(member: Member, hub_id, target: int) -> None:
     from libp2p.discovery.rendezvous import RendezvousClient
 
-    client = RendezvousClient(member.node.service._host, hub_id)
+    client = RendezvousClient(member.node.service.host, hub_id)
     registered = False
     while True:
         try:
@@ -118,7 +118,7 @@ async def kademlia_loop(member: Member, hub_id, target: int) -> None:
     from libp2p.peer.peerinfo import PeerInfo
     from libp2p.tools.anyio_service import background_trio_service
 
-    host = member.node.service._host
+    host = member.node.service.host
     dht = KadDHT(host, DHTMode.SERVER)
     async with background_trio_service(dht):
         member.extra["dht"] = dht
@@ -141,7 +141,7 @@ async def start_member(
     nursery, index: int, mechanism: str, args, tmp: Path, hub: Member | None, totals: Totals, groups
 ) -> Member:
     from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import open_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.settings import NetworkSettings
     from sapo.training.tasks import reasoning_gym_version
@@ -155,30 +155,29 @@ async def start_member(
         swarm=SWARM,
         discover_peers=args.target if mechanism == "sapo" else 0,
     )
-    service = GossipService(settings, key_pair, send)
-    node = BenchNode(
-        index=index,
-        peer_id=peer_id_of(key_pair),
-        service=service,
-        groups=groups,
-        incoming=incoming,
-        rg_version=reasoning_gym_version(),
-    )
     scope = trio.CancelScope()
-    member = Member(node, scope, joined_at=time.monotonic())
+    joined_at = time.monotonic()
 
     async def lifetime(task_status=trio.TASK_STATUS_IGNORED):
         with scope:
-            async with trio.open_nursery() as inner:
-                await inner.start(service.run)
-                task_status.started()
+            async with open_network(settings, key_pair, send) as service, trio.open_nursery() as inner:
+                node = BenchNode(
+                    index=index,
+                    peer_id=peer_id_of(key_pair),
+                    service=service,
+                    groups=groups,
+                    incoming=incoming,
+                    rg_version=reasoning_gym_version(),
+                )
+                member = Member(node, scope, joined_at=joined_at)
+                task_status.started(member)
                 inner.start_soon(receive, node, totals, DecodeLimits())
-                hub_id = hub.node.service._host.get_id() if hub is not None else None
+                hub_id = hub.node.service.host.get_id() if hub is not None else None
                 if mechanism == "rendezvous":
                     if hub is None:
                         from libp2p.discovery.rendezvous import RendezvousService
 
-                        RendezvousService(service._host)
+                        RendezvousService(service.host)
                     else:
                         while not service.connected_peers():
                             await trio.sleep(0.1)
@@ -188,8 +187,7 @@ async def start_member(
                         await trio.sleep(0.1)
                     inner.start_soon(kademlia_loop, member, hub_id, args.target)
 
-    await nursery.start(lifetime)
-    return member
+    return await nursery.start(lifetime)
 
 
 async def run_mechanism(mechanism: str, args, tmp: Path, groups_pool) -> dict:
@@ -235,7 +233,7 @@ async def run_mechanism(mechanism: str, args, tmp: Path, groups_pool) -> dict:
 
 def hub_knows(hub: Member, mechanism: str) -> int:
     if mechanism == "sapo":
-        return len(hub.node.service._discovery.table)
+        return len(hub.node.service.discovery.table)
     if mechanism == "kademlia":
         return hub.extra["dht"].routing_table.size() if "dht" in hub.extra else 0
     return -1  # the rendezvous registrations live in the service; not read here

@@ -1,4 +1,4 @@
-"""Gossip N nodes' rollout groups over the real GossipService on 127.0.0.1.
+"""Gossip N nodes' rollout groups over the real network (protocol/network.py) on 127.0.0.1.
 
 By default all N nodes run in this one trio process (one libp2p host each, its own Ed25519
 identity from `protocol.identity` in a temp dir), so every number here is N nodes sharing one

@@ -3,14 +3,14 @@
 The node keeps its torch work off the trio thread (`trio.to_thread.run_sync`, as node/core/round.py
 does) so that the network stays responsive. This measures whether it does:
 
-- receiver A, this process: a real GossipService on 127.0.0.1 in trio. It loads the policy with
+- receiver A, this process: a real network (protocol/network.py) on 127.0.0.1 in trio. It loads the policy with
   the project's loader, generates one round with `generate_groups` (in a worker thread, as a
   measured "generate" phase), gives flat-reward groups alternating 0/1 rewards (`--force-signal`,
   as bench/round.py does, so no update is skipped), then alternates `--cycles` times between an
   idle phase (`--idle-seconds`, no torch work) and a busy phase in which it runs the real
   `grpo_update` on that round back to back in a worker thread for `--busy-seconds` (at least
   one update). Every frame it receives is decoded with the real codec, as the node's intake does.
-- sender B, its own OS process (so A's GIL does not slow it): a real GossipService that
+- sender B, its own OS process (so A's GIL does not slow it): a real network (protocol/network.py) that
   publishes real RolloutGroup frames (bench/gossip.py's groups, `to_wire` + `encode`) at a fixed
   `--rate`, each stamped with `created_at = time.time()` just before it is encoded and published,
   and numbered by `sender_round`.
@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -115,7 +116,7 @@ async def sender_main(args: argparse.Namespace) -> None:
     """Dial A, wait for the mesh, print `ready`; on the line `go` publish at --rate until the
     next line (or EOF) arrives on stdin, then print the send times (`SENT {seq: unix time}`)."""
     from sapo.protocol.codec import encode
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.messages import to_wire
     from sapo.training.tasks import reasoning_gym_version
@@ -127,7 +128,7 @@ async def sender_main(args: argparse.Namespace) -> None:
         key_pair = load_or_create_identity(Path(tmp) / "sender")
         peer_id = peer_id_of(key_pair)
         drop, never_read = trio.open_memory_channel(0)  # A publishes nothing; a full channel just counts
-        service = GossipService(gossip_settings([args.sender]), key_pair, drop)
+        settings = gossip_settings([args.sender])
 
         async def publish_forever() -> None:
             started = time.monotonic()
@@ -143,7 +144,7 @@ async def sender_main(args: argparse.Namespace) -> None:
 
         async with trio.open_nursery() as nursery:
             with trio.fail_after(30):
-                await nursery.start(service.run)
+                service = await nursery.start(partial(serve_network, settings, key_pair, drop))
                 while not service.connected_peers():
                     await trio.sleep(0.05)
             await trio.sleep(args.settle_seconds)
@@ -256,16 +257,16 @@ async def timed(record: Record, phase: str, fn, *fn_args):
 
 
 async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[int, float]]:
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity
 
     record = Record()
     with tempfile.TemporaryDirectory(prefix="sapo-bench-update-") as tmp:
         send, incoming = trio.open_memory_channel(4096)
-        service = GossipService(gossip_settings([]), load_or_create_identity(Path(tmp) / "receiver"), send)
+        key_pair = load_or_create_identity(Path(tmp) / "receiver")
         async with trio.open_nursery() as nursery:
             with trio.fail_after(30):
-                await nursery.start(service.run)
+                service = await nursery.start(partial(serve_network, gossip_settings([]), key_pair, send))
             nursery.start_soon(receive, incoming, record)
             command = [sys.executable, str(Path(__file__).resolve()), "--sender", service.listen_addrs[0],
                        "--seed", str(args.seed), "--rate", str(args.rate), "--settle-seconds", str(args.settle_seconds)]
@@ -370,7 +371,7 @@ def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sen
     print()
     print(
         f"gossip latency during a GRPO {'update' if args.busy == 'update' else 'generation'}: receiver A (trio, real "
-        f"GossipService, {'grpo_update' if args.busy == 'update' else 'generate_groups'} in "
+        f"open_network, {'grpo_update' if args.busy == 'update' else 'generate_groups'} in "
         f"trio.to_thread.run_sync) and sender B (own OS process) on 127.0.0.1, {args.rate:g} RolloutGroup frames/s"
     )
     print(

@@ -1,6 +1,6 @@
 """One gossip-level swarm peer as its own process, and the parent's handle on it.
 
-The peer is the node's network half and nothing else: the real `GossipService` with the
+The peer is the node's network half and nothing else: the real network (`open_network`) with the
 settings it is given (relay, reachability, discovery...), publishing real RolloutGroup frames
 (`to_wire` + `encode`, as the node's GroupEncoder does) at a fixed rate and decoding every
 frame it receives with the real codec. What it leaves out is the model: generating and
@@ -65,9 +65,7 @@ def connection_kinds(service) -> dict[str, str]:
     """peer id -> "direct", "relayed" or "both" (a hole punch has happened, the relay leg not yet closed)."""
     from sapo.protocol.hosts import is_relayed
 
-    host = service._host
-    if host is None:
-        return {}
+    host = service.host
     kinds = {}
     network = host.get_network()
     for peer in host.get_connected_peers():
@@ -83,7 +81,7 @@ async def peer_main(args: argparse.Namespace) -> None:
     from gossip import BenchNode, build_groups
 
     from sapo.protocol.codec import DecodeLimits, Rejected, decode
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import open_network
     from sapo.protocol.settings import NetworkSettings
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.training.tasks import reasoning_gym_version
@@ -91,15 +89,12 @@ async def peer_main(args: argparse.Namespace) -> None:
     key_pair = load_or_create_identity(args.data_dir)
     settings = NetworkSettings(**{"listen": args.listen, "peers": args.peers, "swarm": SWARM, **json.loads(args.settings)})
     send, incoming = trio.open_memory_channel(4096)
-    service = GossipService(settings, key_pair, send)
     if args.groups_file is not None:
         from sapo.training.rollouts import QuestionGroup
 
         groups = [QuestionGroup.model_validate(g) for g in json.loads(args.groups_file.read_text())]
     else:
         groups = build_groups(args.index, 0)
-    node = BenchNode(index=args.index, peer_id=peer_id_of(key_pair), service=service,
-                     groups=groups, incoming=incoming, rg_version=reasoning_gym_version())
     limits = DecodeLimits()
 
     async def receive() -> None:
@@ -142,8 +137,9 @@ async def peer_main(args: argparse.Namespace) -> None:
             await trio.sleep(max(0.0, next_at - time.monotonic()))
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(service.run)
+        async with open_network(settings, key_pair, send) as service, trio.open_nursery() as nursery:
+            node = BenchNode(index=args.index, peer_id=peer_id_of(key_pair), service=service,
+                             groups=groups, incoming=incoming, rg_version=reasoning_gym_version())
             emit(ev="up", peer_id=service.peer_id, listen=service.listen_addrs)
             nursery.start_soon(receive)
             nursery.start_soon(report)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -37,7 +38,7 @@ def child_main(args: argparse.Namespace) -> int:
 
 async def _child(args: argparse.Namespace) -> None:
     from sapo.protocol.codec import DecodeLimits, Rejected, decode
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.training.rollouts import QuestionGroup
     from sapo.training.tasks import reasoning_gym_version
@@ -46,11 +47,8 @@ async def _child(args: argparse.Namespace) -> None:
     key_pair = load_or_create_identity(out_dir / f"node-{index}")
     send, incoming = trio.open_memory_channel(4096)
     peers = [args.bootstrap] if args.bootstrap else []
-    service = GossipService(gossip_settings(args, peers, args.discover_peers > 0), key_pair, send)
     # The parent built every node's groups: importing reasoning-gym here would double a child's start.
     groups = [QuestionGroup.model_validate(g) for g in json.loads((out_dir / f"groups-{index}.json").read_text())]
-    node = BenchNode(index=index, peer_id=peer_id_of(key_pair), service=service, groups=groups,
-                     incoming=incoming, rg_version=reasoning_gym_version())
     totals = Totals()
     received: list[tuple[str, float]] = []
     limits = DecodeLimits()
@@ -65,7 +63,10 @@ async def _child(args: argparse.Namespace) -> None:
             received.append((hashlib.sha1(message.data).hexdigest(), message.received_at))
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(service.run)
+        settings = gossip_settings(args, peers, args.discover_peers > 0)
+        service = await nursery.start(partial(serve_network, settings, key_pair, send))
+        node = BenchNode(index=index, peer_id=peer_id_of(key_pair), service=service, groups=groups,
+                         incoming=incoming, rg_version=reasoning_gym_version())
         print(f"listening {service.listen_addrs[0]}", flush=True)
         nursery.start_soon(record_receipts)
         while not service.connected_peers():

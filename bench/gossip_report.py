@@ -20,7 +20,7 @@ def print_report(args: argparse.Namespace, result: dict) -> None:
     where = f"{args.nodes} OS processes" if args.processes else "ONE trio process"
     print(
         f"gossip benchmark: {args.nodes} nodes ({args.topology}, discovery {'on' if result['discover'] else 'off'}) "
-        f"in {where} on 127.0.0.1, real GossipService (noise, yamux, gossipsub 1.1), {args.seconds:g} s of "
+        f"in {where} on 127.0.0.1, real open_network (noise, yamux, gossipsub 1.1), {args.seconds:g} s of "
         f"publishing, {args.groups_per_round} groups / node / {args.round_seconds:g} s"
     )
     print(

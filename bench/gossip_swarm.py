@@ -1,6 +1,6 @@
 """The gossip benchmark's measurement (bench/gossip.py): N nodes in one trio process, publishing and timing.
 
-Each node is a real GossipService on 127.0.0.1 with its own Ed25519 identity; every node
+Each node is a real network (protocol/network.py) on 127.0.0.1 with its own Ed25519 identity; every node
 publishes its groups each round at its own phase, and every receiver decodes each frame with the
 real codec, as a node's intake does before its checks. Latency is from just before `publish()`
 to the receiver's `received_at`.
@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -117,7 +118,7 @@ def gossip_settings(args: argparse.Namespace, peers: list[str], discover: bool):
 
 async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
     from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.training.tasks import reasoning_gym_version
 
@@ -134,7 +135,7 @@ async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
                 BenchNode(
                     index=i,
                     peer_id=peer_id_of(key_pair),
-                    service=(key_pair, send),  # replaced by the service once the bootstrap address is known
+                    service=(key_pair, send),  # replaced by the network once the bootstrap address is known
                     groups=build_groups(i, args.seed),
                     incoming=recv,
                     rg_version=reasoning_gym_version(),
@@ -151,9 +152,10 @@ async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
                 else:
                     target = nodes[0] if args.topology == "star" else nodes[node.index - 1]
                     peers = [target.service.listen_addrs[0]]
-                node.service = GossipService(gossip_settings(args, peers, discover), key_pair, send)
                 with trio.fail_after(15):
-                    await nursery.start(node.service.run)
+                    node.service = await nursery.start(
+                        partial(serve_network, gossip_settings(args, peers, discover), key_pair, send)
+                    )
                 nursery.start_soon(receive, node, totals, limits)
             with trio.fail_after(30):
                 while not all(node.service.connected_peers() for node in nodes):

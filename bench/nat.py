@@ -4,7 +4,7 @@ One public namespace holds the bootstrap node, which relays (relay "auto": it fi
 public) but gossips another topic, so it forwards none of the swarm's messages itself: every
 group travels between NATed peers, over relayed circuits or hole-punched direct connections.
 Each of `--nated` peers sits behind its own home router (bench/nat_topology.py: masquerade, no
-port forwarding, unsolicited packets dropped), runs the real GossipService in its own OS process
+port forwarding, unsolicited packets dropped), runs the real network (protocol/network.py) in its own OS process
 (bench/gossip_peer.py) and publishes `--rate` real RolloutGroup frames a second.
 
 Two runs, compared side by side:

@@ -3,7 +3,7 @@
 (The fuzz run over hostile frames is a test: tests/hardening/fuzz.py, 2,000 frames in the
 suite and 100,000 with `make test-all`.)
 
-flood: a real `sapo-node start` process; one attacker GossipService publishes valid, distinct
+flood: a real `sapo-node start` process; one attacker network (open_network) publishes valid, distinct
        groups at --flood-rate per second (its own GossipSub spam limit switched off, as a
        hostile client would) while an honest peer publishes 4 per second, for --flood-seconds,
        after a warm-up in which the node trains on the honest peer's groups alone (so that what
@@ -157,12 +157,15 @@ def group_maker():
 
 
 def attacker_and_honest(address: str) -> dict:
-    """name -> (service, encoder, peer id, incoming) for the flooder and the honest peer, both dialling the node."""
+    """name -> (network task, encoder, peer id, incoming) for the flooder and the honest peer, both
+    dialling the node; `await nursery.start(task)` opens the network and gives it back."""
+    from functools import partial
+
     import trio
     from libp2p.crypto.ed25519 import create_new_key_pair
 
     from sapo.node.core.exchange import GroupEncoder
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import peer_id_of
     from sapo.protocol.settings import NetworkSettings
     from sapo.training.tasks import reasoning_gym_version
@@ -171,8 +174,7 @@ def attacker_and_honest(address: str) -> dict:
     for name, seed in (("flooder", 0x31), ("honest", 0x32)):
         key = create_new_key_pair(bytes([seed]) * 32)
         send, _receive = trio.open_memory_channel(10_000)
-        service = GossipService(NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address]),
-                                key, send)
+        service = partial(serve_network, NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address]), key, send)
         encoder = GroupEncoder(peer_id=peer_id_of(key), swarm="default", model_id=name,
                                rg_version=reasoning_gym_version())
         peers[name] = (service, encoder, peer_id_of(key), _receive)
@@ -242,11 +244,9 @@ async def flood_node(address: str, data: Path, node_ps, seconds: float, rate: fl
     import trio
 
     group = group_maker()
-    peers = attacker_and_honest(address)
     load = Load()
     async with trio.open_nursery() as nursery:
-        for service, *_ in peers.values():
-            await nursery.start(service.run)
+        peers = {name: (await nursery.start(task), *rest) for name, (task, *rest) in attacker_and_honest(address).items()}
         with trio.fail_after(30):
             while not all(s.connected_peers() for s, *_ in peers.values()):
                 await trio.sleep(0.2)
@@ -259,7 +259,7 @@ async def flood_node(address: str, data: Path, node_ps, seconds: float, rate: fl
                     "rss_before_mb": node_ps.memory_info().rss / 2**20,
                     "rounds_before": max((r["round"] for r in rows), default=0),
                     "honest_before": rows[-1]["accepted_from"].get(honest_id, 0)}
-        flooder._pubsub.router.spam_protection_enabled = False  # a hostile client ignores its own limit
+        flooder.pubsub.router.spam_protection_enabled = False  # a hostile client ignores its own limit
         nursery.start_soon(watch_inbox, data, load)
         t0, measured["wall0"] = trio.current_time(), time.time()
         async with trio.open_nursery() as publishers:

@@ -45,6 +45,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.hosts import is_relayed, open_peers
 from sapo.protocol.peer_records import (
+    PROTOCOL_ID,
     RECORDS_PER_RESPONSE,
     BadRecord,
     KnownPeer,
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sapo.discovery")
 
-PROTOCOL_ID = "/sapo/peers/1"
 # One request/response, stream open included; a peer slower than this is not worth waiting for.
 STREAM_TIMEOUT_SECONDS = 5.0
 # While below target and still learning, ask again after this long (a star fills in within a

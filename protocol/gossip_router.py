@@ -1,6 +1,6 @@
-"""How the gossip service's libp2p parts are built: the GossipSub router and its guarded pubsub,
+"""How the network's libp2p parts are built: the GossipSub router and its guarded pubsub,
 and the NAT traversal services (AutoNAT-style reachability, circuit relay). One job: turn
-`NetworkSettings` into configured py-libp2p 0.8.1 objects; `gossip.py` runs them."""
+`NetworkSettings` into configured py-libp2p 0.8.1 objects; `network.py` runs them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 
 from sapo.protocol.peer_protocols import PeerProtocols
-from sapo.protocol.pubsub_guards import GuardedPubsub
+from sapo.protocol.pubsub_guards import GuardedPubsub, PubsubHooks
 from sapo.protocol.reachability import Reachability, ReachabilityService
 from sapo.protocol.relay import RelayService, relay_limits
 from sapo.protocol.relay_guards import RelayBudget
@@ -51,12 +51,12 @@ def gossip_router(settings: NetworkSettings) -> GossipSub:
     )
 
 
-def guarded_pubsub(host: Any, router: GossipSub, service: Any, settings: NetworkSettings) -> GuardedPubsub:
-    """`service` is the GossipService whose peer guard, allowlist and delivery the pubsub calls."""
+def guarded_pubsub(host: Any, router: GossipSub, hooks: PubsubHooks, settings: NetworkSettings) -> GuardedPubsub:
+    """`hooks` are the peer policy's checks and the delivery that the pubsub calls."""
     return GuardedPubsub(
         host,
         router,
-        service=service,
+        hooks=hooks,
         strict_signing=True,  # every message is Ed25519-signed and verified on every hop
         # Inbound frames bigger than this reset the stream before parsing. Leave room for
         # a couple of max-size messages plus envelope so the topic validator, not the

@@ -34,7 +34,7 @@ from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 
-from sapo.protocol.discovery import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
+from sapo.protocol.peer_records import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
 
 logger = logging.getLogger("sapo.gossip")
 

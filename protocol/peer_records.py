@@ -27,6 +27,8 @@ from libp2p.peer.envelope import consume_envelope, seal_record
 from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
 
+# The stream protocol discovery speaks (discovery.py); frames are `v` WIRE_VERSION inside it.
+PROTOCOL_ID = "/sapo/peers/1"
 WIRE_VERSION = 1
 RECORD_DOMAIN = "libp2p-peer-record"
 # An Ed25519 record with a handful of addresses is ~200 bytes; 2 KiB leaves room, not abuse.

@@ -49,7 +49,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from sapo.protocol.hosts import direct_peers, is_relayed, relay_of
 from sapo.protocol.reachability import Reachability
 from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits, RelayBudget
-from sapo.protocol.relayed_links import RelayCuts
+from sapo.protocol.relayed_links import RelayCuts, RelaySlots
 
 logger = logging.getLogger("sapo.relay")
 
@@ -158,6 +158,11 @@ class RelayService:
         if relay in self.reservations:
             logger.info("lost the connection to relay %s; reserving again", relay)
             self._wake.set()
+
+    def slots(self) -> RelaySlots:
+        """What relayed links (relayed_links.py) may see of this service."""
+        return RelaySlots(holds=self.reservations.__contains__, lost=self.lost,
+                          relay_address=self.relay_address, cuts=self.cuts)
 
     def relayed_addrs(self) -> list[multiaddr.Multiaddr]:
         """Our addresses through the relays we hold a slot on (without /p2p/<us>)."""

@@ -33,7 +33,7 @@ import random
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import multiaddr
 import trio
@@ -43,9 +43,6 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.rcmgr import Direction
 
 from sapo.protocol.hosts import circuit_relay, direct_peers, is_relayed
-
-if TYPE_CHECKING:
-    from sapo.protocol.relay import RelayService
 
 logger = logging.getLogger("sapo.relay")
 
@@ -84,6 +81,16 @@ class RelayCuts:
     def order(self, relays: list[ID]) -> list[ID]:
         """Fewest recent cuts first; among equals, the order given."""
         return sorted(relays, key=self.count)
+
+
+@dataclass(frozen=True)
+class RelaySlots:
+    """What relayed links need of the relay service (relay.py), and no more."""
+
+    holds: Callable[[ID], bool]  # whether we hold a reservation on this relay
+    lost: Callable[[ID], None]  # our reservation on this relay went with its connection
+    relay_address: Callable[[ID], multiaddr.Multiaddr | None]  # our direct address of a relay
+    cuts: RelayCuts  # relays that cut circuits early, tried last
 
 
 @dataclass(frozen=True)
@@ -138,14 +145,14 @@ class _ForwardCloses(INotifee):
 
 
 class RelayedLinks:
-    """Recovers relayed links that end (see the module docstring); `run()` it in the gossip
-    service's nursery. `dial(PeerInfo) -> bool` is the gossip service's bounded dial (allow
-    list and bans checked there), `known_addrs(peer)` what discovery's record of it says."""
+    """Recovers relayed links that end (see the module docstring); `run()` it in the network's
+    nursery (network.py). `dial(PeerInfo) -> bool` is the network's bounded dial (allow list
+    and bans checked there), `known_addrs(peer)` what discovery's record of it says."""
 
     def __init__(
         self,
         host: Any,
-        relay: RelayService,
+        relay: RelaySlots,
         *,
         dial: Callable[[PeerInfo], Awaitable[bool]],
         known_addrs: Callable[[ID], list[multiaddr.Multiaddr]],
@@ -181,7 +188,7 @@ class RelayedLinks:
         if any(not c.is_closed for c in network.get_connections(link.peer)):
             return  # another connection to it is open (e.g. hole-punched): nothing was lost
         if not link.relayed:
-            if link.peer in self.relay.reservations:
+            if self.relay.holds(link.peer):
                 self.relay.lost(link.peer)  # our relay slot there is gone with it
             return
         self.count("relayed_links_lost")

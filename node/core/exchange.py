@@ -15,7 +15,8 @@ from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Intake
 from sapo.node.core.settings import NodeSettings
 from sapo.protocol.codec import DecodeLimits, canonical_bytes, encode, encode_logprobs, group_digest
-from sapo.protocol.gossip import GossipService, ReceivedMessage
+from sapo.protocol.gossip import ReceivedMessage
+from sapo.protocol.network import Network
 from sapo.protocol.messages import (
     LOGPROBS_SCHEMA_VERSION,
     BehaviorLogprobs,
@@ -156,8 +157,8 @@ def node_intake(
 
 
 class GossipExchange:
-    def __init__(self, service: GossipService, encoder: GroupEncoder, intake: Intake, counters: NodeCounters):
-        self.service = service
+    def __init__(self, network: Network, encoder: GroupEncoder, intake: Intake, counters: NodeCounters):
+        self.network = network
         self.encoder = encoder
         self.intake = intake
         self.counters = counters
@@ -165,13 +166,13 @@ class GossipExchange:
     async def publish(self, groups: list[QuestionGroup], round_index: int) -> None:
         outgoing = self.encoder.frames(groups, round_index)
         for frame in outgoing.logprobs:
-            await self.service.publish(frame, topic=logprobs_topic(self.encoder.swarm))
+            await self.network.publish(frame, topic=logprobs_topic(self.encoder.swarm))
         for frame in outgoing.groups:
-            if await self.service.publish(frame):
+            if await self.network.publish(frame):
                 self.counters.published += 1
 
     def peers(self) -> list[str]:
-        return sorted(self.service.connected_peers())
+        return sorted(self.network.connected_peers())
 
     async def receive(self, incoming: trio.MemoryReceiveChannel[ReceivedMessage]) -> None:
         """Checks run in a worker thread: regenerating and re-scoring a problem is CPU work
@@ -183,14 +184,14 @@ class GossipExchange:
         limiter = trio.CapacityLimiter(1)
         shared = logprobs_topic(self.encoder.swarm)
         async for message in incoming:
-            if self.service.refusal_bytes(_peer_bytes(message.sender)) == "banned":
+            if self.network.refusal_bytes(_peer_bytes(message.sender)) == "banned":
                 self.counters.rejected["banned"] += 1
                 continue
             accept = self.intake.accept_logprobs if message.topic == shared else self.intake.accept
             accepted = await trio.to_thread.run_sync(accept, message.data, message.sender, message.received_at, limiter=limiter)
             standing = self.intake.inbox.standing
             if isinstance(accepted, QuestionGroup) and standing is not None:
-                standing.locate(message.sender, self.service.network_group_of(message.sender))
+                standing.locate(message.sender, self.network.network_group_of(message.sender))
 
 
 def _peer_bytes(peer: str) -> bytes:

@@ -33,7 +33,7 @@ from sapo.training.warmstart import WarmStartProgress
 if TYPE_CHECKING:
     from sapo.node.core.node import Node
     from sapo.node.judge.client import JudgeClient
-    from sapo.protocol.gossip import GossipService
+    from sapo.protocol.network import Network
 
 log = logging.getLogger("sapo.node")
 
@@ -55,7 +55,7 @@ class LiveStatus:
         self.progress: Progress | None = None
         self.listen: list[str] = []
         self.page: list[str] = []
-        self.service: GossipService | None = None
+        self.network: Network | None = None  # once open_network has it up
         self.node: Node | None = None
         self.state: NodeState | None = None  # after the last round done
         self.judge: JudgeClient | None = None
@@ -95,7 +95,7 @@ class LiveStatus:
     # --- what it answers -------------------------------------------------------------------
 
     def snapshot(self) -> NodeStatus:
-        node, service = self.node, self.service
+        node, network = self.node, self.network
         status = NodeStatus(
             source="live",
             updated=time.time(),
@@ -114,7 +114,7 @@ class LiveStatus:
             judge=self._judge(),
         )
         update: dict = {}
-        transport = service.counters if service is not None else {}
+        transport = network.counters_snapshot() if network is not None else {}
         if node is not None and self.state is not None:  # set together, by node_ready
             counters = node.counters
             update |= {
@@ -134,17 +134,17 @@ class LiveStatus:
             "peers_banned": transport.get("peers_banned", 0),
             "transport": dict(transport),
         }
-        if service is not None:
-            bans = service.banned_peers()
+        if network is not None:
+            bans = network.banned_peers()
             update |= {
                 "bans": bans,
                 "peers": peer_rows(
-                    service.connected_peers(),
-                    service.peer_addresses(),
+                    network.connected_peers(),
+                    network.peer_addresses(),
                     accepted_from,
                     bans,
-                    service.peer_agents(),
-                    service.peer_scores(),
+                    network.peer_agents(),
+                    network.peer_scores(),
                 ),
             }
         update |= self._history.fields()

@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 from typing import Callable
 
 import trio
@@ -31,8 +32,9 @@ from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
-from sapo.protocol.gossip import GossipService, ReceivedMessage
+from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.network import Network, serve_network
 from sapo.protocol.peer_guard import PENALTIES
 from sapo.protocol.settings import logprobs_topic
 from sapo.training.devices import resolve_device
@@ -114,29 +116,31 @@ async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: thre
     _finish(scope, stop, live)
 
 
-async def open_network(
+async def start_network(
     nursery: trio.Nursery, settings: NodeSettings, key_pair, counters: dict[str, int], live: LiveStatus
-) -> tuple[GossipService, trio.MemoryReceiveChannel[ReceivedMessage]]:
-    """Start the libp2p service and print the addresses peers can dial. What it receives
-    waits in the returned channel until the node can check it (start_intake)."""
+) -> tuple[Network, trio.MemoryReceiveChannel[ReceivedMessage]]:
+    """Open the network (protocol/network.py) as a task of the daemon's nursery and print the
+    addresses peers can dial. What it receives waits in the returned channel until the node
+    can check it (start_intake)."""
     send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
     # peers' shared log-probs only reach a node that weighs their completions by them
     reads_logprobs = settings.external_use.importance_weight != "off"
     extra = (logprobs_topic(settings.network.swarm),) if reads_logprobs else ()
-    service = GossipService(settings.network, key_pair, send, counters=counters, extra_topics=extra)
-    await nursery.start(service.run)
-    live.service = service
-    live.listen = dialable_all(service.listen_addrs)
+    network: Network = await nursery.start(
+        partial(serve_network, settings.network, key_pair, send, counters=counters, extra_topics=extra)
+    )
+    live.network = network
+    live.listen = dialable_all(network.listen_addrs)
     live.waiting = lambda: receive.statistics().current_buffer_used
     for address in live.listen:
         print(f"listening on {address}", flush=True)
-    return service, receive
+    return network, receive
 
 
 def start_intake(
     nursery: trio.Nursery,
     node: Node,
-    service: GossipService,
+    network: Network,
     receive: trio.MemoryReceiveChannel[ReceivedMessage],
     settings: NodeSettings,
 ) -> GossipExchange:
@@ -144,9 +148,9 @@ def start_intake(
     rg_version = reasoning_gym_version()
     intake = node_intake(
         settings, node.inbox, node.counters, peer_id=node.peer_id, rg_version=rg_version, verifier=node.verifier,
-        on_reject=lambda signer, reason: _report_from_worker(service, signer, reason),
+        on_reject=lambda signer, reason: _report_from_worker(network, signer, reason),
     )
-    exchange = GossipExchange(service, group_encoder(settings, node.peer_id, rg_version), intake, node.counters)
+    exchange = GossipExchange(network, group_encoder(settings, node.peer_id, rg_version), intake, node.counters)
     nursery.start_soon(exchange.receive, receive)
     return exchange
 
@@ -187,12 +191,12 @@ async def load_node(
     return node, state
 
 
-def _report_from_worker(service: GossipService, signer: str, reason: str) -> None:
+def _report_from_worker(network: Network, signer: str, reason: str) -> None:
     """The intake runs in a worker thread; the peer score lives in the trio thread."""
     if PENALTIES.get(reason, 0) <= 0:
         return  # duplicates, stale groups, version skew: nothing to charge, no thread hop
     try:
-        trio.from_thread.run_sync(service.penalize_sender, signer, reason)
+        trio.from_thread.run_sync(network.penalize_sender, signer, reason)
     except (trio.RunFinishedError, trio.Cancelled, RuntimeError):
         pass  # shutting down, or called outside a trio worker (nothing to score then)
 
@@ -246,13 +250,13 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 await nursery.start(_cancel_on_signal, scope, stop, live)
                 if parent is not None:
                     nursery.start_soon(_cancel_when_orphaned, parent, scope, stop, live)
-                service, receive = await open_network(nursery, settings, key_pair, transport, live)
+                network, receive = await start_network(nursery, settings, key_pair, transport, live)
                 metrics = await open_page(nursery, settings, live)
                 nursery.start_soon(live.keep_file)
                 # one stop flag for the whole daemon, set by the signal handler
                 node, state = await load_node(settings, peer_id, live, NodeCounters(transport=transport), stop)
                 start = state
-                exchange = start_intake(nursery, node, service, receive, settings)
+                exchange = start_intake(nursery, node, network, receive, settings)
                 live.judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
                 live.phase = "waiting for peers"
                 await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)

@@ -9,7 +9,7 @@ relayed circuit or a hole-punched connection. A subscribed hub would carry every
 in a swarm this small and hide whether the NATed peers can reach each other at all.
 
 The swarm is bench/nat.py's (`run_swarm`), so the benchmark cannot rot. The peers are
-bench/gossip_peer.py processes: the node's real GossipService publishing real RolloutGroup
+bench/gossip_peer.py processes: the node's real network (open_network) publishing real RolloutGroup
 frames, without the model (a training node takes minutes a round and would test nothing more
 about the network). The last test is the control: the same swarm with the relay switched off
 delivers nothing, so the NATs are real and the first test depends on the relay.

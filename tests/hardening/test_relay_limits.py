@@ -13,7 +13,7 @@ nodes, discovery also redials while a node is short of peers, at its own pace of
 
 The topology is bench/nat_topology.py's: the relay (our node's network half, bench/gossip_peer.py,
 relaying, gossiping another topic so it never carries a group itself) in a public namespace, the
-node (gossip_peer.py: the node's real GossipService) and the publisher each behind its own home
+node (gossip_peer.py: the node's real network, open_network) and the publisher each behind its own home
 router (masquerade, unsolicited packets dropped); hole punching off (a punched hole would replace
 the circuit and test nothing about it).
 

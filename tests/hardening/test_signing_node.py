@@ -42,7 +42,7 @@ async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keep
         async with trio.open_nursery() as nursery:
             await attacker.join(nursery, node)
             rounds_before = node.last_round()
-            pubsub = attacker.service._pubsub
+            pubsub = attacker.service.pubsub
 
             pubsub.strict_signing = False  # our side neither signs nor checks, as a hostile client would
             assert await attacker.service.publish(frame)  # 1. no signature at all

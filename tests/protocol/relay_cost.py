@@ -38,8 +38,8 @@ async def move(sender, receiver, megabytes: int) -> float:
             got[0] += len(data)
         done.set()
 
-    receiver.service._host.set_stream_handler(SINK, sink)
-    stream = await sender.service._host.new_stream(ID.from_base58(receiver.service.peer_id), [SINK])
+    receiver.service.host.set_stream_handler(SINK, sink)
+    stream = await sender.service.host.new_stream(ID.from_base58(receiver.service.peer_id), [SINK])
     chunk = b"x" * CHUNK
     start = time.process_time()
     sent = 0
@@ -67,7 +67,7 @@ async def main(megabytes: int) -> None:
             while not (a.service.relayed_addrs and b.service.relayed_addrs):
                 await trio.sleep(0.1)
             (circuit,) = b.service.relayed_addrs
-            assert await a.service._dial_discovered(
+            assert await a.service.dial(
                 PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)]))
             relayed = await move(a, b, megabytes)
             nursery.cancel_scope.cancel()

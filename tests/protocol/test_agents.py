@@ -39,5 +39,5 @@ async def test_each_peer_says_what_it_runs():
             assert a.service.peer_agents() == {b.service.peer_id: agent_string(), bare_id: "py-libp2p/0.8.1"}
             # and the bare host, asking our node the standard way, hears ours
             agents = PeerAgents(bare, lambda: [], lambda peer: True)
-            assert await agents.ask(a.service._host.get_id()) == agent_string()
+            assert await agents.ask(a.service.host.get_id()) == agent_string()
         nursery.cancel_scope.cancel()

@@ -178,7 +178,7 @@ async def smallest_mesh(node, seconds: float = 2.5) -> int:
     sizes = []
     end = trio.current_time() + seconds
     while trio.current_time() < end:
-        sizes.append(len(node.service._pubsub.router.mesh.get(TOPIC, ())))
+        sizes.append(len(node.service.pubsub.router.mesh.get(TOPIC, ())))
         await trio.sleep(0.02)
     return min(sizes)
 

@@ -4,6 +4,7 @@ import os
 import socket
 import tempfile
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import multiaddr
@@ -22,7 +23,8 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.utils import encode_varint_prefixed
 
-from sapo.protocol.gossip import GossipService
+from sapo.protocol.gossip import Delivery
+from sapo.protocol.network import counter, serve_network
 from sapo.protocol.settings import NetworkSettings, rollout_topic
 from sapo.protocol.identity import peer_id_of
 
@@ -54,9 +56,9 @@ async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=N
     settings = NetworkSettings(listen=listen, peers=list(peers), swarm=SWARM, **overrides)
     send, receive = trio.open_memory_channel(64)
     counters: dict[str, int] = {}
-    service = GossipService(settings, key_pair or create_new_key_pair(), send, counters)
-    await nursery.start(service.run)
-    return Node(service, receive, counters)
+    network = await nursery.start(partial(serve_network, settings, key_pair or create_new_key_pair(), send,
+                                          counters=counters))
+    return Node(network, receive, counters)
 
 
 async def wait_for_mesh(nodes, timeout=10.0):
@@ -65,7 +67,7 @@ async def wait_for_mesh(nodes, timeout=10.0):
         for node in nodes:
             others = {other.service.peer_id for other in nodes if other is not node}
             while True:
-                router = node.service._pubsub.router
+                router = node.service.pubsub.router
                 mesh = {peer.to_base58() for peer in router.mesh.get(TOPIC, ())}
                 if others <= mesh:
                     break
@@ -312,18 +314,18 @@ async def test_bootstrap_peer_that_restarts_is_redialled():
             nursery.cancel_scope.cancel()
 
 
-class _StubPubsub:
-    @staticmethod
-    def get_message_id(msg):
-        return msg.from_id + msg.seqno
+ME = create_new_key_pair()
 
 
-def _delivery_service(capacity):
+def _delivery(capacity):
     send, receive = trio.open_memory_channel(capacity)
     counters: dict[str, int] = {}
-    service = GossipService(NetworkSettings(swarm=SWARM), create_new_key_pair(), send, counters)
-    service._pubsub = _StubPubsub()  # _deliver only needs the message-id function
-    return service, receive, counters
+    delivery = Delivery(ID.from_pubkey(ME.public_key), (TOPIC,), send, counter(counters))
+    return delivery, receive, counters
+
+
+def _deliver(delivery, msg):
+    delivery.deliver(msg, msg.from_id + msg.seqno)  # the message id, as pubsub would give it
 
 
 def _message(key_pair, seqno, data=b"x"):
@@ -334,24 +336,24 @@ def _message(key_pair, seqno, data=b"x"):
 
 
 def test_replayed_message_is_delivered_once():
-    service, inbox, counters = _delivery_service(8)
+    delivery, inbox, counters = _delivery(8)
     peer = create_new_key_pair()
-    service._deliver(_message(peer, 1))
-    service._deliver(_message(peer, 1))  # e.g. an mcache replay after libp2p's 120 s seen-TTL
-    service._deliver(_message(peer, 2))
+    _deliver(delivery, _message(peer, 1))
+    _deliver(delivery, _message(peer, 1))  # e.g. an mcache replay after libp2p's 120 s seen-TTL
+    _deliver(delivery, _message(peer, 2))
     assert [m.data for m in (inbox.receive_nowait(), inbox.receive_nowait())] == [b"x", b"x"]
     assert counters == {"received": 2, "duplicate": 1}
 
 
 def test_own_messages_are_not_delivered():
-    service, inbox, counters = _delivery_service(8)
-    service._deliver(_message(service.key_pair, 1))
+    delivery, inbox, counters = _delivery(8)
+    _deliver(delivery, _message(ME, 1))
     assert counters == {}
 
 
 def test_full_inbox_drops_instead_of_blocking():
-    service, inbox, counters = _delivery_service(1)
+    delivery, inbox, counters = _delivery(1)
     peer = create_new_key_pair()
     for seqno in range(3):
-        service._deliver(_message(peer, seqno))
+        _deliver(delivery, _message(peer, seqno))
     assert counters == {"received": 3, "inbox_channel_full": 2}

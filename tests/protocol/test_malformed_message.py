@@ -26,15 +26,15 @@ async def test_peer_whose_messages_make_libp2p_raise_is_charged_then_banned(monk
             victim = await start_node(nursery, discover_peers=0)
             attacker = await start_node(nursery, peers=[victim.addr], discover_peers=0)
             await wait_for_mesh([victim, attacker])
-            poisoned.add(victim.service._my_id.to_bytes())
-            attacker_id = attacker.service._my_id.to_bytes()
+            poisoned.add(victim.service.my_id.to_bytes())
+            attacker_id = attacker.service.my_id.to_bytes()
 
             assert await attacker.service.publish(b"bad 0")
             with trio.fail_after(5):
                 while victim.counters.get("malformed_message", 0) == 0:
                     await trio.sleep(0.02)
             # Charged to the directly connected peer that sent it (here also its author).
-            assert victim.service.guard.score(attacker_id) <= -PENALTIES["malformed_message"] + 1
+            assert victim.service.policy.guard.score(attacker_id) <= -PENALTIES["malformed_message"] + 1
             assert not victim.counters.get("peers_banned")
 
             for i in range(1, offences + 2):

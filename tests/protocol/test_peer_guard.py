@@ -137,7 +137,7 @@ async def test_flooder_is_banned_and_disconnected_honest_peer_still_delivers():
             honest = await start_node(nursery, peers=[victim.addr], discover_peers=0)
             await wait_for_mesh([victim, flooder])
             await wait_for_mesh([victim, honest])
-            flooder.service._pubsub.router.spam_protection_enabled = False  # a hostile client ignores its own
+            flooder.service.pubsub.router.spam_protection_enabled = False  # a hostile client ignores its own
             flooder_id = flooder.service.peer_id
 
             started = trio.current_time()
@@ -194,7 +194,7 @@ async def test_bootstrap_keeper_does_not_redial_a_banned_peer():
             await trio.sleep(1)  # the keeper's own dial has returned
             failed_before = node.counters.get("dial_failed", 0)
             for _ in range(3):
-                node.service.penalize(target.service._my_id, "malformed_frame")
+                node.service.penalize(target.service.my_id, "malformed_frame")
             assert node.counters["peers_banned"] == 1
             with trio.fail_after(5):
                 while target.service.peer_id in node.service.connected_peers():
@@ -202,5 +202,5 @@ async def test_bootstrap_keeper_does_not_redial_a_banned_peer():
             await trio.sleep(2)  # several keeper periods
             assert target.service.peer_id not in node.service.connected_peers()
             assert node.counters.get("dial_failed", 0) == failed_before  # not even tried
-            assert TOPIC in node.service._pubsub.topic_ids
+            assert TOPIC in node.service.pubsub.topic_ids
             nursery.cancel_scope.cancel()

@@ -1,4 +1,4 @@
-"""Circuit Relay v2 and hole punching between real GossipServices on 127.0.0.1.
+"""Circuit Relay v2 and hole punching between real networks (protocol/network.py) on 127.0.0.1.
 
 On loopback nothing is behind NAT, so the "NATed" peers are told they are private
 (`reachability="private"`): they reserve a slot on the relay and advertise only their relayed
@@ -23,7 +23,7 @@ PRIVATE = {"reachability": "private", "hole_punching": False, "discover_peers": 
 
 def kinds(node, other) -> set[bool]:
     """{True} relayed only, {False} direct only, both, or empty: node's open connections to `other`."""
-    network = node.service._host.get_network()
+    network = node.service.host.get_network()
     return {is_relayed(c) for c in network.get_connections(ID.from_base58(other.service.peer_id)) if not c.is_closed}
 
 
@@ -45,7 +45,7 @@ async def relay_and_two_private(nursery, psk=None, **private):
 async def dial_through_relay(a, b) -> None:
     (circuit,) = b.service.relayed_addrs
     info = PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
-    assert await a.service._dial_discovered(info)  # directly, else through the relay: connected
+    assert await a.service.dial(info)  # directly, else through the relay: connected
 
 
 async def test_private_peers_meet_through_the_relay_and_gossip_over_the_circuit():
@@ -95,7 +95,7 @@ async def circuits_from_one_peer_survive_each_other(stock: bool, monkeypatch) ->
         for target in (b, c):
             await dial_through_relay(a, target)
         await wait_until(lambda: kinds(a, b) == {True} and kinds(a, c) == {True}, 20)
-        network = a.service._host.get_network()
+        network = a.service.host.get_network()
         to_c = [c_ for c_ in network.get_connections(ID.from_base58(c.service.peer_id)) if not c_.is_closed]
         for connection in network.get_connections(ID.from_base58(b.service.peer_id)):
             await connection.close()

@@ -50,11 +50,11 @@ async def open_sink(node, received: dict[str, int]) -> None:
                 return
             received[sender] = received.get(sender, 0) + len(data)
 
-    node.service._host.set_stream_handler(SINK, sink)
+    node.service.host.set_stream_handler(SINK, sink)
 
 
 async def send(sender, receiver, size: int) -> None:
-    stream = await sender.service._host.new_stream(ID.from_base58(receiver.service.peer_id), [SINK])
+    stream = await sender.service.host.new_stream(ID.from_base58(receiver.service.peer_id), [SINK])
     chunk = b"x" * 16384
     for _ in range(size // len(chunk)):
         await stream.write(chunk)
@@ -70,10 +70,10 @@ async def test_several_reservers_share_the_relays_circuits():
             await dial_through_relay(a, b)  # the relay's one circuit
             await wait_until(lambda: kinds(a, b) == {True}, 20)
             for target in (a, b):  # c holds its own slot (16 circuits a slot), yet the relay is full
-                await c.service._dial_discovered(relayed_info(target))
+                await c.service.dial(relayed_info(target))
             assert kinds(c, a) == set() and kinds(c, b) == set()
             assert relay.counters.get("relay_refused_circuits", 0) >= 2, relay.counters
-            assert relay.service._relay.protocol.budget.circuits == 1
+            assert relay.service.relay.protocol.budget.circuits == 1
             nursery.cancel_scope.cancel()
 
 
@@ -127,7 +127,7 @@ async def test_the_hours_bytes_once_spent_cut_circuits_and_refuse_new_ones():
                     pass
             await wait_until(lambda: relay.counters.get("relay_circuits_limited", 0) >= 1, 20)
             assert sum(received.values()) <= 1024 * 1024
-            await c.service._dial_discovered(relayed_info(b))  # a second reserver, a new circuit
+            await c.service.dial(relayed_info(b))  # a second reserver, a new circuit
             assert kinds(c, b) == set()
             assert relay.counters.get("relay_refused_bytes", 0) >= 1, relay.counters
             nursery.cancel_scope.cancel()

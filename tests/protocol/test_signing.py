@@ -21,7 +21,7 @@ async def test_unsigned_and_wrongly_signed_messages_are_dropped_and_counted():
             victim = await start_node(nursery)
             attacker = await start_node(nursery, peers=[victim.addr])
             await wait_for_mesh([victim, attacker])
-            pubsub = attacker.service._pubsub
+            pubsub = attacker.service.pubsub
 
             pubsub.strict_signing = False  # publish without any signature
             await attacker.service.publish(b"unsigned")

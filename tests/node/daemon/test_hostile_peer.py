@@ -9,7 +9,7 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.node.core.exchange import GroupEncoder
-from sapo.protocol.gossip import GossipService
+from sapo.protocol.network import open_network
 from sapo.protocol.identity import peer_id_of
 from sapo.protocol.settings import NetworkSettings
 from sapo.training.rollouts import QuestionGroup
@@ -43,11 +43,9 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
             key = create_new_key_pair(b"\x07" * 32)
             attacker_id = peer_id_of(key)
             send, receive = trio.open_memory_channel(100)
-            attacker = GossipService(
-                # a larger limit than the victim's, so the oversized message does get sent
-                NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address], max_message_bytes=600 * 1024),
-                key,
-                send,
+            # a larger limit than the victim's, so the oversized message does get sent
+            attacker_settings = NetworkSettings(
+                listen="/ip4/127.0.0.1/tcp/0", peers=[address], max_message_bytes=600 * 1024
             )
             encoder = GroupEncoder(
                 peer_id=attacker_id, swarm="default", model_id="evil", rg_version=reasoning_gym_version()
@@ -74,8 +72,7 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
                 "bad_frame": b"\xde\xad\xbe\xef garbage",
                 "sender_mismatch": impostor.frame(group, 1),
             }
-            async with trio.open_nursery() as nursery:
-                await nursery.start(attacker.run)
+            async with open_network(attacker_settings, key, send) as attacker:
                 while not attacker.connected_peers():
                     await trio.sleep(0.2)
                 await trio.sleep(2)  # a heartbeat or two for the mesh
@@ -96,7 +93,6 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
                 target = rows[-1]["round"] + 2
                 while max(r["round"] for r in read_metrics(data)) < target:
                     await trio.sleep(0.5)
-                nursery.cancel_scope.cancel()
         assert proc.poll() is None, "the node died"
         assert target > rounds_before
         assert rows[-1]["accepted_from"][attacker_id] == 1  # only the honest group got in

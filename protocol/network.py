@@ -1,0 +1,375 @@
+"""The node's network as one value: `async with open_network(settings, key_pair, incoming) as net`.
+
+`open_network` builds, in this order, the py-libp2p 0.8.1 host, its GossipSub pubsub with the
+guards 0.8.1 lacks (pubsub_guards.py), the NAT services (reachability, relay), discovery and the
+keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: publish,
+peers, penalise, counters, and what the page and the daemon read. When the block ends the
+nursery is cancelled and the host closed. Nothing of a `Network` is missing while it is up;
+there is no half-built state to guard against.
+
+Every workaround below is for a measured sharp edge of py-libp2p 0.8.1 (protocol/README.md,
+"Transport"), which is why pyproject pins `libp2p==0.8.1`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, AsyncIterator, Callable
+
+import multiaddr
+import trio
+from libp2p.crypto.keys import KeyPair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from sapo.protocol.agents import PeerAgents
+from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
+from sapo.protocol.discovery import PeerDiscovery
+from sapo.protocol.gossip import Delivery, ReceivedMessage, size_validator
+from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
+from sapo.protocol.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
+from sapo.protocol.peer_policy import PeerPolicy
+from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
+from sapo.protocol.pubsub_guards import PubsubHooks, cut_connections
+from sapo.protocol.reachability import Reachability, ReachabilityService, network_group
+from sapo.protocol.relay import RelayService
+from sapo.protocol.relayed_links import RelayedLinks
+from sapo.protocol.settings import NetworkSettings
+
+logger = logging.getLogger("sapo.gossip")
+
+# Bound on one publish (signing + handing the message to the per-peer queues).
+PUBLISH_TIMEOUT_SECONDS = 5.0
+# Bound on waiting for the pubsub service's internal tasks to start.
+START_TIMEOUT_SECONDS = 10.0
+# Bans waiting for their peer to be cut off; bans come one per misbehaving identity, and the
+# queue is drained at once, so this is never reached short of a flood of fresh identities.
+PENDING_BANS = 1024
+
+
+def counter(counters: dict[str, int]) -> Callable[..., None]:
+    """`count(name, amount=1)` into `counters`."""
+
+    def count(name: str, amount: int = 1) -> None:
+        counters[name] = counters.get(name, 0) + amount
+
+    return count
+
+
+class Network:
+    """A running node's network; only `open_network` makes one. Every attribute is set for as
+    long as the `async with` block runs."""
+
+    def __init__(
+        self,
+        *,
+        settings: NetworkSettings,
+        topics: tuple[str, ...],
+        my_id: ID,
+        host: Any,
+        pubsub: Pubsub,
+        policy: PeerPolicy,
+        protocols: PeerProtocols,
+        nat: ReachabilityService,
+        relay: RelayService,
+        discovery: PeerDiscovery,
+        dialer: OneDialPerPeer,
+        agents: PeerAgents,
+        counters: dict[str, int],
+    ) -> None:
+        self.settings = settings
+        self.topics = topics  # the rollouts topic, then any others this node reads
+        self.my_id = my_id
+        self.host = host
+        self.pubsub = pubsub
+        self.policy = policy  # the allow list, the peer score and its bans
+        self.protocols = protocols  # which optional protocols each peer lacks
+        self.nat = nat  # our reachability (public, private, unknown), and the dial-backs we serve
+        self.relay = relay
+        self.discovery = discovery
+        self.dialer = dialer
+        self.agents = agents
+        self.counters = counters
+        self.count = counter(counters)
+
+    # --- who we are --------------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self.my_id.to_base58()
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        """Full multiaddrs, ending /p2p/<id>."""
+        return [str(address) for address in self.host.get_addrs()]
+
+    @property
+    def reachability(self) -> str:
+        """'public', 'private' or 'unknown' (reachability.py)."""
+        return self.nat.status.value
+
+    @property
+    def relayed_addrs(self) -> list[str]:
+        """Our addresses through the relays we hold a slot on, ending in /p2p/<our id>."""
+        return [f"{address}/p2p/{self.peer_id}" for address in self.relay.relayed_addrs()]
+
+    @property
+    def relaying(self) -> bool:
+        """Whether this node currently serves circuits for other peers."""
+        return self.relay.serving
+
+    def advertised_addrs(self) -> list[multiaddr.Multiaddr]:
+        """What our signed peer record says: behind NAT with a relay slot, only the relayed
+        addresses (our own would cost every dialler a full timeout); otherwise our listen
+        addresses."""
+        return advertised_addrs(self.host, self.relay, self.nat)
+
+    def counters_snapshot(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    # --- gossip ------------------------------------------------------------------------------
+
+    async def publish(self, data: bytes, topic: str | None = None) -> bool:
+        """Sign and gossip `data` on `topic` (the rollouts topic by default; we need not read a
+        topic to publish on it); False (and counted) if it was dropped here."""
+        if len(data) > self.settings.max_message_bytes:
+            self.count("publish_dropped")
+            logger.warning("publish of %d bytes refused: over max_message_bytes=%d",
+                           len(data), self.settings.max_message_bytes)
+            return False
+        with trio.move_on_after(PUBLISH_TIMEOUT_SECONDS) as scope:
+            try:
+                await self.pubsub.publish(topic or self.settings.topic, data)
+            except Exception as error:
+                self.count("publish_dropped")
+                logger.warning("publish failed: %s: %s", type(error).__name__, error)
+                return False
+        if scope.cancelled_caught:
+            self.count("publish_dropped")
+            logger.warning("publish timed out after %.0f s", PUBLISH_TIMEOUT_SECONDS)
+            return False
+        self.count("published")
+        return True
+
+    # --- peers -------------------------------------------------------------------------------
+
+    def refusal(self, peer_id: ID) -> str | None:
+        """Why this peer may not connect, send or be dialled ('not_allowed', 'banned'), or None."""
+        return self.policy.refusal(peer_id)
+
+    def refusal_bytes(self, peer_id: bytes) -> str | None:
+        return self.policy.refusal_bytes(peer_id)
+
+    def penalize(self, peer_id: ID, reason: str) -> None:
+        """Charge a peer for an offence named by a reject reason (peer_guard.PENALTIES); past
+        the threshold it is banned and disconnected."""
+        self.policy.penalize(peer_id, reason)
+
+    penalise = penalize
+
+    def penalize_sender(self, sender: str, reason: str) -> None:
+        """`penalize` for the application's checks, which name the signer in base58."""
+        self.policy.penalize_sender(sender, reason)
+
+    def banned_peers(self) -> list[str]:
+        return self.policy.banned_peers()
+
+    def connected_peers(self) -> list[str]:
+        return sorted(peer.to_base58() for peer in open_peers(self.host))
+
+    def peer_agents(self) -> dict[str, str]:
+        """What each peer's libp2p identify said it runs ("sapo/0.3.0", "py-libp2p/0.8.1", ...)."""
+        return self.agents.agents()
+
+    def peer_scores(self) -> dict[str, float]:
+        """The peer guard's score of each connected peer (0 = nothing held against it)."""
+        guard = self.policy.guard
+        return {peer.to_base58(): round(guard.score(peer.to_bytes()), 3) for peer in open_peers(self.host)}
+
+    def network_group_of(self, peer: str) -> str | None:
+        """The network address group (reachability.network_group: IPv4 /16, IPv6 /32, or one
+        "local" group) of `peer`'s direct connection; None if it has none."""
+        try:
+            ip = direct_ip(self.host, ID.from_base58(peer))
+        except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
+            return None
+        return network_group(ip) if ip is not None else None
+
+    def peer_addresses(self) -> dict[str, list[str]]:
+        """The transport address of each open connection, per connected peer (for the status page)."""
+        return connection_addresses(self.host)
+
+    async def dial(self, info: PeerInfo) -> bool:
+        """One bounded dial (directly, else through a relay), unless the peer is refused."""
+        return await dial_unless_refused(self.policy, self.dialer, info)
+
+
+async def dial_unless_refused(policy: PeerPolicy, dialer: OneDialPerPeer, info: PeerInfo) -> bool:
+    if policy.refusal(info.peer_id) is not None:
+        return False
+    error = await dialer.dial(info)
+    if error is not None:
+        logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
+    return error is None
+
+
+def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -> list[multiaddr.Multiaddr]:
+    relayed = relay.relayed_addrs()
+    if relayed and nat.status is Reachability.private:
+        return relayed
+    return [*host.get_transport_addrs(), *relayed]
+
+
+@asynccontextmanager
+async def open_network(
+    settings: NetworkSettings,
+    key_pair: KeyPair,
+    incoming: trio.MemorySendChannel[ReceivedMessage],
+    *,
+    counters: dict[str, int] | None = None,
+    extra_topics: tuple[str, ...] = (),
+) -> AsyncIterator[Network]:
+    """Listen, subscribe to the rollouts topic (and `extra_topics`), keep the bootstrap peers
+    dialled; yield the running network. Other peers' messages go to `incoming` (never blocking:
+    a full channel drops and counts `inbox_channel_full`); counts go to `counters`."""
+    counters = counters if counters is not None else {}
+    count = counter(counters)
+    my_id = ID.from_pubkey(key_pair.public_key)
+    topics = (settings.topic, *extra_topics)
+    listen = multiaddr.Multiaddr(settings.listen)
+    bans_in, bans_out = trio.open_memory_channel[ID](PENDING_BANS)
+    policy = PeerPolicy(settings, my_id, count, on_ban=partial(_queue_ban, bans_in))
+
+    # identify's addresses are the host's (DCUtR needs our listen port there) and our relayed
+    # ones; the relay needs the host, so it joins this list once it is built.
+    relays: list[RelayService] = []
+    host = new_noise_host(key_pair, [listen], psk=settings.psk,
+                          addrs_factory=lambda candidates: [*candidates, *(a for r in relays for a in r.relayed_addrs())])
+    protocols = PeerProtocols(host, count)
+    delivery = Delivery(my_id, topics, incoming, count)
+    router = gossip_router(settings)
+    hooks = PubsubHooks(
+        refusal=policy.refusal, refusal_bytes=policy.refusal_bytes, admit_author=policy.admit_author,
+        penalize=policy.penalize, count=count, deliver=delivery.deliver, lacks=protocols.lacks,
+        refused=protocols.refused, close_timeout=settings.close_timeout_seconds,
+    )
+    pubsub = guarded_pubsub(host, router, hooks, settings)
+    validate = size_validator(settings.max_message_bytes, my_id, count, policy.penalize)
+    bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
+
+    # quiet_refusals: a peer without an optional protocol is not an ERROR
+    async with quiet_refusals(), host.run([listen]):
+        try:
+            async with background_trio_service(pubsub), background_trio_service(router):
+                with trio.fail_after(START_TIMEOUT_SECONDS):
+                    await pubsub.wait_until_ready()
+                for topic in topics:
+                    pubsub.set_topic_validator(topic, validate, False)
+                    with trio.fail_after(START_TIMEOUT_SECONDS):
+                        await pubsub.subscribe(topic)
+
+                def readvertise() -> None:  # our relay slots or reachability changed
+                    discovery.advertise(advertised_addrs(host, relay, nat))
+
+                def on_reachability(status: Reachability) -> None:
+                    count(f"reachability_{status.value}")
+                    relay.set_reachability(status)
+                    readvertise()
+
+                # Both callbacks run only from the services' own tasks, started below once
+                # discovery, which they re-advertise through, exists.
+                nat, relay = nat_services(
+                    host, settings, protocols, may_use=policy.may_use, count=count,
+                    on_reachability=on_reachability, on_addrs_changed=readvertise,
+                    preferred_relays=lambda: sorted(bootstrap_ids, key=str),
+                )
+                relays.append(relay)
+                dialer = OneDialPerPeer(host, relay)
+                discovery = PeerDiscovery(
+                    key_pair,
+                    target=settings.discover_peers,
+                    interval=settings.discovery_interval_seconds,
+                    max_tracked=settings.max_tracked_peers,
+                    may_dial=policy.may_use,
+                    dial=partial(dial_unless_refused, policy, dialer),
+                    count=count,
+                    protocols=protocols,
+                )
+                discovery.attach(host, advertised_addrs(host, relay, nat))  # answer requests even with discovery off
+                network = Network(
+                    settings=settings, topics=topics, my_id=my_id, host=host, pubsub=pubsub, policy=policy,
+                    protocols=protocols, nat=nat, relay=relay, discovery=discovery, dialer=dialer,
+                    agents=PeerAgents(host, lambda: open_peers(host), policy.may_use), counters=counters,
+                )
+                links = RelayedLinks(host, relay.slots(), dial=network.dial, known_addrs=discovery.addrs_of,
+                                     refused=lambda peer: policy.refusal(peer) is not None, count=count)
+                logger.info("gossip up: peer %s listening on %s, topic %s",
+                            network.peer_id, ", ".join(network.listen_addrs), settings.topic)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cut_off_banned, bans_out, host, discovery, settings.close_timeout_seconds)
+                    await nursery.start(relay.run)
+                    await nursery.start(links.run)  # relayed links that end are dialled again
+                    relay.set_reachability(nat.status)
+                    await nursery.start(nat.run)
+                    keeper = BootstrapKeeper(host, settings, my_id, policy.refusal, relay, count, bootstrap_ids)
+                    for address in settings.peers:
+                        nursery.start_soon(keeper.keep, address)
+                    if settings.discover_peers > 0:
+                        await nursery.start(discovery.run)
+                    await nursery.start(network.agents.run)
+                    yield network
+                    nursery.cancel_scope.cancel()
+        finally:
+            # Exiting host.run() alone leaves peers' TCP connections open (they do not notice
+            # for a long time); close() can hang on a crashed peer, so bound it.
+            with trio.move_on_after(settings.close_timeout_seconds) as scope:
+                scope.shield = True
+                await host.close()
+            if scope.cancelled_caught:
+                logger.warning("host close timed out after %.1f s", settings.close_timeout_seconds)
+
+
+async def serve_network(
+    settings: NetworkSettings,
+    key_pair: KeyPair,
+    incoming: trio.MemorySendChannel[ReceivedMessage],
+    *,
+    counters: dict[str, int] | None = None,
+    extra_topics: tuple[str, ...] = (),
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """`open_network` as a task of the caller's nursery: `net = await nursery.start(partial(
+    serve_network, ...))`; the network runs until that nursery is cancelled."""
+    async with open_network(settings, key_pair, incoming, counters=counters, extra_topics=extra_topics) as network:
+        task_status.started(network)
+        await trio.sleep_forever()
+
+
+def _queue_ban(bans: trio.MemorySendChannel[ID], peer: ID) -> None:
+    try:
+        bans.send_nowait(peer)
+    except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        logger.warning("could not queue the disconnect of banned peer %s; it is refused on its next frame", peer)
+
+
+async def _cut_off_banned(bans: trio.MemoryReceiveChannel[ID], host: Any, discovery: PeerDiscovery,
+                          close_timeout: float) -> None:
+    """Each banned peer: forget its record (so we neither dial nor recommend it) and cut its
+    connections now, each cut its own task (a flooder can hold a polite close off for seconds)."""
+
+    async def disconnect(peer: ID) -> None:
+        with trio.move_on_after(close_timeout):
+            await cut_connections(host, peer)
+        logger.info("dropped the connection to banned peer %s", peer)
+
+    async with trio.open_nursery() as nursery:
+        async for peer in bans:
+            discovery.forget(peer)
+            nursery.start_soon(disconnect, peer)
+
+
+__all__ = ["Network", "ReceivedMessage", "open_network", "serve_network"]

@@ -1,0 +1,142 @@
+"""The import graph of sapo.training, sapo.sampling, sapo.protocol and sapo.node has no cycle,
+and its layers point one way (STYLE.md, "Layout shows the architecture").
+
+Every import counts: at the top of a module, inside a function, and under `if TYPE_CHECKING:`.
+A cycle hidden behind TYPE_CHECKING still means that neither module can be read without the
+other. Read with `ast`, so nothing is imported and nothing runs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# the repository's folders and the packages they install as (pyproject.toml's package-dir)
+PACKAGES = {"training": "sapo.training", "sampling": "sapo.sampling", "protocol": "sapo.protocol", "node": "sapo.node"}
+
+# (importer, what it may not import): an importer or a forbidden name covers its submodules
+LAYERS = [
+    ("sapo.training", "sapo.sampling"),
+    ("sapo.training", "sapo.protocol"),
+    ("sapo.training", "sapo.node"),
+    ("sapo.sampling", "sapo.node"),
+    ("sapo.protocol", "sapo.node"),
+    ("sapo.node.core", "sapo.node.daemon"),
+    ("sapo.node.core", "sapo.node.study"),
+    ("sapo.node.core", "sapo.node.judge"),
+    ("sapo.node.core", "sapo.node.swarm"),
+    ("sapo.node.study", "sapo.node.daemon"),
+]
+
+
+def module_files() -> dict[str, Path]:
+    """Module name -> file, for every module of the four packages."""
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that `name` imports, anywhere in its file."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package this module is in
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                stem = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                stem = node.module or ""
+            # `from a.b import c` imports a.b, and a.b.c too when c is a module
+            targets = [stem, *(f"{stem}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for target in targets:
+            # `import a.b.c` where only a.b is ours (or a.b.c names an attribute): the longest module
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_graph_is_read():
+    graph = import_graph()
+    assert "sapo.protocol.gossip" in graph and "sapo.node.daemon.run" in graph
+    assert "sapo.protocol.settings" in graph["sapo.node.core.settings"]
+
+
+def test_no_import_cycle():
+    found = cycles(import_graph())
+    assert not found, "import cycles (each line one set of modules that import each other):\n" + "\n".join(
+        " <-> ".join(component) for component in found
+    )
+
+
+def test_layers_point_one_way():
+    graph = import_graph()
+    wrong = sorted(
+        f"{importer} imports {target}"
+        for importer, targets in graph.items()
+        for target in targets
+        for upper, lower in LAYERS
+        if within(importer, upper) and within(target, lower)
+    )
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_a_cycle_is_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
