@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from sapo.sampling.standing import Standing
 from sapo.training.grpo import has_signal
@@ -128,6 +129,37 @@ class Inbox:
 
     def peers(self) -> list[str]:
         return sorted(self._per_peer)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the inbox holds, oldest first, with its counts and its authors' standing: a study's
+        run checkpoint keeps it, so that a resumed run chooses from the same groups."""
+        with self._lock:
+            return {
+                "entries": [[key, e.group.model_dump(mode="json"), e.received_at] for key, e in self._entries.items()],
+                "authors": list(self._per_peer),
+                "next_id": self._next_id,
+                "evicted": self.evicted,
+                "crowded_out": self.crowded_out,
+                "standing": self.standing.to_json() if self.standing is not None else None,
+            }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take what `to_json` saved into this (empty) inbox, built with the same bounds."""
+        with self._lock:
+            if self._entries:
+                raise ValueError("restore an inbox's saved groups into an empty inbox")
+            # authors in the order they came to hold groups: eviction breaks ties by it
+            self._per_peer = dict.fromkeys(saved["authors"], 0)
+            for key, held, received_at in saved["entries"]:
+                group = QuestionGroup.model_validate(held)
+                self._entries[key] = InboxEntry(group, group_size_bytes(group), received_at)
+                self._bytes += group_size_bytes(group)
+                self._per_peer[group.origin] += 1
+            self._next_id, self.evicted, self.crowded_out = saved["next_id"], saved["evicted"], saved["crowded_out"]
+            if (saved["standing"] is None) != (self.standing is None):
+                raise ValueError("the saved inbox and this one differ in keeping authors' standing")
+            if self.standing is not None:
+                self.standing.restore(saved["standing"])
 
     def _evict(self, key: int, count: bool = True) -> None:
         entry = self._entries.pop(key)

@@ -107,3 +107,13 @@ class Standing:
         for author, record in known.items():
             places.setdefault(record.place or f"author:{author}", []).append(author)
         return {a: max(alone[b] for b in members) / len(members) for members in places.values() for a in members}
+
+    def to_json(self) -> list[list]:
+        """Each author's record, least recently credited first: [author, earned, last, place]."""
+        with self._lock:
+            return [[author, r.earned, r.last, r.place] for author, r in self._records.items()]
+
+    def restore(self, saved: list[list]) -> None:
+        """Take the records `to_json` saved (a study's run resumes with its nodes' standing as it was)."""
+        with self._lock:
+            self._records = OrderedDict((author, _Record(earned, last, place)) for author, earned, last, place in saved)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from sapo.sampling.strategies import PEER_LIMIT
 
@@ -57,3 +58,25 @@ class NodeCounters:
             if self.transport.get(reason):
                 merged[reason] += self.transport[reason]
         return dict(merged)
+
+    def to_json(self) -> dict[str, Any]:
+        """The counts as JSON (a study's run checkpoint keeps them: its round records carry them)."""
+        return {
+            "received": self.received,
+            "accepted": self.accepted,
+            "published": self.published,
+            "rejected": dict(self.rejected),
+            "transport": dict(self.transport),
+            "accepted_from": list(self.accepted_from.items()),  # oldest first, as counted
+            "logprobs": dict(self.logprobs),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take the counts `to_json` saved, in place (the intake and the exchange hold this object)."""
+        self.received, self.accepted, self.published = saved["received"], saved["accepted"], saved["published"]
+        self.rejected = Counter(saved["rejected"])
+        self.transport = dict(saved["transport"])
+        self.accepted_from = RecentPeerCounts(self.accepted_from.limit)
+        for peer, count in saved["accepted_from"]:
+            self.accepted_from[peer] = count
+        self.logprobs = Counter(saved["logprobs"])

@@ -32,6 +32,7 @@ import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.refusal_log import RefusalLog
@@ -229,6 +230,60 @@ class Intake:
             return group
         self.counters.logprobs["joined"] += 1
         return group.model_copy(update={"behavior": Behavior(**behavior.model_dump())})
+
+    def to_json(self) -> dict[str, Any]:
+        """The intake's memories: what each author had verified (a repeat of it is refused), its
+        verification budget and the log-probs waiting for their group. Within a study they do
+        change later accepts: a node that samples a question and completions it published a
+        round before is refused as `repeat`. So a study's run checkpoint keeps them."""
+        return {
+            "frames": _memory_to_json(self._frames),
+            "contents": _memory_to_json(self._contents),
+            "budgets": [[author, tokens, updated] for author, (tokens, updated) in self._budgets.items()],
+            "pending": [
+                [author, digest.hex(), behavior.model_dump(mode="json"), arrived]
+                for (author, digest), (behavior, arrived) in self._pending.items()
+            ],
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take the memories `to_json` saved into this intake, built with the same settings."""
+        _restore_memory(self._frames, saved["frames"])
+        _restore_memory(self._contents, saved["contents"])
+        self._budgets = OrderedDict((author, (tokens, updated)) for author, tokens, updated in saved["budgets"])
+        self._pending = OrderedDict(
+            ((author, bytes.fromhex(digest)), (BehaviorLogprobs.model_validate(behavior), arrived))
+            for author, digest, behavior, arrived in saved["pending"]
+        )
+        self._pending_values = sum(_values(behavior) for behavior, _ in self._pending.values())
+
+
+# A `RecentByAuthor` of digests as JSON, each author's entries in arrival order and the authors in
+# theirs (both break ties in what it forgets first). It has no (de)serialiser of its own: this is
+# the only place that saves one, so its entries are read and set here.
+def _memory_to_json(memory: RecentByAuthor) -> list[list[Any]]:
+    return [
+        [
+            author,
+            [[_hex(key), None if value is None else _hex(value), stamp] for key, (value, stamp) in entries.items()],
+        ]
+        for author, entries in memory._authors.items()
+    ]
+
+
+def _hex(digest: Any) -> str:
+    return bytes(digest).hex()  # the intake's keys and values are digests (bytes)
+
+
+def _restore_memory(memory: RecentByAuthor, saved: list[list[Any]]) -> None:
+    memory._authors = {
+        author: OrderedDict(
+            (bytes.fromhex(key), (None if value is None else bytes.fromhex(value), stamp))
+            for key, value, stamp in entries
+        )
+        for author, entries in saved
+    }
+    memory._size = sum(len(entries) for entries in memory._authors.values())
 
 
 def _values(behavior: BehaviorLogprobs) -> int:

@@ -91,6 +91,10 @@ class MemoryHub:
         self.deliver(round_index)
         done.set()
 
+    def idle(self) -> bool:
+        """Nothing published is waiting for its round or its delivery (a study's run checkpoints then)."""
+        return not self._published and not any(m.pending or m.pending_logprobs for m in self.members)
+
     def deliver(self, round_index: int | None = None) -> int:
         """Hand every held frame to every other receiving member (of those that have joined by
         `round_index`, if given), senders in join order; returns the frames delivered."""

@@ -91,13 +91,18 @@ class Node:
         metrics: RoundLog | None = None,
         counters: NodeCounters | None = None,
         stop: threading.Event | None = None,
+        checkpoint: Checkpoint | None = None,
+        fresh_completions_on_resume: bool = True,
     ):
         """`policy`: one the caller built (a node on a shared base, training/shared_base.py);
-        such a node starts fresh and does not resume from checkpoints. Otherwise the node
+        such a node resumes only from `checkpoint`, the one the caller loaded the policy from
+        (its optimizer and state), and otherwise starts fresh. A node that builds its own policy
         resumes from its last checkpoint, if any: `start_state()` is where its rounds go on.
         `metrics`: where its round records go (DATA_DIR/metrics.jsonl unless given).
         `counters`: what it counts of its traffic (the daemon's carry the gossip layer's own).
-        `stop`: once it is set (on shutdown), generation, the longest step, stops at its next token."""
+        `stop`: once it is set (on shutdown), generation, the longest step, stops at its next token.
+        `fresh_completions_on_resume`: see `generation_seed`; False only where every peer resumes
+        from the same round too (a study's run), which then goes on exactly as if never stopped."""
         self.settings = settings
         self.peer_id = peer_id
         # How this node scores its own completions (benchmarks substitute one that forces signal).
@@ -108,7 +113,8 @@ class Node:
         self.metrics: RoundLog = metrics if metrics is not None else MetricsLog(self.data_dir / METRICS_FILE)
         self.counters = counters if counters is not None else NodeCounters()
         self.stop_requested = stop if stop is not None else threading.Event()
-        self.resumed_from = latest_checkpoint(self.checkpoints_dir) if policy is None else None
+        self.resumed_from = latest_checkpoint(self.checkpoints_dir) if policy is None else checkpoint
+        self.fresh_completions_on_resume = fresh_completions_on_resume
         self.policy = policy if policy is not None else load_node_policy(settings, self.resumed_from, warm_start_tasks)
         train = settings.training
         if train.lr is None:
@@ -148,9 +154,11 @@ class Node:
         in a nonce drawn once per start: it would otherwise sample again exactly the completions
         it published for the rounds after that checkpoint, and its peers would refuse them and
         charge it `repeat` (5 points each, a ban after 20). Its questions do repeat (the task
-        stream is restored), its completions do not."""
+        stream is restored), its completions do not. A study's run resumes all its nodes and
+        their inboxes and memories together, from one round, which nothing else saw: there the
+        nodes draw no nonce (`fresh_completions_on_resume=False`) and repeat the run exactly."""
         seed = self.settings.run.seed * 1_000_003 + plan.index + offset
-        if self.resumed_from is None:
+        if self.resumed_from is None or not self.fresh_completions_on_resume:
             return seed
         return (seed + self._start_nonce) % 2**32  # the sampler keeps 32 bits of a seed
 

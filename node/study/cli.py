@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sapo.node.core.flags import configure_logging, flag, node_settings_from_flags
@@ -52,12 +53,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         from sapo.node.core.settings import SettingsError
 
         raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
-    from sapo.node.study.runs import run_experiment
+    from sapo.node.study.runs import StudyStopped, run_experiment
     from sapo.training.devices import configure_torch_threads
 
     configure_logging(base.run.log_level)
     configure_torch_threads(base.model.torch_threads)  # the runs this process does itself (--jobs 1)
-    summary = run_experiment(study, base, node_flags)
+    try:
+        summary = run_experiment(study, base, node_flags)
+    except StudyStopped as stopped:
+        print(f"sapo-node: {stopped}", file=sys.stderr, flush=True)
+        return 130
     print(
         f"wrote {study.out}/summary.md, summary.json, curves.png, raw.jsonl "
         f"in {summary['timing']['wall_seconds']:.0f}s",

@@ -1,24 +1,32 @@
 """Who takes part in one run of the study: the learning nodes (the daemon's own `Node`), the
-scripted solvers, their in-memory lockstep hub and the round clock."""
+scripted solvers, their in-memory lockstep hub and the round clock; and the run's checkpoint,
+all of them at one round (`StudyRun.checkpoint`, `build_run(..., resume=True)`)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
-from sapo.node.core.metrics import METRICS_FILE
+from sapo.node.core.metrics import METRICS_FILE, RoundRecord
 from sapo.node.core.node import Node
 from sapo.node.core.round import Generate, generate_alone
 from sapo.node.core.settings import NodeSettings
-from sapo.node.core.state import NodeState
+from sapo.node.core.state import NodeState, RngState, TaskCursor
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
+from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint
 from sapo.training.scripted import ScriptedSolver
 from sapo.training.tasks import TaskSampler, TaskSpec, reasoning_gym_version
 
+RUN_STATE = "run-state.json"  # in the run's dir: the round its checkpoint is at, and all but the nodes' own
 SIZE_CYCLE = ("tiny-micro", "tiny-small", "tiny")  # 0.13M, 0.45M, 1M: 8x apart, all CPU-friendly
 TOKENIZER_CYCLE = ("tiny", "tiny-bpe")
 
@@ -49,13 +57,15 @@ def node_settings(
     base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, index: int, run_dir: Path
 ) -> NodeSettings:
     """Node k of a run: the study's node settings, this arm's I/J and treatments, its own data
-    dir and seed; it never checkpoints (its results are its round records)."""
+    dir and seed; it never checkpoints on its own: the run checkpoints all its nodes at once, and
+    keeps two of each so that one is at the round of the run's last complete checkpoint."""
     values: dict[str, Any] = {
         "model": node_model(base, study, index),
         "models_dir": base.model.models_dir or study.out / "models",
         "data_dir": run_dir / f"node-{index}",
         "seed": base.run.seed + 1000 * seed + index,
         "checkpoint_every": 0,
+        "keep_checkpoints": 2,
         "swarm": "experiment",
         **config.node_overrides(),
     }
@@ -68,7 +78,7 @@ def node_settings(
 
 class RecordsInMemory:
     """Where a study's node keeps its round records (a `RoundLog`): no fsync per node-round;
-    written once at the end."""
+    written at the run's checkpoints and at its end, and read back when it resumes."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -83,6 +93,12 @@ class RecordsInMemory:
     def flush(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text("".join(r.model_dump_json() + "\n" for r in self.records))
+
+    def load_through(self, round_index: int) -> None:
+        """The records flushed before, up to `round_index` (a run resuming from there)."""
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        self.records = [RoundRecord.model_validate_json(line) for line in lines]
+        self.truncate_after(round_index)
 
 
 @dataclass
@@ -109,6 +125,23 @@ class ScriptedPeer:
         generation = self.solver.generate_groups(self.tasks.sample(self.local), self.generations, round_index)
         await self.exchange.publish(generation.groups, round_index)
 
+    def to_json(self) -> dict[str, Any]:
+        """Where its random streams got to, and what it counted."""
+        return ScriptedPeerState(
+            answers=self.solver.rng.getstate(), tasks=TaskCursor.model_validate(self.tasks.state_dict())
+        ).model_dump(mode="json") | {"counters": self.exchange.member.counters.to_json()}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        state = ScriptedPeerState.model_validate(saved)
+        self.solver.rng.setstate(state.answers)
+        self.tasks.load_state_dict(state.tasks.model_dump())
+        self.exchange.member.counters.restore(saved["counters"])
+
+
+class ScriptedPeerState(BaseModel):
+    answers: RngState  # the solver's stream: right or wrong, and which near miss
+    tasks: TaskCursor  # its task stream
+
 
 @dataclass
 class StudyRun:
@@ -121,6 +154,84 @@ class StudyRun:
     solvers: list[ScriptedPeer]
     generate: Generate = generate_alone
 
+    def checkpoint(self, run_dir: Path) -> None:
+        """Everything later rounds depend on, as of the last round (`clock.round`): each learner's
+        node checkpoint (weights or adapter, optimizer, `NodeState`) and round records, then, last
+        and atomically, RUN_STATE: each learner's inbox (with its authors' standing), intake
+        memories and counters, and the scripted peers' streams. A crash at any point leaves the
+        previous checkpoint whole: the nodes keep two, and RUN_STATE names the round to resume.
+
+        Between rounds the lockstep hub holds nothing (every round delivers what it got) and the
+        clock is the round; a shared base's batch holds nothing either."""
+        round_index = self.clock.round
+        if not self.hub.idle():
+            raise RuntimeError("a run checkpoints between rounds, when its hub has delivered everything")
+        joined = [learner for learner in self.learners if learner.joins_at <= round_index]
+        for learner in joined:
+            learner.node.checkpoint(learner.state)  # a late joiner not yet in starts as built
+            learner.records.flush()
+        state = {
+            "round": round_index,
+            "learners": [
+                {
+                    "index": learner.index,
+                    "inbox": learner.node.inbox.to_json(),
+                    "intake": None
+                    if learner.exchange.member.intake is None
+                    else learner.exchange.member.intake.to_json(),
+                    "counters": learner.node.counters.to_json(),
+                }
+                for learner in joined
+            ],
+            "solvers": [peer.to_json() for peer in self.solvers],
+        }
+        partial = run_dir / f".{RUN_STATE}.partial"
+        partial.write_text(json.dumps(state))
+        os.replace(partial, run_dir / RUN_STATE)
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take RUN_STATE back into a run just built from the same settings, whose nodes resumed
+        from their checkpoints at its round (`build_run(..., resume=True)`)."""
+        round_index = saved["round"]
+        self.clock.round = round_index
+        by_index = {learner.index: learner for learner in self.learners}
+        for entry in saved["learners"]:
+            learner = by_index[entry["index"]]
+            if learner.state.round != round_index:
+                raise RuntimeError(
+                    f"node {learner.index} resumed at round {learner.state.round}, the run's checkpoint is at "
+                    f"round {round_index}: its checkpoints in {learner.node.checkpoints_dir} are missing or "
+                    "corrupt; delete the run's directory to run it again"
+                )
+            learner.node.inbox.restore(entry["inbox"])
+            if learner.exchange.member.intake is not None:
+                learner.exchange.member.intake.restore(entry["intake"])
+            learner.node.counters.restore(entry["counters"])
+            learner.records.load_through(round_index)
+        for peer, state in zip(self.solvers, saved["solvers"], strict=True):
+            peer.restore(state)
+
+
+def read_run_state(run_dir: Path) -> dict[str, Any] | None:
+    """The run's last checkpoint's RUN_STATE, or None if it has none; the nodes' checkpoints after
+    its round (written before a crash, before RUN_STATE) are removed so that theirs is the latest."""
+    path = run_dir / RUN_STATE
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    for node_dir in run_dir.glob("node-*"):
+        for checkpoint in (node_dir / "checkpoints").glob(f"{PREFIX}*"):
+            if checkpoint.name[len(PREFIX) :].isdigit() and int(checkpoint.name[len(PREFIX) :]) > saved["round"]:
+                shutil.rmtree(checkpoint)
+    return saved
+
+
+def remove_run_checkpoint(run_dir: Path) -> None:
+    """A finished run needs its checkpoints no more (a real model's are gigabytes a node)."""
+    (run_dir / RUN_STATE).unlink(missing_ok=True)
+    for node_dir in run_dir.glob("node-*"):
+        shutil.rmtree(node_dir / "checkpoints", ignore_errors=True)
+
 
 class RoundClock:
     def __init__(self, round_seconds: float):
@@ -132,16 +243,28 @@ class RoundClock:
 
 
 def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, run_dir: Path) -> StudyRun:
+    """The run's members, each node resumed from its checkpoint in `run_dir` if it has one (then
+    `StudyRun.restore` brings back the rest of the run's checkpoint)."""
     clock = RoundClock(study.round_seconds)
     hub = MemoryHub(clock, rg_version=reasoning_gym_version(), lockstep=True)
     learners = []
     every = [node_settings(base, study, config, seed, k, run_dir) for k in range(study.nodes)]
-    shared = shared_base(every) if study.shared_base else None
+    # nodes on a shared base are handed their policy: its adapters load from their checkpoints here
+    resumed = [latest_checkpoint(s.run.data_dir / "checkpoints") if study.shared_base else None for s in every]
+    shared = shared_base(every, resumed) if study.shared_base else None
     for k, settings in enumerate(every):
         tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists == "tasks" else None
         policy = shared.policy(k) if shared is not None else None
         records = RecordsInMemory(settings.run.data_dir / METRICS_FILE)
-        node = Node(settings, peer_id=peer_id_for(seed, k), warm_start_tasks=tasks, policy=policy, metrics=records)
+        node = Node(
+            settings,
+            peer_id=peer_id_for(seed, k),
+            warm_start_tasks=tasks,
+            policy=policy,
+            metrics=records,
+            checkpoint=resumed[k],
+            fresh_completions_on_resume=False,  # its peers resume with it: the run goes on as if never stopped
+        )
         receives = config.adaptive or config.external > 0
         exchange = hub.join(
             node.peer_id,
@@ -152,7 +275,9 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             joins_at=study.joins_at(k),
         )
         # a late joiner's rounds are numbered from its join round, like everyone's in that round
-        state = node.start_state().model_copy(update={"round": study.joins_at(k) - 1})
+        state = node.start_state()
+        if node.resumed_from is None:
+            state = state.model_copy(update={"round": study.joins_at(k) - 1})
         learners.append(Learner(k, node, exchange, state, records, study.joins_at(k)))
     solvers = []
     for k in range(study.scripted_solvers):
@@ -178,8 +303,9 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
     return StudyRun(clock, hub, learners, solvers, batch.generate)
 
 
-def shared_base(every: list[NodeSettings]):
-    """The run's one base model with one LoRA adapter per learner (--shared-base)."""
+def shared_base(every: list[NodeSettings], resumed: list[Checkpoint | None]):
+    """The run's one base model with one LoRA adapter per learner (--shared-base), each adapter
+    from its node's checkpoint where it has one."""
     from sapo.training.policy import LoraOptions
     from sapo.training.shared_base import SharedLoraBase
 
@@ -195,4 +321,5 @@ def shared_base(every: list[NodeSettings]):
         one_shot=m.one_shot,
         precision=m.precision,
         generation_precision=m.generation_precision,
+        adapters_from=[c.model_dir if c is not None else None for c in resumed],
     )

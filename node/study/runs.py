@@ -12,6 +12,12 @@ controlled run. Time is a round clock (round r happens at T0 + r * round_seconds
 1000 s), so with the default inbox max age (600 s) only the current round's groups are
 eligible; pass a larger --inbox-max-age-seconds to let older groups stay eligible. Over libp2p
 every node runs on its own clock, as a deployed node does.
+
+Resuming (in-memory runs): a run checkpoints itself every --run-checkpoint-every rounds and when
+stopped (Ctrl-C or SIGTERM: the round in progress finishes first; --max-minutes), and marks
+itself finished (RUN_FINISHED) at the end. The same command with the same --out then skips the
+finished runs, resumes the others from their checkpoints (their raw.jsonl cut back to it) and
+gives the same rows as a study that never stopped; STUDY_SETTINGS refuses other settings.
 """
 
 from __future__ import annotations
@@ -20,23 +26,52 @@ import json
 import logging
 import os
 import shutil
+import signal
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from sapo.node.core.metrics import METRICS_FILE, RoundRecord
 from sapo.node.core.round import RoundResult, run_round
-from sapo.node.core.settings import NodeSettings
-from sapo.node.study.nodes import Learner, StudyRun, build_run
+from sapo.node.core.settings import NodeSettings, SettingsError
+from sapo.node.study.nodes import RUN_STATE, Learner, StudyRun, build_run, read_run_state, remove_run_checkpoint
 from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
 from sapo.node.study.summary import node_table, read_rows, warm_start_recipe, write_outputs
 from sapo.training.tasks import reasoning_gym_version
 
 log = logging.getLogger("sapo.experiment")
+
+RUN_FINISHED = "run.json"  # in a run's dir once all its rounds are in its raw.jsonl: its timings
+STUDY_SETTINGS = "study-settings.json"  # in --out: what its runs were made with
+# Settings that change no run's rows: a study may go on under other values of these. A run's rows
+# do not depend on how many seeds there are, so a study can also be extended by more seeds (not by
+# more configs: the adaptive arm's I+J is the largest fixed arm's).
+FREE_STUDY_FIELDS = {
+    "out",
+    "jobs",
+    "progress",
+    "max_minutes",
+    "run_checkpoint_every",
+    "resummarize",
+    "ma_window",
+    "seeds",
+}
+FREE_NODE_FIELDS = {"log_level"}
+
+
+class StopSignal(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class StudyStopped(Exception):
+    """The study was asked to stop (Ctrl-C, SIGTERM): its runs checkpointed after their round."""
 
 
 def run_one(
@@ -46,19 +81,33 @@ def run_one(
     seed: int,
     progress=None,
     deadline: float | None = None,
+    stop: StopSignal | None = None,
 ) -> dict[str, Any]:
     """One config x seed: build the nodes, run the rounds, write the run's raw.jsonl and metrics.
 
     Self-contained (every node seeds its own generators), so runs give the same result in any
     order and in any process. `progress(config, seed, round, reward)` is called after each round.
+    A finished run is not run again; one with a checkpoint goes on from it. The run stops early,
+    checkpointing, once `stop` is set or at `deadline`.
     """
     run_dir = out_dir_of(study, config, seed)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    if (run_dir / RUN_FINISHED).is_file():
+        return json.loads((run_dir / RUN_FINISHED).read_text())
+    saved = read_run_state(run_dir)
+    if saved is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
     run_started, cpu_started = time.perf_counter(), time.process_time()
     run = build_run(base, study, config, seed, run_dir)
+    first = 1
+    if saved is not None:
+        run.restore(saved)
+        first = saved["round"] + 1
+        keep_rows_through(run_dir / "raw.jsonl", saved["round"])
+        log.info("%s seed %d: resumed after round %d", config.name, seed, saved["round"])
     setup_seconds, setup_cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
-    with (run_dir / "raw.jsonl").open("w") as raw:
+    every = study.run_checkpoint_every
+    with (run_dir / "raw.jsonl").open("a") as raw:
 
         def write_round(round_index: int, results: list[RoundResult | None]) -> None:
             rows = [
@@ -69,34 +118,75 @@ def run_one(
             ]
             raw.writelines(json.dumps(row) + "\n" for row in rows)
             raw.flush()  # a long study can be inspected (or salvaged) while it runs
+            if every and round_index % every == 0 and round_index < study.rounds:
+                run.checkpoint(run_dir)
             if progress is not None:
                 progress(config.name, seed, round_index, statistics.fmean(row["accuracy"] for row in rows))
 
-        done = trio.run(run_lockstep, run, study.rounds, deadline, write_round)
+        def stopping() -> bool:
+            return (stop is not None and stop.is_set()) or (deadline is not None and time.time() > deadline)
+
+        done = trio.run(run_lockstep, run, study.rounds, stopping, write_round, first)
+    ran = done - first + 1
     if done < study.rounds:
-        log.warning("%s seed %d: --max-minutes reached after %d rounds", config.name, seed, done)
+        if every and ran and done % every:
+            run.checkpoint(run_dir)
+        log.warning("%s seed %d: stopped after round %d of %d", config.name, seed, done, study.rounds)
     for learner in run.learners:
         learner.records.flush()
     seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
     # CPU time too: on a shared machine it predicts an uncontended run better than wall time
-    return {
+    times = {
         "setup": setup_seconds,
         "total": seconds,
-        "per_node_round": (seconds - setup_seconds) / (max(1, done) * study.nodes),
-        "cpu_per_node_round": (cpu - setup_cpu) / (max(1, done) * study.nodes),
+        "per_node_round": (seconds - setup_seconds) / (max(1, ran) * study.nodes),
+        "cpu_per_node_round": (cpu - setup_cpu) / (max(1, ran) * study.nodes),
     }
+    if done == study.rounds:
+        (run_dir / RUN_FINISHED).write_text(json.dumps(times))
+        remove_run_checkpoint(run_dir)
+    return times
 
 
-async def run_lockstep(run: StudyRun, rounds: int, deadline: float | None, on_round) -> int:
-    """The run's rounds, each one `run_round` per learner (the daemon's own round) over the
-    lockstep hub, plus the scripted peers' publishing; returns how many rounds ran. A late
-    joiner's round runs from its join round on (`on_round` gets None for it before).
+def keep_rows_through(raw: Path, round_index: int) -> None:
+    """Cut a resumed run's raw.jsonl back to its checkpoint's round (a crash may have left rows
+    of later rounds, even half a row)."""
+    if not raw.is_file():
+        return
+    kept = []
+    for line in raw.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row["round"] <= round_index:
+            kept.append(line + "\n")
+    raw.write_text("".join(kept))
+
+
+def rounds_done(study: ExperimentSettings, config: MixConfig, seed: int) -> int:
+    """A run's rounds already in its raw.jsonl for good: all once it finished, else up to its checkpoint."""
+    run_dir = out_dir_of(study, config, seed)
+    if (run_dir / RUN_FINISHED).is_file():
+        return study.rounds
+    if (run_dir / RUN_STATE).is_file():
+        return int(json.loads((run_dir / RUN_STATE).read_text())["round"])
+    return 0
+
+
+async def run_lockstep(
+    run: StudyRun, rounds: int, stopping: Callable[[], bool] | None, on_round, first: int = 1
+) -> int:
+    """The run's rounds from `first`, each one `run_round` per learner (the daemon's own round)
+    over the lockstep hub, plus the scripted peers' publishing, until `rounds` or until
+    `stopping()` says so before a round; returns the last round done. A late joiner's round runs
+    from its join round on (`on_round` gets None for it before).
 
     One torch lock for all nodes: their torch work takes turns on the one core a run gets.
     """
     torch_lock = trio.Lock()
-    for round_index in range(1, rounds + 1):
-        if deadline is not None and time.time() > deadline:
+    for round_index in range(first, rounds + 1):
+        if stopping is not None and stopping():
             return round_index - 1
         run.clock.round = round_index
         results: list[RoundResult | None] = [None] * len(run.learners)
@@ -192,28 +282,35 @@ def job_count(study: ExperimentSettings, runs: int) -> int:
 
 def _die_with_parent(parent: int) -> None:
     """A worker's initializer: on Linux, end this worker when the study's process dies, however
-    it dies (a SIGKILL'd parent otherwise leaves its workers training for the rest of the run)."""
+    it dies (a SIGKILL'd parent otherwise leaves its workers training for the rest of the run).
+    Ctrl-C is the study's process's to handle: it asks the workers to stop after their round."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died while this worker was starting
             os._exit(1)
 
 
-def _run_in_worker(study, base, config, seed, queue, deadline) -> dict[str, Any]:
+def _run_in_worker(study, base, config, seed, queue, deadline, stop) -> dict[str, Any]:
     from sapo.training.devices import configure_torch_threads
 
     logging.basicConfig(level=base.run.log_level)
     configure_torch_threads(base.model.torch_threads)
-    return run_one(study, base, config, seed, progress=lambda *update: queue.put(update), deadline=deadline)
+    return run_one(study, base, config, seed, lambda *update: queue.put(update), deadline, stop)
 
 
 def _run_all(
-    study: ExperimentSettings, base: NodeSettings, configs: list[MixConfig], progress, node_flags: list[str] | None
+    study: ExperimentSettings,
+    base: NodeSettings,
+    configs: list[MixConfig],
+    progress,
+    node_flags: list[str] | None,
+    stop: threading.Event,
 ) -> dict[tuple[str, int], dict]:
-    """Every run, in worker processes when --jobs > 1 (each run is one core's work)."""
+    """Every run, in worker processes when --jobs > 1 (each run is one core's work); once `stop`
+    is set, the runs under way stop after their round and the others do not start."""
     plan = [(config, seed) for seed in range(study.seeds) for config in configs]
     if study.transport == "libp2p":
         # each run is already a swarm of processes; run them one after another
@@ -221,7 +318,7 @@ def _run_all(
     jobs = job_count(study, len(plan))
     deadline = time.time() + 60 * study.max_minutes if study.max_minutes else None
     if jobs == 1:
-        return {(c.name, s): run_one(study, base, c, s, progress, deadline) for c, s in plan}
+        return {(c.name, s): run_one(study, base, c, s, progress, deadline, stop) for c, s in plan if not stop.is_set()}
     import multiprocessing
     import queue as queue_module
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -236,17 +333,76 @@ def _run_all(
             max_workers=jobs, mp_context=context, initializer=_die_with_parent, initargs=(os.getpid(),)
         ) as pool,
     ):
-        updates = manager.Queue()
-        futures = {pool.submit(_run_in_worker, study, base, c, s, updates, deadline): (c.name, s) for c, s in plan}
+        updates, stopping = manager.Queue(), manager.Event()
+        futures = {
+            pool.submit(_run_in_worker, study, base, c, s, updates, deadline, stopping): (c.name, s) for c, s in plan
+        }
         pending = set(futures)
         while pending:
             _, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            if stop.is_set() and not stopping.is_set():
+                stopping.set()
+                for future in pending:
+                    future.cancel()  # those not started yet
             while True:
                 try:
                     progress(*updates.get_nowait())
                 except queue_module.Empty:
                     break
-        return {futures[f]: f.result() for f in futures}
+        return {futures[f]: f.result() for f in futures if not f.cancelled()}
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Ctrl-C and SIGTERM set `stop` (the runs finish their round and checkpoint); a second Ctrl-C
+    interrupts at once. Signal handlers belong to the main thread: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(number: int, frame) -> None:
+        if stop.is_set() and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        log.warning("stopping: each run finishes its round and checkpoints (Ctrl-C again to stop at once)")
+
+    previous = {number: signal.signal(number, handle) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def check_study_settings(study: ExperimentSettings, base: NodeSettings) -> None:
+    """Record what the study in study.out is made with, or refuse to go on with other settings
+    (its finished runs and checkpoints would then mix two studies). FREE_* fields may differ."""
+    now = {
+        "study": study.model_dump(mode="json", exclude=FREE_STUDY_FIELDS),
+        "node": {k: v for k, v in base.flat().items() if k not in FREE_NODE_FIELDS},
+    }
+    path = study.out / STUDY_SETTINGS
+    if not path.is_file():
+        path.write_text(json.dumps(now, indent=1, sort_keys=True))
+        return
+    saved = json.loads(path.read_text())
+    differences = [
+        f"{flag_name(name)}: {saved[part].get(name, '(unset)')!r} before, {now[part].get(name, '(unset)')!r} now"
+        for part in ("study", "node")
+        for name in sorted(set(saved[part]) | set(now[part]))
+        if saved[part].get(name, "(unset)") != now[part].get(name, "(unset)")
+    ]
+    if differences:
+        raise SettingsError(
+            f"{study.out} holds a study made with other settings, so it cannot go on with these:\n  "
+            + "\n  ".join(differences)
+            + f"\nRun the same command as before to continue it, or pass another --out (or delete {study.out}) "
+            "to start a new study."
+        )
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def run_experiment(
@@ -260,8 +416,13 @@ def run_experiment(
     configs = parse_configs(study.configs)
     out = study.out
     out.mkdir(parents=True, exist_ok=True)
+    check_study_settings(study, base)
     started = time.perf_counter()
+    done = (
+        sum(rounds_done(study, c, s) for c in configs for s in range(study.seeds)) if study.transport == "memory" else 0
+    )
     bar = tqdm(
+        initial=done,  # a resumed study's bar starts from the rounds already done; its estimate counts only new ones
         total=len(configs) * study.seeds * study.rounds,
         file=sys.stderr,
         disable=not study.progress,
@@ -274,8 +435,13 @@ def run_experiment(
         bar.set_postfix(round=round_index, accuracy=f"{accuracy:.3f}")
         bar.update(1)
 
-    with bar:
-        seconds = _run_all(study, base, configs, progress, node_flags)
+    stop = threading.Event()
+    with bar, stop_on_signals(stop):
+        seconds = _run_all(study, base, configs, progress, node_flags, stop)
+    if stop.is_set():
+        raise StudyStopped(
+            f"stopped; every run under way checkpointed after its round. Run the same command again to continue {out}."
+        )
     with (out / "raw.jsonl").open("w") as raw:
         for seed in range(study.seeds):
             for config in configs:

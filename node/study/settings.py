@@ -229,6 +229,14 @@ class ExperimentSettings(BaseModel):
         gt=0,
         description="stop starting rounds after this long; configs are compared over the rounds all completed",
     )
+    run_checkpoint_every: int = Field(
+        default=10,
+        ge=0,
+        le=100_000,
+        description="each run checkpoints itself (its nodes, inboxes, peers and records) every N rounds and when "
+        "stopped (Ctrl-C, SIGTERM, --max-minutes), so that the same command with the same --out continues "
+        "where it stopped; 0: never (a stopped run starts over)",
+    )
     jobs: int | None = Field(
         default=None, ge=1, le=256, description="runs in parallel, one process each (default: one per CPU core)"
     )

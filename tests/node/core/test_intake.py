@@ -4,6 +4,8 @@ never with another author's."""
 
 from __future__ import annotations
 
+import json
+
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.core.intake import Intake
@@ -99,3 +101,25 @@ def test_log_probs_are_split_into_messages_of_bounded_size():
     receiver, _ = intake()
     assert sum(receiver.accept_logprobs(frame, ALICE, NOW) for frame in out.logprobs) == 8
     assert all(receiver.accept(frame, ALICE, NOW).behavior == behavior for frame in out.groups)
+
+
+def test_its_memories_survive_a_study_checkpoint():
+    # a study's run checkpoint keeps the intake's memories: the content an author had verified is
+    # still a repeat after the restore, and waiting log-probs still join their group
+    receiver, _ = intake()
+    behavior = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-0.5, -0.25], [-1.0]])
+    groups = [honest_group(i).model_copy(update={"behavior": behavior}) for i in range(2)]
+    alice = encoder(ALICE, share=True).frames(groups, 1)
+    assert receiver.accept_logprobs(alice.logprobs[0], ALICE, NOW) == 2
+    assert receiver.accept(alice.groups[0], ALICE, NOW) is not None
+    saved = json.loads(json.dumps(receiver.to_json()))
+    restored, charged = intake()
+    restored.restore(saved)
+    assert restored.to_json() == receiver.to_json()
+    assert restored.accept(alice.groups[0], ALICE, NOW + 1) is None  # the same frame: a replay
+    again = GroupEncoder(
+        peer_id=ALICE, swarm="t", model_id="m", rg_version=reasoning_gym_version(), clock=lambda: NOW + 1
+    )
+    assert restored.accept(again.frame(groups[0], 2), ALICE, NOW + 1) is None  # re-stamped: a repeat
+    assert charged == [(ALICE, "duplicate"), (ALICE, "repeat")]
+    assert restored.accept(alice.groups[1], ALICE, NOW + 1).behavior == behavior
