@@ -143,7 +143,7 @@ class PeerTable:
 class PeerDiscovery:
     """Serves `/sapo/peers/1` and keeps up to `target` peers connected by dialling discovered ones.
 
-    The gossip service owns the host and passes in what discovery must not decide alone:
+    The network (network.py) owns the host and passes in what discovery must not decide alone:
     `may_dial(peer_id)` (allow list, ban list, not ourselves), `dial(PeerInfo) -> bool`
     (its bounded dial) and `count(name)` (its counters). With `protocols`, peers known to lack
     `/sapo/peers/1` (peer_protocols.py: any libp2p peer may connect) are never asked."""
@@ -151,6 +151,8 @@ class PeerDiscovery:
     def __init__(
         self,
         key_pair: KeyPair,
+        host: Any,
+        addrs: list[multiaddr.Multiaddr],
         *,
         target: int,
         interval: float,
@@ -172,18 +174,16 @@ class PeerDiscovery:
         self.clock = clock
         self.table = PeerTable(max_tracked)
         self._me = ID.from_pubkey(key_pair.public_key)
-        self._host: Any = None
-        self._own = b""
-        self._advertised: list[multiaddr.Multiaddr] | None = None
+        self._host = host
+        # our record, sealed of the addresses we advertise (`advertise` seals it again)
+        self._advertised = list(addrs)
+        self._own = seal_own_record(self.key_pair, self._advertised)
         self._last_served: dict[ID, float] = {}
         self._serving = 0
 
-    def attach(self, host: Any, addrs: list[multiaddr.Multiaddr] | None = None) -> None:
-        """Seal our record (by default of the host's listen addresses; the host must be
-        listening) and start answering requests."""
-        self._host = host
-        self.advertise(list(host.get_transport_addrs()) if addrs is None else addrs)
-        host.set_stream_handler(PROTOCOL_ID, self.handle)
+    def attach(self) -> None:
+        """Start answering requests."""
+        self._host.set_stream_handler(PROTOCOL_ID, self.handle)
 
     def advertise(self, addrs: list[multiaddr.Multiaddr]) -> None:
         """Re-seal our record with these addresses (a newer sequence number), e.g. when a

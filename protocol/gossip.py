@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import trio
 from libp2p.peer.id import ID
@@ -44,8 +44,13 @@ class Delivery:
     """Hands other peers' messages to `incoming`, each once, never blocking the network: a full
     channel drops and counts (`inbox_channel_full`). `topics[0]` is the rollouts topic."""
 
-    def __init__(self, my_id: ID, topics: tuple[str, ...], incoming: trio.MemorySendChannel[ReceivedMessage],
-                 count: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        my_id: ID,
+        topics: tuple[str, ...],
+        incoming: trio.MemorySendChannel[ReceivedMessage],
+        count: Callable[[str], None],
+    ) -> None:
         self.my_id = my_id
         self.topics = topics
         self.incoming = incoming
@@ -80,8 +85,9 @@ class Delivery:
             self.count("inbox_closed")
 
 
-def size_validator(max_bytes: int, my_id: ID, count: Callable[[str], None],
-                   penalize: Callable[[ID, str], None]) -> Callable[[ID, rpc_pb2.Message], bool]:
+def size_validator(
+    max_bytes: int, my_id: ID, count: Callable[[str], None], penalize: Callable[[ID, str], None]
+) -> Callable[[ID, rpc_pb2.Message], bool]:
     """A topic validator: runs before a message is forwarded or delivered, so an oversized one
     goes no further, and its author pays."""
 
@@ -90,8 +96,13 @@ def size_validator(max_bytes: int, my_id: ID, count: Callable[[str], None],
             count("oversized")
             if msg.from_id != my_id.to_bytes():  # signature already checked: the author pays
                 penalize(ID(msg.from_id), "oversized")
-            logger.warning("rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
-                           len(msg.data), peer_str(msg.from_id), forwarder, max_bytes)
+            logger.warning(
+                "rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
+                len(msg.data),
+                peer_str(msg.from_id),
+                forwarder,
+                max_bytes,
+            )
             return False
         return True
 

@@ -14,9 +14,10 @@ Every workaround below is for a measured sharp edge of py-libp2p 0.8.1 (protocol
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import multiaddr
 import trio
@@ -79,6 +80,7 @@ class Network:
         discovery: PeerDiscovery,
         dialer: OneDialPerPeer,
         agents: PeerAgents,
+        keeper: BootstrapKeeper,
         counters: dict[str, int],
     ) -> None:
         self.settings = settings
@@ -92,7 +94,8 @@ class Network:
         self.relay = relay
         self.discovery = discovery
         self.dialer = dialer
-        self.agents = agents
+        self.agents = agents  # what each peer's identify says it runs
+        self.keeper = keeper  # keeps each `peers` entry dialled
         self.counters = counters
         self.count = counter(counters)
 
@@ -138,8 +141,9 @@ class Network:
         topic to publish on it); False (and counted) if it was dropped here."""
         if len(data) > self.settings.max_message_bytes:
             self.count("publish_dropped")
-            logger.warning("publish of %d bytes refused: over max_message_bytes=%d",
-                           len(data), self.settings.max_message_bytes)
+            logger.warning(
+                "publish of %d bytes refused: over max_message_bytes=%d", len(data), self.settings.max_message_bytes
+            )
             return False
         with trio.move_on_after(PUBLISH_TIMEOUT_SECONDS) as scope:
             try:
@@ -243,94 +247,165 @@ async def open_network(
     listen = multiaddr.Multiaddr(settings.listen)
     bans_in, bans_out = trio.open_memory_channel[ID](PENDING_BANS)
     policy = PeerPolicy(settings, my_id, count, on_ban=partial(_queue_ban, bans_in))
-
     # identify's addresses are the host's (DCUtR needs our listen port there) and our relayed
     # ones; the relay needs the host, so it joins this list once it is built.
     relays: list[RelayService] = []
-    host = new_noise_host(key_pair, [listen], psk=settings.psk,
-                          addrs_factory=lambda candidates: [*candidates, *(a for r in relays for a in r.relayed_addrs())])
-    protocols = PeerProtocols(host, count)
-    delivery = Delivery(my_id, topics, incoming, count)
-    router = gossip_router(settings)
-    hooks = PubsubHooks(
-        refusal=policy.refusal, refusal_bytes=policy.refusal_bytes, admit_author=policy.admit_author,
-        penalize=policy.penalize, count=count, deliver=delivery.deliver, lacks=protocols.lacks,
-        refused=protocols.refused, close_timeout=settings.close_timeout_seconds,
+    host = new_noise_host(
+        key_pair,
+        [listen],
+        psk=settings.psk,
+        addrs_factory=lambda candidates: [*candidates, *(a for r in relays for a in r.relayed_addrs())],
     )
-    pubsub = guarded_pubsub(host, router, hooks, settings)
-    validate = size_validator(settings.max_message_bytes, my_id, count, policy.penalize)
-    bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
+    protocols = PeerProtocols(host, count)
+    router = gossip_router(settings)
+    pubsub = guarded_pubsub(
+        host, router, _hooks(settings, policy, protocols, Delivery(my_id, topics, incoming, count)), settings
+    )
 
     # quiet_refusals: a peer without an optional protocol is not an ERROR
     async with quiet_refusals(), host.run([listen]):
         try:
             async with background_trio_service(pubsub), background_trio_service(router):
-                with trio.fail_after(START_TIMEOUT_SECONDS):
-                    await pubsub.wait_until_ready()
-                for topic in topics:
-                    pubsub.set_topic_validator(topic, validate, False)
-                    with trio.fail_after(START_TIMEOUT_SECONDS):
-                        await pubsub.subscribe(topic)
-
-                def readvertise() -> None:  # our relay slots or reachability changed
-                    discovery.advertise(advertised_addrs(host, relay, nat))
-
-                def on_reachability(status: Reachability) -> None:
-                    count(f"reachability_{status.value}")
-                    relay.set_reachability(status)
-                    readvertise()
-
-                # Both callbacks run only from the services' own tasks, started below once
-                # discovery, which they re-advertise through, exists.
-                nat, relay = nat_services(
-                    host, settings, protocols, may_use=policy.may_use, count=count,
-                    on_reachability=on_reachability, on_addrs_changed=readvertise,
-                    preferred_relays=lambda: sorted(bootstrap_ids, key=str),
+                await _subscribe(
+                    pubsub, topics, size_validator(settings.max_message_bytes, my_id, count, policy.penalize)
                 )
-                relays.append(relay)
-                dialer = OneDialPerPeer(host, relay)
-                discovery = PeerDiscovery(
-                    key_pair,
-                    target=settings.discover_peers,
-                    interval=settings.discovery_interval_seconds,
-                    max_tracked=settings.max_tracked_peers,
-                    may_dial=policy.may_use,
-                    dial=partial(dial_unless_refused, policy, dialer),
-                    count=count,
-                    protocols=protocols,
+                network = _services(settings, key_pair, topics, host, pubsub, policy, protocols, counters)
+                relays.append(network.relay)
+                logger.info(
+                    "gossip up: peer %s listening on %s, topic %s",
+                    network.peer_id,
+                    ", ".join(network.listen_addrs),
+                    settings.topic,
                 )
-                discovery.attach(host, advertised_addrs(host, relay, nat))  # answer requests even with discovery off
-                network = Network(
-                    settings=settings, topics=topics, my_id=my_id, host=host, pubsub=pubsub, policy=policy,
-                    protocols=protocols, nat=nat, relay=relay, discovery=discovery, dialer=dialer,
-                    agents=PeerAgents(host, lambda: open_peers(host), policy.may_use), counters=counters,
-                )
-                links = RelayedLinks(host, relay.slots(), dial=network.dial, known_addrs=discovery.addrs_of,
-                                     refused=lambda peer: policy.refusal(peer) is not None, count=count)
-                logger.info("gossip up: peer %s listening on %s, topic %s",
-                            network.peer_id, ", ".join(network.listen_addrs), settings.topic)
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_cut_off_banned, bans_out, host, discovery, settings.close_timeout_seconds)
-                    await nursery.start(relay.run)
-                    await nursery.start(links.run)  # relayed links that end are dialled again
-                    relay.set_reachability(nat.status)
-                    await nursery.start(nat.run)
-                    keeper = BootstrapKeeper(host, settings, my_id, policy.refusal, relay, count, bootstrap_ids)
-                    for address in settings.peers:
-                        nursery.start_soon(keeper.keep, address)
-                    if settings.discover_peers > 0:
-                        await nursery.start(discovery.run)
-                    await nursery.start(network.agents.run)
+                    await _start(nursery, network, bans_out)
                     yield network
                     nursery.cancel_scope.cancel()
         finally:
-            # Exiting host.run() alone leaves peers' TCP connections open (they do not notice
-            # for a long time); close() can hang on a crashed peer, so bound it.
-            with trio.move_on_after(settings.close_timeout_seconds) as scope:
-                scope.shield = True
-                await host.close()
-            if scope.cancelled_caught:
-                logger.warning("host close timed out after %.1f s", settings.close_timeout_seconds)
+            await _close(host, settings.close_timeout_seconds)
+
+
+def _hooks(settings: NetworkSettings, policy: PeerPolicy, protocols: PeerProtocols, delivery: Delivery) -> PubsubHooks:
+    """What the guarded pubsub may ask: the policy's checks, the delivery, the protocols peers lack."""
+    return PubsubHooks(
+        refusal=policy.refusal,
+        refusal_bytes=policy.refusal_bytes,
+        admit_author=policy.admit_author,
+        penalize=policy.penalize,
+        count=policy.count,
+        deliver=delivery.deliver,
+        lacks=protocols.lacks,
+        refused=protocols.refused,
+        close_timeout=settings.close_timeout_seconds,
+    )
+
+
+async def _subscribe(pubsub: Pubsub, topics: tuple[str, ...], validate: Callable[..., bool]) -> None:
+    with trio.fail_after(START_TIMEOUT_SECONDS):
+        await pubsub.wait_until_ready()
+    for topic in topics:
+        pubsub.set_topic_validator(topic, validate, False)
+        with trio.fail_after(START_TIMEOUT_SECONDS):
+            await pubsub.subscribe(topic)
+
+
+def _services(
+    settings: NetworkSettings,
+    key_pair: KeyPair,
+    topics: tuple[str, ...],
+    host: Any,
+    pubsub: Pubsub,
+    policy: PeerPolicy,
+    protocols: PeerProtocols,
+    counters: dict[str, int],
+) -> Network:
+    """The NAT services, then discovery, around a host whose pubsub is up: the `Network`."""
+    count = policy.count
+    bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
+
+    def readvertise() -> None:  # our relay slots or reachability changed
+        discovery.advertise(advertised_addrs(host, relay, nat))
+
+    def on_reachability(status: Reachability) -> None:
+        count(f"reachability_{status.value}")
+        relay.set_reachability(status)
+        readvertise()
+
+    # Both callbacks run only from the services' own tasks, which `_start` starts once discovery,
+    # which they re-advertise through, exists.
+    nat, relay = nat_services(
+        host,
+        settings,
+        protocols,
+        may_use=policy.may_use,
+        count=count,
+        on_reachability=on_reachability,
+        on_addrs_changed=readvertise,
+        preferred_relays=lambda: sorted(bootstrap_ids, key=str),
+    )
+    dialer = OneDialPerPeer(host, relay)
+    discovery = PeerDiscovery(
+        key_pair,
+        host,
+        advertised_addrs(host, relay, nat),
+        target=settings.discover_peers,
+        interval=settings.discovery_interval_seconds,
+        max_tracked=settings.max_tracked_peers,
+        may_dial=policy.may_use,
+        dial=partial(dial_unless_refused, policy, dialer),
+        count=count,
+        protocols=protocols,
+    )
+    discovery.attach()  # answer requests even with discovery off
+    return Network(
+        settings=settings,
+        topics=topics,
+        my_id=policy.my_id,
+        host=host,
+        pubsub=pubsub,
+        policy=policy,
+        protocols=protocols,
+        nat=nat,
+        relay=relay,
+        discovery=discovery,
+        dialer=dialer,
+        agents=PeerAgents(host, lambda: open_peers(host), policy.may_use),
+        keeper=BootstrapKeeper(host, settings, policy.my_id, policy.refusal, relay, count, bootstrap_ids),
+        counters=counters,
+    )
+
+
+async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryReceiveChannel[ID]) -> None:
+    """Run the network's services in `nursery`, in the order they were built."""
+    settings, relay, policy = network.settings, network.relay, network.policy
+    links = RelayedLinks(
+        network.host,
+        relay.slots(),
+        dial=network.dial,
+        known_addrs=network.discovery.addrs_of,
+        refused=lambda peer: policy.refusal(peer) is not None,
+        count=network.count,
+    )
+    nursery.start_soon(_cut_off_banned, bans, network.host, network.discovery, settings.close_timeout_seconds)
+    await nursery.start(relay.run)
+    await nursery.start(links.run)  # relayed links that end are dialled again
+    relay.set_reachability(network.nat.status)
+    await nursery.start(network.nat.run)
+    for address in settings.peers:
+        nursery.start_soon(network.keeper.keep, address)
+    if settings.discover_peers > 0:
+        await nursery.start(network.discovery.run)
+    await nursery.start(network.agents.run)
+
+
+async def _close(host: Any, timeout: float) -> None:
+    # Exiting host.run() alone leaves peers' TCP connections open (they do not notice for a
+    # long time); close() can hang on a crashed peer, so bound it.
+    with trio.move_on_after(timeout) as scope:
+        scope.shield = True
+        await host.close()
+    if scope.cancelled_caught:
+        logger.warning("host close timed out after %.1f s", timeout)
 
 
 async def serve_network(
@@ -356,8 +431,9 @@ def _queue_ban(bans: trio.MemorySendChannel[ID], peer: ID) -> None:
         logger.warning("could not queue the disconnect of banned peer %s; it is refused on its next frame", peer)
 
 
-async def _cut_off_banned(bans: trio.MemoryReceiveChannel[ID], host: Any, discovery: PeerDiscovery,
-                          close_timeout: float) -> None:
+async def _cut_off_banned(
+    bans: trio.MemoryReceiveChannel[ID], host: Any, discovery: PeerDiscovery, close_timeout: float
+) -> None:
     """Each banned peer: forget its record (so we neither dial nor recommend it) and cut its
     connections now, each cut its own task (a flooder can hold a polite close off for seconds)."""
 

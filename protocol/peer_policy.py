@@ -5,7 +5,7 @@ method by method, to the guards that ask."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
@@ -21,8 +21,9 @@ class PeerPolicy:
     """The allow list and the peer guard. `count(name)` counts; `on_ban(peer)` hears of each
     ban, after it is counted and logged (the network cuts the peer's connections then)."""
 
-    def __init__(self, settings: NetworkSettings, my_id: ID, count: Callable[[str], None],
-                 on_ban: Callable[[ID], None]) -> None:
+    def __init__(
+        self, settings: NetworkSettings, my_id: ID, count: Callable[[str], None], on_ban: Callable[[ID], None]
+    ) -> None:
         self.my_id = my_id
         self.ban_seconds = settings.ban_seconds
         self.allowed: frozenset[bytes] | None = (
@@ -84,6 +85,10 @@ class PeerPolicy:
 
     def _banned(self, peer_id: ID, reason: str) -> None:
         self.count("peers_banned")
-        logger.warning("banned peer %s for %.0f s: score fell below the threshold (last offence: %s)",
-                       peer_id, self.ban_seconds, reason)
+        logger.warning(
+            "banned peer %s for %.0f s: score fell below the threshold (last offence: %s)",
+            peer_id,
+            self.ban_seconds,
+            reason,
+        )
         self.on_ban(peer_id)

@@ -9,7 +9,11 @@ def test_entries_restore_to_the_same_memory():
         memory.put(author, key, None if author == "a" else b"v", stamp=stamp, now=stamp)
     copy: RecentByAuthor[bytes | None] = RecentByAuthor(2, 3)
     copy.restore(memory.entries())
-    assert copy.entries() == memory.entries() == [("a", [(b"3", None, 3.0), (b"4", None, 4.0)]), ("b", [(b"2", b"v", 2.0)])]
+    assert (
+        copy.entries()
+        == memory.entries()
+        == [("a", [(b"3", None, 3.0), (b"4", None, 4.0)]), ("b", [(b"2", b"v", 2.0)])]
+    )
     assert len(copy) == 3
     copy.put("b", b"5", b"w", stamp=5.0, now=5.0)  # past the total: the author holding most forgets first
     assert copy.entries() == [("a", [(b"4", None, 4.0)]), ("b", [(b"2", b"v", 2.0), (b"5", b"w", 5.0)])]
