@@ -94,7 +94,7 @@ class OneDialPerPeer:
 
 
 class BootstrapKeeper:
-    """Keeps `--peers` entries connected; the gossip service owns the host and decides whom
+    """Keeps `--peers` entries connected; the network (network.py) owns the host and decides whom
     it refuses (`refusal`: allow list, bans)."""
 
     def __init__(self, host: Any, settings: NetworkSettings, my_id: ID, refusal: Callable[[ID], str | None],

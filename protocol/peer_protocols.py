@@ -16,8 +16,8 @@ these protocols: a node of ours starts relaying only once it finds itself public
 peers have identified it (relay.py backs off from a refusal instead).
 
 py-libp2p 0.8.1 logs each refused stream at ERROR in `BasicHost.new_stream` before the caller
-sees the exception, and that first refusal can come before identify has answered. While a
-gossip service runs, `quiet_refusals()` demotes that one record ("protocols not supported") to
+sees the exception, and that first refusal can come before identify has answered. While the
+network runs (network.py), `quiet_refusals()` demotes that one record ("protocols not supported") to
 DEBUG: the caller gets the exception and decides what it means. Reads the host's private
 `_identified_peers` (which peers identify has answered for) of that exact release.
 """

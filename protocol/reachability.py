@@ -29,7 +29,7 @@ Core buckets its peers, and one group for every address that is not globally rou
 latest of that group's. The status is the majority of the latest `KEPT_VERDICTS` groups. Fresh
 identities from one network, however many, are one voice, and only after they have stayed. The server side answers at
 most `MAX_CONCURRENT_DIALBACKS` requests at once and one per peer per `MIN_ASK_INTERVAL_SECONDS`,
-and not at all for peers the gossip service refuses (allow list, bans).
+and not at all for peers the network refuses (allow list, bans).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ class ReachabilityService:
     """Serves AutoNAT dial-backs and keeps this node's own `status` current.
 
     `mode` "public"/"private" fixes the status (no checks; requests are still served).
-    `may_use(peer)` is the gossip service's allow/ban rule; `on_change(status)` is called
+    `may_use(peer)` is the network's allow/ban rule (peer_policy.py); `on_change(status)` is called
     (synchronously) whenever the status changes. With `protocols`, peers known to lack AutoNAT
     (peer_protocols.py) are never asked. `bootstrap(peer)` says whether the operator named the
     peer (it is asked at once); any other peer only once connected `min_server_age` seconds."""

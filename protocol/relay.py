@@ -15,7 +15,7 @@ A node serves as a relay (`relay`: "on"; "auto", the default, once it finds itse
 so public bootstrap nodes relay without being told) within limits: reservations, circuits per
 reserved peer, bytes and seconds per circuit, and one budget for the whole relay (circuits open
 at once, bytes a second, bytes an hour: relay_guards.RelayBudget), since it relays in Python on
-the cores that train. Peers that the gossip service refuses (allow
+the cores that train. Peers that the network refuses (allow
 list, bans) can neither reserve, nor open a circuit, nor be the target of one, and circuits
 from them are refused on arrival.
 
@@ -94,7 +94,7 @@ def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID
 class RelayService:
     """Relay for others when we should, reserve on relays when we must, dial circuits, punch holes.
 
-    The gossip service owns the host and passes in `may_use(peer)` (allow list, bans),
+    The network (network.py) owns the host and passes in `may_use(peer)` (allow list, bans),
     `count(name)` and `on_addrs_changed()` (re-advertise: our relayed addresses changed)."""
 
     def __init__(

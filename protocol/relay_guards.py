@@ -2,7 +2,7 @@
 override calls the original (relay.py decides when to relay, reserve and dial; this module puts
 its checks and fixes where the library would relay for anyone, mix up circuits or fail).
 
-- `GuardedRelayProtocol` answers only peers the gossip service accepts (allow list, bans).
+- `GuardedRelayProtocol` answers only peers the network accepts (allow list, bans).
 - Its `_handle_hop_stream` handles one request per HOP stream, as the spec has it. 0.8.1 keeps
   reading a HOP stream after a CONNECT, when that stream has become the circuit itself: once a
   circuit was cut at a limit, what its peer sent last was parsed as HOP messages, and a stray
@@ -105,7 +105,7 @@ class RelayBudget:
 
 
 class GuardedRelayProtocol(CircuitV2Protocol):
-    """0.8.1's relay protocol, answering only peers the gossip service accepts, within one budget."""
+    """0.8.1's relay protocol, answering only peers the network accepts, within one budget."""
 
     def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None],
                  budget: RelayBudget | None = None, **kwargs: Any):

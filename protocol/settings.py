@@ -1,6 +1,6 @@
 """The one model of a node's network settings: gossip transport, swarm membership and peers.
 
-The daemon, the gossip service, the judge client and the tests all read this same model, so a
+The daemon, the network, the judge client and the tests all read this same model, so a
 value is checked once, here, when the settings are loaded: before any model or library loads.
 It imports only pydantic and `multiaddr` (py-libp2p itself takes 1-2 s to import), so a bad
 `--peers` is refused in a fraction of a second.
