@@ -259,15 +259,11 @@ class Intake:
 
 
 # A `RecentByAuthor` of digests as JSON, each author's entries in arrival order and the authors in
-# theirs (both break ties in what it forgets first). It has no (de)serialiser of its own: this is
-# the only place that saves one, so its entries are read and set here.
+# theirs (both break ties in what it forgets first).
 def _memory_to_json(memory: RecentByAuthor) -> list[list[Any]]:
     return [
-        [
-            author,
-            [[_hex(key), None if value is None else _hex(value), stamp] for key, (value, stamp) in entries.items()],
-        ]
-        for author, entries in memory._authors.items()
+        [author, [[_hex(key), None if value is None else _hex(value), stamp] for key, value, stamp in entries]]
+        for author, entries in memory.entries()
     ]
 
 
@@ -276,14 +272,18 @@ def _hex(digest: Any) -> str:
 
 
 def _restore_memory(memory: RecentByAuthor, saved: list[list[Any]]) -> None:
-    memory._authors = {
-        author: OrderedDict(
-            (bytes.fromhex(key), (None if value is None else bytes.fromhex(value), stamp))
-            for key, value, stamp in entries
-        )
-        for author, entries in saved
-    }
-    memory._size = sum(len(entries) for entries in memory._authors.values())
+    memory.restore(
+        [
+            (
+                author,
+                [
+                    (bytes.fromhex(key), None if value is None else bytes.fromhex(value), stamp)
+                    for key, value, stamp in entries
+                ],
+            )
+            for author, entries in saved
+        ]
+    )
 
 
 def _values(behavior: BehaviorLogprobs) -> int:

@@ -98,6 +98,9 @@ def run_one(
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
     run_started, cpu_started = time.perf_counter(), time.process_time()
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # a bar per node checkpoint would break the study's own
     run = build_run(base, study, config, seed, run_dir)
     first = 1
     if saved is not None:

@@ -145,16 +145,23 @@ def test_other_settings_are_refused(never_stopped, capsys):
     assert main([*_study(never_stopped, TINY), "--run-checkpoint-every", "3", "--jobs", "2"]) == 0
 
 
-def test_a_shared_base_run_resumes_to_the_same_rows(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "node_flags",
+    [
+        pytest.param(SHARED_BASE, id="shared-base"),  # adapters and their optimizers on one base model
+        pytest.param(["--nodes", "3", "--late-joiners", "1", "--join-round", "2", *TINY], id="late-joiner"),
+    ],
+)
+def test_other_runs_resume_to_the_same_rows(node_flags, tmp_path, monkeypatch):
     never, crashed = tmp_path / "never", tmp_path / "crashed"
-    assert main(_study(never, SHARED_BASE)) == 0
+    assert main(_study(never, node_flags)) == 0
 
     def crash():
         raise RuntimeError("the machine went away")
 
     _interrupt_at(monkeypatch, 4, crash)
     with pytest.raises(RuntimeError, match="went away"):
-        main(_study(crashed, SHARED_BASE))
+        main(_study(crashed, node_flags))
     monkeypatch.undo()
-    assert main(_study(crashed, SHARED_BASE)) == 0
+    assert main(_study(crashed, node_flags)) == 0
     _assert_same_run(never, crashed)
