@@ -1,6 +1,6 @@
 """Who takes part in one run of the study: the learning nodes (the daemon's own `Node`), the
 scripted solvers, their in-memory lockstep hub and the round clock; and the run's checkpoint,
-all of them at one round (`StudyRun.checkpoint`, `build_run(..., resume=True)`)."""
+all of them at one round (`StudyRun.checkpoint`; `build_run` then `StudyRun.restore` resume it)."""
 
 from __future__ import annotations
 
@@ -110,6 +110,24 @@ class Learner:
     records: RecordsInMemory  # its node's round records
     joins_at: int = 1  # its first round (a late joiner's is later)
 
+    def to_json(self) -> dict[str, Any]:
+        """What a run's checkpoint keeps of it besides its node's own checkpoint."""
+        intake = self.exchange.member.intake
+        return {
+            "index": self.index,
+            "inbox": self.node.inbox.to_json(),  # with its authors' standing
+            "intake": intake.to_json() if intake is not None else None,
+            "counters": self.node.counters.to_json(),
+        }
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Take what `to_json` saved, and its round records up to the node's round."""
+        self.node.inbox.restore(saved["inbox"])
+        if self.exchange.member.intake is not None:
+            self.exchange.member.intake.restore(saved["intake"])
+        self.node.counters.restore(saved["counters"])
+        self.records.load_through(self.state.round)
+
 
 @dataclass
 class ScriptedPeer:
@@ -172,26 +190,19 @@ class StudyRun:
             learner.records.flush()
         state = {
             "round": round_index,
-            "learners": [
-                {
-                    "index": learner.index,
-                    "inbox": learner.node.inbox.to_json(),
-                    "intake": None
-                    if learner.exchange.member.intake is None
-                    else learner.exchange.member.intake.to_json(),
-                    "counters": learner.node.counters.to_json(),
-                }
-                for learner in joined
-            ],
+            "learners": [learner.to_json() for learner in joined],
             "solvers": [peer.to_json() for peer in self.solvers],
         }
         partial = run_dir / f".{RUN_STATE}.partial"
-        partial.write_text(json.dumps(state))
+        with partial.open("w") as file:
+            file.write(json.dumps(state))
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(partial, run_dir / RUN_STATE)
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Take RUN_STATE back into a run just built from the same settings, whose nodes resumed
-        from their checkpoints at its round (`build_run(..., resume=True)`)."""
+        from their checkpoints at its round (`build_run` finds them in the run's dir)."""
         round_index = saved["round"]
         self.clock.round = round_index
         by_index = {learner.index: learner for learner in self.learners}
@@ -203,11 +214,7 @@ class StudyRun:
                     f"round {round_index}: its checkpoints in {learner.node.checkpoints_dir} are missing or "
                     "corrupt; delete the run's directory to run it again"
                 )
-            learner.node.inbox.restore(entry["inbox"])
-            if learner.exchange.member.intake is not None:
-                learner.exchange.member.intake.restore(entry["intake"])
-            learner.node.counters.restore(entry["counters"])
-            learner.records.load_through(round_index)
+            learner.restore(entry)
         for peer, state in zip(self.solvers, saved["solvers"], strict=True):
             peer.restore(state)
 

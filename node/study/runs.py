@@ -112,6 +112,10 @@ def run_one(
     every = study.run_checkpoint_every
     with (run_dir / "raw.jsonl").open("a") as raw:
 
+        def checkpoint() -> None:
+            os.fsync(raw.fileno())  # the rows a checkpoint stands on are on disk before it
+            run.checkpoint(run_dir)
+
         def write_round(round_index: int, results: list[RoundResult | None]) -> None:
             rows = [
                 round_row(config, seed, learner.index, learner.node.settings.model.model, result.record)
@@ -122,7 +126,7 @@ def run_one(
             raw.writelines(json.dumps(row) + "\n" for row in rows)
             raw.flush()  # a long study can be inspected (or salvaged) while it runs
             if every and round_index % every == 0 and round_index < study.rounds:
-                run.checkpoint(run_dir)
+                checkpoint()
             if progress is not None:
                 progress(config.name, seed, round_index, statistics.fmean(row["accuracy"] for row in rows))
 
@@ -130,10 +134,10 @@ def run_one(
             return (stop is not None and stop.is_set()) or (deadline is not None and time.time() > deadline)
 
         done = trio.run(run_lockstep, run, study.rounds, stopping, write_round, first)
-    ran = done - first + 1
+        ran = done - first + 1
+        if done < study.rounds and every and ran and done % every:  # stopped since its last checkpoint
+            checkpoint()
     if done < study.rounds:
-        if every and ran and done % every:
-            run.checkpoint(run_dir)
         log.warning("%s seed %d: stopped after round %d of %d", config.name, seed, done, study.rounds)
     for learner in run.learners:
         learner.records.flush()
