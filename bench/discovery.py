@@ -141,8 +141,8 @@ async def start_member(
     nursery, index: int, mechanism: str, args, tmp: Path, hub: Member | None, totals: Totals, groups
 ) -> Member:
     from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.network import open_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
+    from sapo.protocol.network import open_network
     from sapo.protocol.settings import NetworkSettings
     from sapo.training.tasks import reasoning_gym_version
 

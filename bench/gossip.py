@@ -53,13 +53,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--round-seconds", type=float, default=2.0, help="seconds between a node's rounds")
     parser.add_argument("--topology", choices=("star", "chain"), default="star", help="who dials whom")
     parser.add_argument("--settle-seconds", type=float, default=3.0, help="wait after connecting, for the mesh")
-    parser.add_argument("--drain-seconds", type=float, default=5.0, help="max wait for deliveries after the last publish")
+    parser.add_argument(
+        "--drain-seconds", type=float, default=5.0, help="max wait for deliveries after the last publish"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated text")
     parser.add_argument("--processes", action="store_true", help="each node in its own OS process")
-    parser.add_argument("--discovery", choices=("on", "off", "both"), default="on",
-                        help="peer discovery (/sapo/peers/1) on, off, or one run of each, compared")
-    parser.add_argument("--discover-peers", type=int, default=4,
-                        help="with discovery on: dial until this many peers are connected (the node's default)")
+    parser.add_argument(
+        "--discovery",
+        choices=("on", "off", "both"),
+        default="on",
+        help="peer discovery (/sapo/peers/1) on, off, or one run of each, compared",
+    )
+    parser.add_argument(
+        "--discover-peers",
+        type=int,
+        default=4,
+        help="with discovery on: dial until this many peers are connected (the node's default)",
+    )
     parser.add_argument("--smoke", action="store_true", help="3 nodes for 5 s: a quick check that this runs")
     # internal: the child side of --processes
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)

@@ -47,7 +47,6 @@ from functools import partial
 from pathlib import Path
 
 import trio
-
 from gossip_groups import build_groups
 from gossip_swarm import percentile
 from text_table import print_rows
@@ -65,25 +64,45 @@ SENT_MARKER = "SENT "
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="policy: tiny (default), smollm2-135m, ...")
-    parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=False,
-                        help="train a LoRA adapter (r=16) rather than the full model")
+    parser.add_argument(
+        "--lora",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="train a LoRA adapter (r=16) rather than the full model",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: what a node sharing a CPU uses)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help="the update's precision")
     parser.add_argument("--questions", type=int, default=2, help="questions in the round that is trained on")
     parser.add_argument("--generations", type=int, default=4, help="G: completions per question")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="generation cap per completion")
-    parser.add_argument("--force-signal", action=argparse.BooleanOptionalAction, default=True,
-                        help="give all-equal-reward groups alternating 0/1 rewards so the update is never skipped")
+    parser.add_argument(
+        "--force-signal",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give all-equal-reward groups alternating 0/1 rewards so the update is never skipped",
+    )
     parser.add_argument("--rate", type=float, default=5.0, help="frames per second the sender publishes")
     parser.add_argument("--cycles", type=int, default=3, help="idle + busy phase pairs")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="length of each idle phase")
-    parser.add_argument("--busy-seconds", type=float, default=10.0,
-                        help="each busy phase runs updates back to back until this long (at least one)")
+    parser.add_argument(
+        "--busy-seconds",
+        type=float,
+        default=10.0,
+        help="each busy phase runs updates back to back until this long (at least one)",
+    )
     parser.add_argument("--settle-seconds", type=float, default=2.0, help="wait after connecting, for the mesh")
-    parser.add_argument("--switch-interval", type=float, default=None,
-                        help="sys.setswitchinterval for A, in seconds (Python's default: 0.005); to test the GIL")
-    parser.add_argument("--busy", choices=("update", "generate"), default="update",
-                        help="what the busy phases run back to back: GRPO updates, or generations of the round")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for A, in seconds (Python's default: 0.005); to test the GIL",
+    )
+    parser.add_argument(
+        "--busy",
+        choices=("update", "generate"),
+        default="update",
+        help="what the busy phases run back to back: GRPO updates, or generations of the round",
+    )
     parser.add_argument("--seed", type=int, default=0, help="model, task and sampling seed")
     parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR, help="converted-model cache")
     parser.add_argument("--smoke", action="store_true", help="tiny, one short cycle at 10/s: a quick check it runs")
@@ -116,9 +135,9 @@ async def sender_main(args: argparse.Namespace) -> None:
     """Dial A, wait for the mesh, print `ready`; on the line `go` publish at --rate until the
     next line (or EOF) arrives on stdin, then print the send times (`SENT {seq: unix time}`)."""
     from sapo.protocol.codec import encode
-    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.messages import to_wire
+    from sapo.protocol.network import serve_network
     from sapo.training.tasks import reasoning_gym_version
 
     groups = build_groups(1, args.seed)
@@ -136,8 +155,15 @@ async def sender_main(args: argparse.Namespace) -> None:
             while True:
                 await trio.sleep(max(0.0, started + seq / args.rate - time.monotonic()))
                 stamp = time.time()
-                wire = to_wire(groups[seq % len(groups)], sender=peer_id, swarm=SWARM, sender_round=seq,
-                               model_id="bench", created_at=stamp, reasoning_gym_version=rg_version)
+                wire = to_wire(
+                    groups[seq % len(groups)],
+                    sender=peer_id,
+                    swarm=SWARM,
+                    sender_round=seq,
+                    model_id="bench",
+                    created_at=stamp,
+                    reasoning_gym_version=rg_version,
+                )
                 if await service.publish(encode(wire)):
                     sent[seq] = stamp
                 seq += 1
@@ -195,10 +221,19 @@ class Trainer:
 
         torch.set_num_threads(args.threads)
         args.models_dir.mkdir(parents=True, exist_ok=True)
-        policy = load_policy(args.model, device="cpu", lora=LoraOptions() if args.lora else None, seed=args.seed,
-                             models_dir=args.models_dir, precision=args.precision)
-        settings = TrainingSettings(generations=args.generations, max_new_tokens=args.max_new_tokens,
-                                    lr=default_learning_rate(args.model, args.lora))
+        policy = load_policy(
+            args.model,
+            device="cpu",
+            lora=LoraOptions() if args.lora else None,
+            seed=args.seed,
+            models_dir=args.models_dir,
+            precision=args.precision,
+        )
+        settings = TrainingSettings(
+            generations=args.generations,
+            max_new_tokens=args.max_new_tokens,
+            lr=default_learning_rate(args.model, args.lora),
+        )
         return cls(policy, make_optimizer(policy, settings), settings, [], random.Random(args.seed))
 
     def generate(self, args: argparse.Namespace) -> None:
@@ -206,17 +241,25 @@ class Trainer:
         from sapo.training.tasks import TaskSampler, default_task_specs
 
         tasks = TaskSampler(default_task_specs([TASK]), dataset_seed=args.seed, rng_seed=args.seed)
-        result = generate_groups(self.policy, tasks.sample(args.questions), num_generations=args.generations,
-                                 max_new_tokens=args.max_new_tokens, temperature=self.settings.temperature,
-                                 seed=args.seed)
+        result = generate_groups(
+            self.policy,
+            tasks.sample(args.questions),
+            num_generations=args.generations,
+            max_new_tokens=args.max_new_tokens,
+            temperature=self.settings.temperature,
+            seed=args.seed,
+        )
         rewards = [r for g in result.groups for r in g.rewards]
         self.reward_mean = sum(rewards) / len(rewards)
         self.real_signal = sum(1 for g in result.groups if len(set(g.rewards)) > 1)
         self.groups = result.groups
         if args.force_signal:
-            self.groups = [g if len(set(g.rewards)) > 1 else
-                           g.model_copy(update={"rewards": [float(i % 2) for i in range(len(g.rewards))]})
-                           for g in result.groups]
+            self.groups = [
+                g
+                if len(set(g.rewards)) > 1
+                else g.model_copy(update={"rewards": [float(i % 2) for i in range(len(g.rewards))]})
+                for g in result.groups
+            ]
         return result
 
     def update(self):
@@ -257,8 +300,8 @@ async def timed(record: Record, phase: str, fn, *fn_args):
 
 
 async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[int, float]]:
-    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity
+    from sapo.protocol.network import serve_network
 
     record = Record()
     with tempfile.TemporaryDirectory(prefix="sapo-bench-update-") as tmp:
@@ -268,9 +311,19 @@ async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[
             with trio.fail_after(30):
                 service = await nursery.start(partial(serve_network, gossip_settings([]), key_pair, send))
             nursery.start_soon(receive, incoming, record)
-            command = [sys.executable, str(Path(__file__).resolve()), "--sender", service.listen_addrs[0],
-                       "--seed", str(args.seed), "--rate", str(args.rate), "--settle-seconds", str(args.settle_seconds)]
-            sender = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),  # noqa: ASYNC240 - once, before the measurement
+                "--sender",
+                service.listen_addrs[0],
+                "--seed",
+                str(args.seed),
+                "--rate",
+                str(args.rate),
+                "--settle-seconds",
+                str(args.settle_seconds),
+            ]
+            sender = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220 - it talks over pipes
             try:
                 started = time.monotonic()
                 # The sender starts up while the policy loads; both take seconds.
@@ -315,7 +368,7 @@ async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[
             sent_line = next((line for line in out.splitlines() if line.startswith(SENT_MARKER)), None)
             if sent_line is None:
                 raise RuntimeError(f"the sender printed no send times (code {sender.returncode})")
-            sent = {int(seq): at for seq, at in json.loads(sent_line[len(SENT_MARKER):]).items()}
+            sent = {int(seq): at for seq, at in json.loads(sent_line[len(SENT_MARKER) :]).items()}
             record.counters = dict(service.counters)
             nursery.cancel_scope.cancel()
     return record, trainer, sent
@@ -332,8 +385,9 @@ class PhaseFigures:
     seconds: float = 0.0
 
 
-def phase_of(windows: list[tuple[str, float, float]], sent: float, received: float | None,
-             busy: str = "update") -> str | None:
+def phase_of(
+    windows: list[tuple[str, float, float]], sent: float, received: float | None, busy: str = "update"
+) -> str | None:
     """The busy phase if the flight overlaps one, else the phase that holds all of it."""
     end = sent if received is None else received
     for phase, start, stop in windows:
@@ -384,30 +438,59 @@ def print_report(args: argparse.Namespace, record: Record, trainer: Trainer, sen
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, load average "
         f"{load:.2f} at the end. Numbers are CONTENDED when other jobs share the CPUs."
     )
-    rows = [["phase", "seconds", "messages", "delivered / sent", "p50 ms", "p99 ms", "max ms", "loop lag p99 ms",
-             "loop lag max ms"]]
+    rows = [
+        [
+            "phase",
+            "seconds",
+            "messages",
+            "delivered / sent",
+            "p50 ms",
+            "p99 ms",
+            "max ms",
+            "loop lag p99 ms",
+            "loop lag max ms",
+        ]
+    ]
     for name, p in phases.items():
-        rows.append([name, f"{p.seconds:.1f}", str(len(p.latencies)), f"{len(p.latencies)} / {p.sent}",
-                     ms(p.latencies, 50), ms(p.latencies, 99), ms(p.latencies, 100), ms(p.lag, 99), ms(p.lag, 100)])
+        rows.append(
+            [
+                name,
+                f"{p.seconds:.1f}",
+                str(len(p.latencies)),
+                f"{len(p.latencies)} / {p.sent}",
+                ms(p.latencies, 50),
+                ms(p.latencies, 99),
+                ms(p.latencies, 100),
+                ms(p.lag, 99),
+                ms(p.lag, 100),
+            ]
+        )
     print_rows(rows)
     idle, busy = phases["idle"].latencies, phases[args.busy].latencies
     ratio = percentile(busy, 99) / percentile(idle, 99) if idle and busy else float("nan")
     target = 2.0 if args.busy == "update" else 1.5
-    print(f"ratio p99({args.busy}) / p99(idle): {ratio:.2f} (target <= {target:g}: {'met' if ratio <= target else 'NOT met'})")
+    print(
+        f"ratio p99({args.busy}) / p99(idle): {ratio:.2f} (target <= {target:g}: {'met' if ratio <= target else 'NOT met'})"
+    )
     seconds = record.update_seconds
     if args.busy == "update":
-        work = (f"updates: {len(seconds)} ({record.skipped} skipped), seconds p50 / max {percentile(seconds, 50):.2f} / "
-                f"{max(seconds):.2f}, {sum(record.update_tokens) // max(1, len(seconds))} completion tokens each")
+        work = (
+            f"updates: {len(seconds)} ({record.skipped} skipped), seconds p50 / max {percentile(seconds, 50):.2f} / "
+            f"{max(seconds):.2f}, {sum(record.update_tokens) // max(1, len(seconds))} completion tokens each"
+        )
     else:
-        work = (f"generations: {len(seconds)}, seconds p50 / max {percentile(seconds, 50):.2f} / {max(seconds):.2f}, "
-                f"{sum(record.update_tokens) // max(1, len(seconds))} new tokens each "
-                f"({sum(record.update_tokens) / max(sum(seconds), 1e-9):.0f} tokens per wall second)")
+        work = (
+            f"generations: {len(seconds)}, seconds p50 / max {percentile(seconds, 50):.2f} / {max(seconds):.2f}, "
+            f"{sum(record.update_tokens) // max(1, len(seconds))} new tokens each "
+            f"({sum(record.update_tokens) / max(sum(seconds), 1e-9):.0f} tokens per wall second)"
+        )
     print(
         f"{work}; round reward {trainer.reward_mean:.3f}, {trainer.real_signal}/{len(trainer.groups)} groups with real "
         "signal" + (" (the rest forced 0/1)" if args.force_signal else "")
     )
     print(
-        "setup: " + ", ".join(f"{k} {v:.1f}" for k, v in record.setup.items())
+        "setup: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in record.setup.items())
         + f"; decode rejected {record.rejected}; receiver counters "
         + ", ".join(f"{k}={v}" for k, v in sorted(record.counters.items()))
     )

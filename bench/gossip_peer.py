@@ -45,12 +45,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=0.5, help="groups published per second (0 = none)")
     parser.add_argument("--publish-at", type=float, default=None, help="unix time to start publishing")
     parser.add_argument("--publish-seconds", type=float, default=None, help="stop publishing after this long")
-    parser.add_argument("--wait-go", action="store_true",
-                        help="publish only after a line `go <unix time> <seconds>` on stdin")
+    parser.add_argument(
+        "--wait-go", action="store_true", help="publish only after a line `go <unix time> <seconds>` on stdin"
+    )
     parser.add_argument("--state-seconds", type=float, default=2.0, help="how often to print a state line")
     parser.add_argument("--index", type=int, default=0, help="seeds this peer's groups")
-    parser.add_argument("--groups-file", type=Path, default=None,
-                        help="QuestionGroups as JSON (write_groups); without it they are built here (+1.4 s)")
+    parser.add_argument(
+        "--groups-file",
+        type=Path,
+        default=None,
+        help="QuestionGroups as JSON (write_groups); without it they are built here (+1.4 s)",
+    )
     return parser.parse_args(argv)
 
 
@@ -72,7 +77,9 @@ def connection_kinds(service) -> dict[str, str]:
         open_ = [c for c in network.get_connections(peer) if not c.is_closed]
         relayed = {is_relayed(c) for c in open_}
         if relayed:
-            kinds[peer.to_base58()] = "both" if relayed == {True, False} else ("relayed" if True in relayed else "direct")
+            kinds[peer.to_base58()] = (
+                "both" if relayed == {True, False} else ("relayed" if True in relayed else "direct")
+            )
     return kinds
 
 
@@ -81,13 +88,15 @@ async def peer_main(args: argparse.Namespace) -> None:
     from gossip import BenchNode, build_groups
 
     from sapo.protocol.codec import DecodeLimits, Rejected, decode
+    from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.network import open_network
     from sapo.protocol.settings import NetworkSettings
-    from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.training.tasks import reasoning_gym_version
 
     key_pair = load_or_create_identity(args.data_dir)
-    settings = NetworkSettings(**{"listen": args.listen, "peers": args.peers, "swarm": SWARM, **json.loads(args.settings)})
+    settings = NetworkSettings(
+        **{"listen": args.listen, "peers": args.peers, "swarm": SWARM, **json.loads(args.settings)}
+    )
     send, incoming = trio.open_memory_channel(4096)
     if args.groups_file is not None:
         from sapo.training.rollouts import QuestionGroup
@@ -108,8 +117,15 @@ async def peer_main(args: argparse.Namespace) -> None:
 
     async def report() -> None:
         while True:
-            emit(ev="state", cpu=time.process_time(), reachability=service.reachability, relaying=service.relaying,
-                 relayed=service.relayed_addrs, conns=connection_kinds(service), counters=service.counters)
+            emit(
+                ev="state",
+                cpu=time.process_time(),
+                reachability=service.reachability,
+                relaying=service.relaying,
+                relayed=service.relayed_addrs,
+                conns=connection_kinds(service),
+                counters=service.counters,
+            )
             await trio.sleep(args.state_seconds)
 
     async def publish() -> None:
@@ -138,8 +154,14 @@ async def peer_main(args: argparse.Namespace) -> None:
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_network(settings, key_pair, send) as service, trio.open_nursery() as nursery:
-            node = BenchNode(index=args.index, peer_id=peer_id_of(key_pair), service=service,
-                             groups=groups, incoming=incoming, rg_version=reasoning_gym_version())
+            node = BenchNode(
+                index=args.index,
+                peer_id=peer_id_of(key_pair),
+                service=service,
+                groups=groups,
+                incoming=incoming,
+                rg_version=reasoning_gym_version(),
+            )
             emit(ev="up", peer_id=service.peer_id, listen=service.listen_addrs)
             nursery.start_soon(receive)
             nursery.start_soon(report)
@@ -165,11 +187,25 @@ class PeerProcess:
     `script` runs another program with the same command line and event lines instead
     (tests/hardening/standard_peer.py: a standard libp2p peer)."""
 
-    def __init__(self, name: str, data_dir: Path, *, prefix: list[str] = (), listen: str = "/ip4/0.0.0.0/tcp/4001",
-                 peers: list[str] = (), settings: dict | None = None, rate: float = 0.5,
-                 publish_at: float | None = None, index: int = 0, log_dir: Path | None = None,
-                 groups_file: Path | None = None, publish_seconds: float | None = None, wait_go: bool = False,
-                 state_seconds: float | None = None, script: Path = BENCH / "gossip_peer.py"):
+    def __init__(
+        self,
+        name: str,
+        data_dir: Path,
+        *,
+        prefix: list[str] = (),
+        listen: str = "/ip4/0.0.0.0/tcp/4001",
+        peers: list[str] = (),
+        settings: dict | None = None,
+        rate: float = 0.5,
+        publish_at: float | None = None,
+        index: int = 0,
+        log_dir: Path | None = None,
+        groups_file: Path | None = None,
+        publish_seconds: float | None = None,
+        wait_go: bool = False,
+        state_seconds: float | None = None,
+        script: Path = BENCH / "gossip_peer.py",
+    ):
         self.name = name
         self.events: list[dict] = []
         self._buffer = b""
@@ -178,10 +214,23 @@ class PeerProcess:
         self.events_path = log_dir / f"{name}.events.jsonl"
         self.events_path.write_bytes(b"")
         self._events_file = open(self.events_path, "rb")
-        cmd = [*prefix, sys.executable, str(script), "--data-dir", str(data_dir),
-               "--events", str(self.events_path),
-               "--listen", listen, "--rate", str(rate), "--index", str(index),
-               "--settings", json.dumps(settings or {})]
+        cmd = [
+            *prefix,
+            sys.executable,
+            str(script),
+            "--data-dir",
+            str(data_dir),
+            "--events",
+            str(self.events_path),
+            "--listen",
+            listen,
+            "--rate",
+            str(rate),
+            "--index",
+            str(index),
+            "--settings",
+            json.dumps(settings or {}),
+        ]
         if peers:
             cmd += ["--peers", *peers]
         if publish_at is not None:

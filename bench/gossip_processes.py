@@ -20,7 +20,6 @@ from functools import partial
 from pathlib import Path
 
 import trio
-
 from gossip_groups import build_groups
 from gossip_swarm import BenchNode, Totals, gossip_settings, publish_rounds
 
@@ -38,8 +37,8 @@ def child_main(args: argparse.Namespace) -> int:
 
 async def _child(args: argparse.Namespace) -> None:
     from sapo.protocol.codec import DecodeLimits, Rejected, decode
-    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
+    from sapo.protocol.network import serve_network
     from sapo.training.rollouts import QuestionGroup
     from sapo.training.tasks import reasoning_gym_version
 
@@ -65,8 +64,14 @@ async def _child(args: argparse.Namespace) -> None:
     async with trio.open_nursery() as nursery:
         settings = gossip_settings(args, peers, args.discover_peers > 0)
         service = await nursery.start(partial(serve_network, settings, key_pair, send))
-        node = BenchNode(index=index, peer_id=peer_id_of(key_pair), service=service, groups=groups,
-                         incoming=incoming, rg_version=reasoning_gym_version())
+        node = BenchNode(
+            index=index,
+            peer_id=peer_id_of(key_pair),
+            service=service,
+            groups=groups,
+            incoming=incoming,
+            rg_version=reasoning_gym_version(),
+        )
         print(f"listening {service.listen_addrs[0]}", flush=True)
         nursery.start_soon(record_receipts)
         while not service.connected_peers():
@@ -124,10 +129,26 @@ def run_processes(args: argparse.Namespace, discover: bool) -> dict:
     """N child processes in a star (or chain) on 127.0.0.1; their records are merged here."""
     phases: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sapo-bench-gossip-") as tmp:
-        common = [sys.executable, str(GOSSIP_SCRIPT), "--child-dir", tmp, "--nodes", str(args.nodes),
-                  "--seconds", str(args.seconds), "--groups-per-round", str(args.groups_per_round),
-                  "--round-seconds", str(args.round_seconds), "--drain-seconds", str(args.drain_seconds),
-                  "--seed", str(args.seed), "--discover-peers", str(args.discover_peers if discover else 0)]
+        common = [
+            sys.executable,
+            str(GOSSIP_SCRIPT),
+            "--child-dir",
+            tmp,
+            "--nodes",
+            str(args.nodes),
+            "--seconds",
+            str(args.seconds),
+            "--groups-per-round",
+            str(args.groups_per_round),
+            "--round-seconds",
+            str(args.round_seconds),
+            "--drain-seconds",
+            str(args.drain_seconds),
+            "--seed",
+            str(args.seed),
+            "--discover-peers",
+            str(args.discover_peers if discover else 0),
+        ]
         started = time.monotonic()
         for i in range(args.nodes):
             pool = [group.model_dump(mode="json") for group in build_groups(i, args.seed)]
@@ -143,8 +164,13 @@ def run_processes(args: argparse.Namespace, discover: bool) -> dict:
 
             def start(i: int) -> LineReader:
                 bootstrap = [] if i == 0 else ["--bootstrap", addresses[0 if args.topology == "star" else i - 1]]
-                proc = subprocess.Popen([*common, "--child", str(i), *bootstrap], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=logs[i], bufsize=0)
+                proc = subprocess.Popen(
+                    [*common, "--child", str(i), *bootstrap],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=logs[i],
+                    bufsize=0,
+                )
                 children.append(proc)
                 readers.append(LineReader(proc))
                 return readers[-1]
@@ -154,8 +180,9 @@ def run_processes(args: argparse.Namespace, discover: bool) -> dict:
             if args.topology == "star":
                 for i in range(1, args.nodes):
                     start(i)
-                addresses += [reader.line(deadline, f"node {i} to listen").split()[1]
-                              for i, reader in enumerate(readers[1:], 1)]
+                addresses += [
+                    reader.line(deadline, f"node {i} to listen").split()[1] for i, reader in enumerate(readers[1:], 1)
+                ]
             else:
                 for i in range(1, args.nodes):
                     addresses.append(start(i).line(deadline, f"node {i} to listen").split()[1])
@@ -167,8 +194,12 @@ def run_processes(args: argparse.Namespace, discover: bool) -> dict:
                     tail = Path(logs[i].name).read_text()[-3000:]
                     raise TimeoutError(f"{error}; its log ends:\n{tail}") from None
             phases["start+connect s"] = time.monotonic() - started
-            print(f"{args.nodes} node processes connected in {phases['start+connect s']:.1f} s; publishing for "
-                  f"{args.seconds:g} s after {args.settle_seconds:g} s to settle", file=sys.stderr, flush=True)
+            print(
+                f"{args.nodes} node processes connected in {phases['start+connect s']:.1f} s; publishing for "
+                f"{args.seconds:g} s after {args.settle_seconds:g} s to settle",
+                file=sys.stderr,
+                flush=True,
+            )
             go = time.time() + args.settle_seconds
             for proc in children:
                 proc.stdin.write(f"go {go}\n".encode())

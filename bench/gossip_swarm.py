@@ -18,7 +18,6 @@ from functools import partial
 from pathlib import Path
 
 import trio
-
 from gossip_groups import build_groups
 
 SWARM = "bench"
@@ -112,14 +111,15 @@ async def publish_rounds(node: BenchNode, args: argparse.Namespace, totals: Tota
 def gossip_settings(args: argparse.Namespace, peers: list[str], discover: bool):
     from sapo.protocol.settings import NetworkSettings
 
-    return NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM,
-                          discover_peers=args.discover_peers if discover else 0)
+    return NetworkSettings(
+        listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM, discover_peers=args.discover_peers if discover else 0
+    )
 
 
 async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
     from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
+    from sapo.protocol.network import serve_network
     from sapo.training.tasks import reasoning_gym_version
 
     limits = DecodeLimits()
@@ -161,8 +161,11 @@ async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
                 while not all(node.service.connected_peers() for node in nodes):
                     await trio.sleep(0.05)
             phases["connect s"] = time.monotonic() - started
-            print(f"{args.nodes} nodes connected in {phases['connect s']:.1f} s; publishing for {args.seconds:g} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{args.nodes} nodes connected in {phases['connect s']:.1f} s; publishing for {args.seconds:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
             await trio.sleep(args.settle_seconds)  # a few heartbeats: the mesh forms
 
             cpu0, wall0 = time.process_time(), time.monotonic()

@@ -36,11 +36,26 @@ sys.path.insert(0, str(ROOT))  # for tests.protocol.strategies when run as a scr
 LISTEN = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/(\w+))")
 INBOX_CAP = 512  # the node's --inbox-max-groups: the flood must not fill it past this
 WARM_ROUNDS = 5  # rounds the node trains on external groups before the flood starts
-TINY = ["--model", "tiny", "--tasks", "basic_arithmetic", "--max-new-tokens", "24", "--generations", "4",
-        "--warm-start-steps", "0", "--torch-threads", "1", "--listen", "/ip4/127.0.0.1/tcp/0"]
+TINY = [
+    "--model",
+    "tiny",
+    "--tasks",
+    "basic_arithmetic",
+    "--max-new-tokens",
+    "24",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
+    "--torch-threads",
+    "1",
+    "--listen",
+    "/ip4/127.0.0.1/tcp/0",
+]
 
 
 # --- flood ------------------------------------------------------------------------------------
+
 
 @dataclass
 class FloodReport:
@@ -123,9 +138,30 @@ def start_victim(data: Path, log) -> subprocess.Popen:
     # round to round, and the allocator's growth for each new shape (+130-200 MB against +60-100
     # fixed, measured) would read as memory the flood took.
     return subprocess.Popen(
-        [sys.executable, "-m", "sapo.node.cli", "start", *TINY, "--local", "2", "--external", "2", "--balance", "fixed", "--sampler",
-         "uniform", "--rounds", "0", "--inbox-max-groups", str(INBOX_CAP), "--data-dir", str(data)],
-        stdout=subprocess.PIPE, stderr=log, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            "start",
+            *TINY,
+            "--local",
+            "2",
+            "--external",
+            "2",
+            "--balance",
+            "fixed",
+            "--sampler",
+            "uniform",
+            "--rounds",
+            "0",
+            "--inbox-max-groups",
+            str(INBOX_CAP),
+            "--data-dir",
+            str(data),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
     )
 
 
@@ -150,8 +186,9 @@ def group_maker():
 
     def group(i: int) -> QuestionGroup:
         p = problems[i % len(problems)]
-        return QuestionGroup(problem=p, completions=[f"<answer>{p.answer}</answer>", f"<answer>{i}</answer>"],
-                             rewards=[1.0, 0.0])
+        return QuestionGroup(
+            problem=p, completions=[f"<answer>{p.answer}</answer>", f"<answer>{i}</answer>"], rewards=[1.0, 0.0]
+        )
 
     return group
 
@@ -165,8 +202,8 @@ def attacker_and_honest(address: str) -> dict:
     from libp2p.crypto.ed25519 import create_new_key_pair
 
     from sapo.node.core.exchange import GroupEncoder
-    from sapo.protocol.network import serve_network
     from sapo.protocol.identity import peer_id_of
+    from sapo.protocol.network import serve_network
     from sapo.protocol.settings import NetworkSettings
     from sapo.training.tasks import reasoning_gym_version
 
@@ -175,8 +212,9 @@ def attacker_and_honest(address: str) -> dict:
         key = create_new_key_pair(bytes([seed]) * 32)
         send, _receive = trio.open_memory_channel(10_000)
         service = partial(serve_network, NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address]), key, send)
-        encoder = GroupEncoder(peer_id=peer_id_of(key), swarm="default", model_id=name,
-                               rg_version=reasoning_gym_version())
+        encoder = GroupEncoder(
+            peer_id=peer_id_of(key), swarm="default", model_id=name, rg_version=reasoning_gym_version()
+        )
         peers[name] = (service, encoder, peer_id_of(key), _receive)
     return peers
 
@@ -246,7 +284,9 @@ async def flood_node(address: str, data: Path, node_ps, seconds: float, rate: fl
     group = group_maker()
     load = Load()
     async with trio.open_nursery() as nursery:
-        peers = {name: (await nursery.start(task), *rest) for name, (task, *rest) in attacker_and_honest(address).items()}
+        peers = {
+            name: (await nursery.start(task), *rest) for name, (task, *rest) in attacker_and_honest(address).items()
+        }
         with trio.fail_after(30):
             while not all(s.connected_peers() for s, *_ in peers.values()):
                 await trio.sleep(0.2)
@@ -255,10 +295,14 @@ async def flood_node(address: str, data: Path, node_ps, seconds: float, rate: fl
         honest, h_enc, honest_id, _ = peers["honest"]
         await warm_up(honest, h_enc, group, data)
         rows = _read_metrics(data)
-        measured = {"flooder_id": flooder_id, "honest_id": honest_id, "load": load,
-                    "rss_before_mb": node_ps.memory_info().rss / 2**20,
-                    "rounds_before": max((r["round"] for r in rows), default=0),
-                    "honest_before": rows[-1]["accepted_from"].get(honest_id, 0)}
+        measured = {
+            "flooder_id": flooder_id,
+            "honest_id": honest_id,
+            "load": load,
+            "rss_before_mb": node_ps.memory_info().rss / 2**20,
+            "rounds_before": max((r["round"] for r in rows), default=0),
+            "honest_before": rows[-1]["accepted_from"].get(honest_id, 0),
+        }
         flooder.pubsub.router.spam_protection_enabled = False  # a hostile client ignores its own limit
         nursery.start_soon(watch_inbox, data, load)
         t0, measured["wall0"] = trio.current_time(), time.time()
@@ -282,18 +326,28 @@ def flood_report(measured: dict, data: Path, log_text: str, node_ps, node_alive:
     banned_at = _logged_at(log_text, f"banned peer {flooder_id}")
     disconnected_at = _logged_at(log_text, f"dropped the connection to banned peer {flooder_id}")
     return FloodReport(
-        seconds=measured["seconds"], attempted=load.counts["attempted"], flooder_published=load.counts["flooder_published"],
-        honest_published=load.counts["honest_published"], rss_before_mb=measured["rss_before_mb"],
-        rss_after_mb=node_ps.memory_info().rss / 2**20, inbox_size=last["inbox_size"], inbox_cap=INBOX_CAP,
+        seconds=measured["seconds"],
+        attempted=load.counts["attempted"],
+        flooder_published=load.counts["flooder_published"],
+        honest_published=load.counts["honest_published"],
+        rss_before_mb=measured["rss_before_mb"],
+        rss_after_mb=node_ps.memory_info().rss / 2**20,
+        inbox_size=last["inbox_size"],
+        inbox_cap=INBOX_CAP,
         inbox_peak=max(load.inbox_peak, last["inbox_size"]),
         honest_accepted=last["accepted_from"].get(measured["honest_id"], 0) - measured["honest_before"],
-        flooder_accepted=last["accepted_from"].get(flooder_id, 0), node_received=last["received"],
-        transport=last["transport"], rejected=last["rejected"],
-        rate_limited_warnings=log_text.count("Rate limit exceeded"), flooder_still_connected=measured["still_connected"],
-        node_alive=node_alive, rounds_during=last["round"] - measured["rounds_before"],
+        flooder_accepted=last["accepted_from"].get(flooder_id, 0),
+        node_received=last["received"],
+        transport=last["transport"],
+        rejected=last["rejected"],
+        rate_limited_warnings=log_text.count("Rate limit exceeded"),
+        flooder_still_connected=measured["still_connected"],
+        node_alive=node_alive,
+        rounds_during=last["round"] - measured["rounds_before"],
         banned_after=None if banned_at is None else banned_at - wall0,
         flooder_disconnected_after=None if disconnected_at is None else disconnected_at - wall0,
-        peers_banned=transport.get("peers_banned", 0), node_rate_limited=transport.get("rate_limited", 0),
+        peers_banned=transport.get("peers_banned", 0),
+        node_rate_limited=transport.get("rate_limited", 0),
         node_refused_banned=transport.get("banned", 0),
         redials_refused=log_text.count(f"refusing peer {flooder_id}: banned"),
     )

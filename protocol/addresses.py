@@ -28,6 +28,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from multiaddr.resolvers import DNSResolver
 
 from sapo.protocol.settings import NAME_PROTOCOLS, AddressError, peer_address_shape  # noqa: F401 - AddressError for callers
+
 # A /dnsaddr may list a whole bootstrap fleet; more than this many peers (or addresses per
 # peer) is not a bootstrap list but an attempt to make us dial the world.
 MAX_PEERS_PER_DNSADDR = 16

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
 from libp2p.identity.identify.identify import ID as IDENTIFY
@@ -124,7 +125,9 @@ class PeerAgents:
         with trio.move_on_after(ASK_TIMEOUT_SECONDS):
             try:
                 stream = await self.host.new_stream(peer, [IDENTIFY])
-                data = await read_length_prefixed_protobuf(stream, use_varint_format=True, max_length=MAX_IDENTIFY_BYTES)
+                data = await read_length_prefixed_protobuf(
+                    stream, use_varint_format=True, max_length=MAX_IDENTIFY_BYTES
+                )
                 message = Identify()
                 message.ParseFromString(data)
                 return "".join(c for c in message.agent_version[:MAX_AGENT_CHARS] if c.isprintable()) or "(none)"

@@ -13,8 +13,9 @@ because cross-field rules like min <= max must also hold for keys the sender lef
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sapo.protocol.messages import Rejected, RejectReason
 
@@ -263,9 +264,7 @@ def check_problem_spec(spec: Any) -> None:
     dataset = spec.dataset
     if not isinstance(dataset, str) or dataset not in RULES:
         name = dataset[:64] if isinstance(dataset, str) else type(dataset).__name__
-        raise _reject(
-            RejectReason.unknown_dataset, f"dataset {name!r} is not allowed; allowed: {', '.join(RULES)}"
-        )
+        raise _reject(RejectReason.unknown_dataset, f"dataset {name!r} is not allowed; allowed: {', '.join(RULES)}")
     for field, hi in (("seed", 2**63), ("index", 2**31)):
         value = getattr(spec, field)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < hi:

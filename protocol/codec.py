@@ -24,17 +24,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sapo.protocol.allowlist import check_problem_spec
 from sapo.protocol.messages import (
     LOGPROBS_SCHEMA_VERSION,
+    SCHEMA_VERSION,
     BehaviorLogprobs,
     GroupLogprobs,
-    WireProblemSpec,
-    SCHEMA_VERSION,
     Rejected,
     RejectReason,
     RolloutGroup,
     SharedLogprobs,
+    WireProblemSpec,
 )
 
-__all__ = ["DecodeLimits", "Rejected", "RejectReason", "decode", "decode_logprobs", "encode", "encode_logprobs", "group_digest"]
+__all__ = [
+    "DecodeLimits",
+    "Rejected",
+    "RejectReason",
+    "decode",
+    "decode_logprobs",
+    "encode",
+    "encode_logprobs",
+    "group_digest",
+]
 
 RAW = 0x00
 ZLIB = 0x01
@@ -56,18 +65,14 @@ class DecodeLimits(BaseModel):
     max_completion_chars: int = Field(default=16_384, gt=0, description="max chars per completion")
     max_question_chars: int = Field(default=8_192, gt=0, description="max chars in the question")
     max_answer_chars: int = Field(default=4_096, gt=0, description="max chars in the answer key")
-    max_metadata_bytes: int = Field(
-        default=16_384, gt=0, description="max msgpack size of the metadata map"
-    )
+    max_metadata_bytes: int = Field(default=16_384, gt=0, description="max msgpack size of the metadata map")
     max_string_chars: int = Field(
         default=256,
         gt=0,
         description="max chars of short strings: sender, swarm, model_id, versions, dataset",
     )
     max_nesting: int = Field(default=8, gt=0, description="max list/map depth inside metadata or config")
-    max_container_items: int = Field(
-        default=4_096, gt=0, description="max entries in any one msgpack array or map"
-    )
+    max_container_items: int = Field(default=4_096, gt=0, description="max entries in any one msgpack array or map")
 
 
 def _canonical(value: Any) -> Any:
@@ -95,7 +100,9 @@ def encode(msg: RolloutGroup, compress: bool = True) -> bytes:
     (and, when compressed, a given zlib build: pin golden bytes on compress=False)."""
     # an optional field that is absent leaves no trace in the frame, so frames without it are
     # byte for byte what they were before it existed (the golden file pins that)
-    return _frame(canonical_json(msg.model_dump(mode="json", exclude={"behavior"} if msg.behavior is None else None)), compress)
+    return _frame(
+        canonical_json(msg.model_dump(mode="json", exclude={"behavior"} if msg.behavior is None else None)), compress
+    )
 
 
 def encode_logprobs(msg: SharedLogprobs, compress: bool = True) -> bytes:
@@ -107,7 +114,11 @@ def group_digest(msg: RolloutGroup) -> bytes:
     """What a group is: its author, its problem and its completions. Nothing of the envelope
     (timestamp, round, model name, the sender's own rewards) takes part, so changing it makes no
     new group. SharedLogprobs names groups by this digest (hex)."""
-    content = {"sender": msg.sender, "problem": msg.problem.model_dump(mode="json"), "completions": list(msg.completions)}
+    content = {
+        "sender": msg.sender,
+        "problem": msg.problem.model_dump(mode="json"),
+        "completions": list(msg.completions),
+    }
     return hashlib.sha256(canonical_json(content)).digest()
 
 
@@ -131,9 +142,7 @@ def _payload(frame: bytes, limits: DecodeLimits) -> bytes:
     if not frame:
         raise Rejected(RejectReason.bad_frame, "empty frame")
     if len(frame) > limits.max_message_bytes:
-        raise Rejected(
-            RejectReason.oversized, f"frame is {len(frame)} bytes, limit {limits.max_message_bytes}"
-        )
+        raise Rejected(RejectReason.oversized, f"frame is {len(frame)} bytes, limit {limits.max_message_bytes}")
     header, body = frame[0], frame[1:]
     if header == RAW:
         return body
@@ -146,15 +155,11 @@ def _payload(frame: bytes, limits: DecodeLimits) -> bytes:
     except zlib.error as exc:
         raise Rejected(RejectReason.bad_compression, str(exc)[:120]) from None
     if len(payload) > limits.max_message_bytes:
-        raise Rejected(
-            RejectReason.oversized, f"decompressed payload exceeds {limits.max_message_bytes} bytes"
-        )
+        raise Rejected(RejectReason.oversized, f"decompressed payload exceeds {limits.max_message_bytes} bytes")
     if not inflater.eof:
         raise Rejected(RejectReason.bad_compression, "truncated zlib stream")
     if inflater.unused_data:
-        raise Rejected(
-            RejectReason.bad_compression, f"{len(inflater.unused_data)} bytes after the zlib stream"
-        )
+        raise Rejected(RejectReason.bad_compression, f"{len(inflater.unused_data)} bytes after the zlib stream")
     return payload
 
 
@@ -246,7 +251,8 @@ def _check_unknown(obj: dict, known: frozenset[str], limits: DecodeLimits, where
     for name, value in obj.items():
         if name not in known and _depth(value) > limits.max_nesting:
             raise Rejected(
-                RejectReason.too_deep, f"unknown field {where}{_short(str(name), 32)} is nested deeper than {limits.max_nesting}"
+                RejectReason.too_deep,
+                f"unknown field {where}{_short(str(name), 32)} is nested deeper than {limits.max_nesting}",
             )
 
 
@@ -308,7 +314,8 @@ def decode_logprobs(frame: bytes, limits: DecodeLimits) -> SharedLogprobs:
         raise Rejected(RejectReason.bad_schema, "schema_version missing or not an int")
     if version != LOGPROBS_SCHEMA_VERSION:
         raise Rejected(
-            RejectReason.unknown_schema_version, f"logprobs schema_version {version}, this node reads {LOGPROBS_SCHEMA_VERSION}"
+            RejectReason.unknown_schema_version,
+            f"logprobs schema_version {version}, this node reads {LOGPROBS_SCHEMA_VERSION}",
         )
     _check_unknown(obj, _LOGPROBS_FIELDS, limits, "")
     groups = obj.get("groups")
@@ -326,7 +333,9 @@ def decode_logprobs(frame: bytes, limits: DecodeLimits) -> SharedLogprobs:
         raise _schema_error(exc) from None
     for name, text in (("sender", msg.sender), ("swarm", msg.swarm)):
         if len(text) > limits.max_string_chars:
-            raise Rejected(RejectReason.field_too_long, f"{name} has {len(text)} chars, limit {limits.max_string_chars}")
+            raise Rejected(
+                RejectReason.field_too_long, f"{name} has {len(text)} chars, limit {limits.max_string_chars}"
+            )
     for entry in msg.groups:
         if len(entry.behavior.token_logprobs) > limits.max_completions:
             raise Rejected(

@@ -4,7 +4,8 @@ one `--peers` entry connected for as long as the node runs."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 from libp2p.peer.id import ID
@@ -97,8 +98,16 @@ class BootstrapKeeper:
     """Keeps `--peers` entries connected; the network (network.py) owns the host and decides whom
     it refuses (`refusal`: allow list, bans)."""
 
-    def __init__(self, host: Any, settings: NetworkSettings, my_id: ID, refusal: Callable[[ID], str | None],
-                 relay: RelayService | None, count: Callable[..., None], bootstrap_ids: set[ID]) -> None:
+    def __init__(
+        self,
+        host: Any,
+        settings: NetworkSettings,
+        my_id: ID,
+        refusal: Callable[[ID], str | None],
+        relay: RelayService | None,
+        count: Callable[..., None],
+        bootstrap_ids: set[ID],
+    ) -> None:
         self.host = host
         self.settings = settings
         self.my_id = my_id
@@ -142,8 +151,11 @@ class BootstrapKeeper:
                 logger.info("bootstrap address %s is this node; skipping", address)
                 return
             self.bootstrap_ids.update(i.peer_id for i in infos if i.peer_id != self.my_id)
-            missing = [i for i in infos if i.peer_id != self.my_id and self.refusal(i.peer_id) is None
-                       and not is_connected(network, i.peer_id)]
+            missing = [
+                i
+                for i in infos
+                if i.peer_id != self.my_id and self.refusal(i.peer_id) is None and not is_connected(network, i.peer_id)
+            ]
             errors: list[BaseException] = []
 
             async def dial_one(info: PeerInfo) -> None:

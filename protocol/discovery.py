@@ -35,7 +35,8 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import multiaddr
 import trio
@@ -196,7 +197,10 @@ class PeerDiscovery:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
         peer = stream.muxed_conn.peer_id
         now = self.clock()
-        busy = self._serving >= MAX_CONCURRENT_SERVES or now - self._last_served.get(peer, -1e9) < MIN_SERVE_INTERVAL_SECONDS
+        busy = (
+            self._serving >= MAX_CONCURRENT_SERVES
+            or now - self._last_served.get(peer, -1e9) < MIN_SERVE_INTERVAL_SECONDS
+        )
         if busy or not self.may_dial(peer):
             self.count("discovery_refused")
             await _reset(stream)

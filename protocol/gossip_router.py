@@ -4,7 +4,8 @@ and the NAT traversal services (AutoNAT-style reachability, circuit relay). One 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
@@ -102,8 +103,10 @@ def nat_services(
         may_use=may_use,
         count=count,
         on_addrs_changed=on_addrs_changed,
-        budget=RelayBudget(max_circuits=settings.relay_max_circuits,
-                           bytes_per_second=settings.relay_max_bytes_per_second,
-                           bytes_per_hour=settings.relay_max_bytes_per_hour),
+        budget=RelayBudget(
+            max_circuits=settings.relay_max_circuits,
+            bytes_per_second=settings.relay_max_bytes_per_second,
+            bytes_per_hour=settings.relay_max_bytes_per_hour,
+        ),
     )
     return reachability, relay

@@ -21,16 +21,17 @@ Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import multiaddr
 from libp2p import new_swarm
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.host.basic_host import BasicHost
 from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import RetryConfig
-from libp2p.rcmgr import new_resource_manager
-from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.peer.id import ID
+from libp2p.rcmgr import new_resource_manager
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID

@@ -11,8 +11,7 @@ import os
 import pathlib
 import stat
 
-from libp2p.crypto.ed25519 import Ed25519PrivateKey
-from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.ed25519 import Ed25519PrivateKey, create_new_key_pair
 from libp2p.crypto.keys import KeyPair, KeyType
 from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.peer.id import ID

@@ -46,7 +46,7 @@ _BASE58 = r"^[1-9A-HJ-NP-Za-km-z]+$"
 _ID = r"^[0-9a-f]{16,64}$"
 
 
-class WireErrorReason(str, enum.Enum):
+class WireErrorReason(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() of a member, which logs and messages show
     """Why a judge frame was refused; the judge counts one per value."""
 
     oversized = "oversized"  # declared length over max_frame_bytes

@@ -35,7 +35,7 @@ _BASE58 = r"^[1-9A-HJ-NP-Za-km-z]+$"
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
-class RejectReason(str, enum.Enum):
+class RejectReason(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() of a member, which logs and messages show
     """Why an inbound message was dropped. One metrics counter per value.
 
     Defined once here so that every layer (codec, verifier, gossip, inbox) counts the same way.
@@ -172,17 +172,18 @@ class RolloutGroup(BaseModel):
     # Read, never written: release 0.2.0 put the shared log-probs here, under v1, and release 0.1.0
     # refuses a frame that holds it. This release sends them as SharedLogprobs instead.
     behavior: BehaviorLogprobs | None = Field(
-        default=None, description="optional, read only: the sender's token log-probabilities, as release 0.2.0 sent them"
+        default=None,
+        description="optional, read only: the sender's token log-probabilities, as release 0.2.0 sent them",
     )
 
     @model_validator(mode="after")
     def _rewards_match_completions(self) -> RolloutGroup:
         if len(self.sender_rewards) != len(self.completions):
-            raise ValueError(
-                f"{len(self.completions)} completions but {len(self.sender_rewards)} sender_rewards"
-            )
+            raise ValueError(f"{len(self.completions)} completions but {len(self.sender_rewards)} sender_rewards")
         if self.behavior is not None and len(self.behavior.token_logprobs) != len(self.completions):
-            raise ValueError(f"{len(self.completions)} completions but {len(self.behavior.token_logprobs)} behavior rows")
+            raise ValueError(
+                f"{len(self.completions)} completions but {len(self.behavior.token_logprobs)} behavior rows"
+            )
         return self
 
 
@@ -221,7 +222,9 @@ class GroupLogprobs(BaseModel):
 
     model_config = _WIRE
 
-    group: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the group's author, problem and completions, hex")
+    group: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the group's author, problem and completions, hex"
+    )
     behavior: BehaviorLogprobs
 
 

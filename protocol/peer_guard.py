@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # Score at or below which a peer is banned. With RECOVERY_PER_SECOND = 1 a peer may run at most
 # one point a second in deficit forever; 100 points is 100 s of slack for bursts and slips.

@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID
 from libp2p.peer.id import ID
@@ -71,8 +72,13 @@ class PeerProtocols:
     `lacks(peer, protocol)` before asking; `refused(peer, protocol, error)` after a failed ask
     (True when the failure was the peer lacking it, which is then remembered)."""
 
-    def __init__(self, host: Any, count: Callable[[str], None], max_remembered: int = MAX_REMEMBERED,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        host: Any,
+        count: Callable[[str], None],
+        max_remembered: int = MAX_REMEMBERED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.host = host
         self.count = count
         self.max_remembered = max_remembered

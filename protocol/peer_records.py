@@ -203,8 +203,14 @@ def _frame(obj: dict) -> bytes:
 def _unpack(payload: bytes) -> dict:
     try:
         obj = msgpack.unpackb(
-            payload, raw=False, strict_map_key=True, max_bin_len=MAX_RECORD_BYTES, max_str_len=64,
-            max_array_len=RECORDS_PER_RESPONSE, max_map_len=MAX_FRAME_KEYS, max_ext_len=0,
+            payload,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=MAX_RECORD_BYTES,
+            max_str_len=64,
+            max_array_len=RECORDS_PER_RESPONSE,
+            max_map_len=MAX_FRAME_KEYS,
+            max_ext_len=0,
         )
     except Exception as error:  # noqa: BLE001 - msgpack raises several types on garbage
         raise BadRecord(f"not a bounded msgpack map ({type(error).__name__})") from None

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import trio
 from libp2p.host.exceptions import StreamFailure
@@ -69,9 +70,7 @@ class GuardedPubsub(Pubsub):
     def __init__(self, *args: Any, hooks: PubsubHooks, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.hooks = hooks
-        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def _refuse(self, peer_id: ID, reason: str, stream: Any = None) -> None:
         self.hooks.count(reason)
@@ -95,9 +94,7 @@ class GuardedPubsub(Pubsub):
         except Exception as error:  # hostile input must cost the sender, not this node
             self.hooks.count("malformed_frame")
             self.hooks.penalize(peer_id, "malformed_frame")
-            logger.warning(
-                "dropping peer %s: bad pubsub frame (%s: %s)", peer_id, type(error).__name__, error
-            )
+            logger.warning("dropping peer %s: bad pubsub frame (%s: %s)", peer_id, type(error).__name__, error)
             with trio.move_on_after(self.hooks.close_timeout):
                 try:
                     await stream.reset()

@@ -39,7 +39,8 @@ import ipaddress
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import multiaddr
 import trio
@@ -75,7 +76,7 @@ FIRST_CHECK_POLL_SECONDS = 1.0
 RETRY_ASK_SECONDS = 6.0
 
 
-class Reachability(str, enum.Enum):
+class Reachability(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() of a member, which logs and messages show
     unknown = "unknown"
     public = "public"
     private = "private"
@@ -160,8 +161,9 @@ class _DialBackAutoNAT(AutoNATService):
                 continue
             if ip is None or not 0 < port < 65536:
                 continue
-            if ip != observed_ip and not (ipaddress.ip_address(ip).is_unspecified
-                                          and ipaddress.ip_address(ip).version == observed.version):
+            if ip != observed_ip and not (
+                ipaddress.ip_address(ip).is_unspecified and ipaddress.ip_address(ip).version == observed.version
+            ):
                 continue  # the rule: never dial an IP other than the one the request came from
             family = "ip4" if observed.version == 4 else "ip6"
             candidate = multiaddr.Multiaddr(f"/{family}/{observed}/tcp/{port}").to_bytes()
@@ -301,9 +303,13 @@ class ReachabilityService:
         gave one is asked again after `interval`, one that could not after a few seconds."""
         now = self.clock()
         established = self.established_servers()
-        servers = [peer for peer in established
-                   if self.may_use(peer) and self._next_ask.get(peer, 0.0) <= now
-                   and (self.protocols is None or not self.protocols.lacks(peer, AUTONAT_PROTOCOL_ID))]
+        servers = [
+            peer
+            for peer in established
+            if self.may_use(peer)
+            and self._next_ask.get(peer, 0.0) <= now
+            and (self.protocols is None or not self.protocols.lacks(peer, AUTONAT_PROTOCOL_ID))
+        ]
         answered = 0
         for server in random.sample(servers, min(SERVERS_PER_CHECK, len(servers))):
             verdict = await self._ask(server)
@@ -336,8 +342,9 @@ class ReachabilityService:
 
     async def _ask(self, server: ID) -> bool | None:
         # Our listen addresses; the server dials their ports on the IP it sees us at.
-        addrs = [a.to_bytes() for a in self.host.get_transport_addrs()
-                 if "/p2p-circuit" not in str(a)][:MAX_DIALBACK_ADDRS]
+        addrs = [a.to_bytes() for a in self.host.get_transport_addrs() if "/p2p-circuit" not in str(a)][
+            :MAX_DIALBACK_ADDRS
+        ]
         try:
             status, _ = await self._autonat.query_server(server, addrs=addrs, timeout=QUERY_TIMEOUT_SECONDS)
         except Exception as error:  # noqa: BLE001 - no AutoNAT there, reset, timeout
@@ -360,7 +367,11 @@ class ReachabilityService:
         elif failures > successes:
             new = Reachability.private
         if new is not self.status:
-            logger.info("reachability: %s (%d of %d network groups' peers could dial us back)", new.value, successes,
-                        len(self._verdicts))
+            logger.info(
+                "reachability: %s (%d of %d network groups' peers could dial us back)",
+                new.value,
+                successes,
+                len(self._verdicts),
+            )
             self.status = new
             self.on_change(new)

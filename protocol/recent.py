@@ -12,7 +12,8 @@ while someone floods.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Generic, Hashable, TypeVar
+from collections.abc import Hashable
+from typing import Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -60,13 +61,16 @@ class RecentByAuthor(Generic[V]):
     def entries(self) -> list[tuple[Hashable, list[tuple[Hashable, V, float]]]]:
         """Every author's (key, value, stamp) entries, oldest first, and the authors in the order
         they came: both decide what is forgotten first, so a saved copy keeps them."""
-        return [(author, [(key, value, stamp) for key, (value, stamp) in entries.items()])
-                for author, entries in self._authors.items()]
+        return [
+            (author, [(key, value, stamp) for key, (value, stamp) in entries.items()])
+            for author, entries in self._authors.items()
+        ]
 
     def restore(self, saved: list[tuple[Hashable, list[tuple[Hashable, V, float]]]]) -> None:
         """Replace what is remembered by what `entries` gave (of a memory with the same bounds)."""
-        self._authors = {author: OrderedDict((key, (value, stamp)) for key, value, stamp in entries)
-                         for author, entries in saved}
+        self._authors = {
+            author: OrderedDict((key, (value, stamp)) for key, value, stamp in entries) for author, entries in saved
+        }
         self._size = sum(len(entries) for entries in self._authors.values())
 
     def _expire(self, author: Hashable, now: float) -> None:

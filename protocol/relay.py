@@ -32,8 +32,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import multiaddr
 import trio
@@ -121,8 +122,9 @@ class RelayService:
         self.count = count
         self.on_addrs_changed = on_addrs_changed
         self.clock = clock
-        self.protocol = GuardedRelayProtocol(host, limits=limits, allow_hop=False, may_use=may_use, count=count,
-                                             budget=budget)
+        self.protocol = GuardedRelayProtocol(
+            host, limits=limits, allow_hop=False, may_use=may_use, count=count, budget=budget
+        )
         # STOP only: we accept circuits; reservations are made here, not on every dial.
         self.transport = ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self.reachability = Reachability.unknown
@@ -161,8 +163,9 @@ class RelayService:
 
     def slots(self) -> RelaySlots:
         """What relayed links (relayed_links.py) may see of this service."""
-        return RelaySlots(holds=self.reservations.__contains__, lost=self.lost,
-                          relay_address=self.relay_address, cuts=self.cuts)
+        return RelaySlots(
+            holds=self.reservations.__contains__, lost=self.lost, relay_address=self.relay_address, cuts=self.cuts
+        )
 
     def relayed_addrs(self) -> list[multiaddr.Multiaddr]:
         """Our addresses through the relays we hold a slot on (without /p2p/<us>)."""
@@ -204,8 +207,11 @@ class RelayService:
     def _prune(self) -> bool:
         connected = set(direct_peers(self.host))
         now = self.clock()
-        gone = [relay for relay, r in self.reservations.items()
-                if relay not in connected or r.expires <= now or not self.may_use(relay)]
+        gone = [
+            relay
+            for relay, r in self.reservations.items()
+            if relay not in connected or r.expires <= now or not self.may_use(relay)
+        ]
         for relay in gone:
             logger.info("lost the relay slot on %s", relay)
             del self.reservations[relay]
@@ -242,8 +248,12 @@ class RelayService:
                 continue
             self.reservations[relay] = Reservation(relay, address, expires)
             self.count("relay_reserved")
-            logger.info("reserved a relay slot on %s: reachable at %s/p2p/%s", relay,
-                        self.reservations[relay].circuit, self.host.get_id())
+            logger.info(
+                "reserved a relay slot on %s: reachable at %s/p2p/%s",
+                relay,
+                self.reservations[relay].circuit,
+                self.host.get_id(),
+            )
             changed = True
         return changed
 
@@ -296,6 +306,7 @@ class RelayService:
         """Connect to `info.peer_id` through one of its /p2p-circuit addresses; None once
         connected, else what went wrong. The relay must pass `may_use` too."""
         error: BaseException | None = ConnectionError(f"no usable relayed address for {info.peer_id}")
+
         # In random order (every dialler taking the first one would pile all circuits on one
         # relay), relays that cut circuits early last.
         def cuts_of(address: multiaddr.Multiaddr) -> int:
@@ -337,7 +348,9 @@ def _is_ip_tcp(address: multiaddr.Multiaddr) -> bool:
 def _ip_tcp_part(address: multiaddr.Multiaddr) -> multiaddr.Multiaddr:
     """/ip4|ip6/<ip>/tcp/<port> alone (a protected connection's address also names the peer)."""
     names = [p.name for p in address.protocols()]
-    return multiaddr.Multiaddr(f"/{names[0]}/{address.value_for_protocol(names[0])}/tcp/{address.value_for_protocol('tcp')}")
+    return multiaddr.Multiaddr(
+        f"/{names[0]}/{address.value_for_protocol(names[0])}/tcp/{address.value_for_protocol('tcp')}"
+    )
 
 
 def relay_limits(*, reservations: int, circuits_per_peer: int, circuit_bytes: int, circuit_seconds: int) -> RelayLimits:

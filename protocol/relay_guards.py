@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import multiaddr
 import trio
@@ -60,8 +61,14 @@ class RelayBudget:
     buckets (a rate, which bounds the CPU it takes, and an hour's worth, which bounds the uplink).
     Pure bookkeeping, no I/O; the relay protocol acts on the verdicts."""
 
-    def __init__(self, *, max_circuits: int = RELAY_MAX_CIRCUITS, bytes_per_second: int = RELAY_BYTES_PER_SECOND,
-                 bytes_per_hour: int = RELAY_BYTES_PER_HOUR, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        max_circuits: int = RELAY_MAX_CIRCUITS,
+        bytes_per_second: int = RELAY_BYTES_PER_SECOND,
+        bytes_per_hour: int = RELAY_BYTES_PER_HOUR,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_circuits = max_circuits
         self.bytes_per_second = float(bytes_per_second)
         self.bytes_per_hour = float(bytes_per_hour)
@@ -107,8 +114,14 @@ class RelayBudget:
 class GuardedRelayProtocol(CircuitV2Protocol):
     """0.8.1's relay protocol, answering only peers the network accepts, within one budget."""
 
-    def __init__(self, *args: Any, may_use: Callable[[ID], bool], count: Callable[[str], None],
-                 budget: RelayBudget | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        may_use: Callable[[ID], bool],
+        count: Callable[[str], None],
+        budget: RelayBudget | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self._may_use = may_use
         self._count = count
@@ -160,9 +173,13 @@ class GuardedRelayProtocol(CircuitV2Protocol):
         refusal = self.budget.open_circuit()
         if refusal is not None:
             self._count(refusal)
-            await self._send_status(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED,
-                                    "relay busy: too many circuits" if refusal == "relay_refused_circuits"
-                                    else "relay busy: its relayed bytes are spent for now")
+            await self._send_status(
+                stream,
+                StatusCode.RESOURCE_LIMIT_EXCEEDED,
+                "relay busy: too many circuits"
+                if refusal == "relay_refused_circuits"
+                else "relay busy: its relayed bytes are spent for now",
+            )
             await stream.reset()
             return
         self._count("relay_circuits_served")
@@ -212,8 +229,14 @@ class GuardedRelayProtocol(CircuitV2Protocol):
             self._count("relay_circuits_limited")  # `_relay_data` is cutting a circuit at a limit
         await super()._send_status(stream, code, message, limit)
 
-    async def _relay_data(self, src_stream: Any, dst_stream: Any, peer_id: ID,
-                          deadline: float | None = None, circuit_data_limit: list[int] | None = None) -> None:
+    async def _relay_data(
+        self,
+        src_stream: Any,
+        dst_stream: Any,
+        peer_id: ID,
+        deadline: float | None = None,
+        circuit_data_limit: list[int] | None = None,
+    ) -> None:
         # The base class closes "the circuit of `peer_id`" when a direction ends, found by peer
         # id: with two circuits of one peer that is the other one's streams. Hand it a key it
         # holds nothing under, and close exactly this circuit's two streams instead.
@@ -235,7 +258,9 @@ class ProtectedCircuits(CircuitV2Transport):
     async def dial(self, maddr: multiaddr.Multiaddr) -> Any:  # type: ignore[override]
         relay_address, target = self.parse_circuit_ma(maddr)
         relay = ID.from_base58(relay_address.get_peer_id())
-        raw = await self.dial_peer_info(dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address]))
+        raw = await self.dial_peer_info(
+            dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address])
+        )
         psk = self.host.get_network().psk
         if psk is not None:
             raw = new_protected_conn(raw, psk)

@@ -32,8 +32,9 @@ import logging
 import random
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import multiaddr
 import trio

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 from typing import Literal
+
 import multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -87,7 +88,9 @@ def check_peer_address(address: str, what: str) -> str:
     """A `peers`-shaped address that names its peer (the judge's; a bootstrap may be a bare /dnsaddr)."""
     _, peer = peer_address_shape(address)
     if peer is None:
-        raise ValueError(f"{what} {address!r} has no /p2p/<peer id> part; e.g. /ip4/192.168.1.20/tcp/4101/p2p/{PEER_ID_EXAMPLE}")
+        raise ValueError(
+            f"{what} {address!r} has no /p2p/<peer id> part; e.g. /ip4/192.168.1.20/tcp/4101/p2p/{PEER_ID_EXAMPLE}"
+        )
     return address
 
 
@@ -128,7 +131,9 @@ class NetworkSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
 
-    listen: str = Field(default="/ip4/0.0.0.0/tcp/4001", description="multiaddr to listen on (TCP; port 0 = any free port)")
+    listen: str = Field(
+        default="/ip4/0.0.0.0/tcp/4001", description="multiaddr to listen on (TCP; port 0 = any free port)"
+    )
     peers: list[str] = Field(
         default_factory=list,
         description="bootstrap peers: /ip4|ip6|dns4|dns6|dns/<host>/tcp/<port>/p2p/<peer id>, or /dnsaddr/<name> "
@@ -136,7 +141,9 @@ class NetworkSettings(BaseModel):
         "every dial, and each peer is redialled with back-off until connected, and again whenever it drops",
     )
     swarm: str = Field(
-        default="default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="swarm name; the topic is sapo/<swarm>/rollouts/1"
+        default="default",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="swarm name; the topic is sapo/<swarm>/rollouts/1",
     )
     swarm_key: Path | None = Field(
         default=None,
@@ -171,12 +178,21 @@ class NetworkSettings(BaseModel):
         default=60.0, ge=0, description="...but no longer than this; then train alone and let peers join later"
     )
     heartbeat_seconds: float = Field(
-        default=1.0, gt=0, le=60, description="GossipSub heartbeat (py-libp2p's default of 120 s makes the mesh react very slowly)"
+        default=1.0,
+        gt=0,
+        le=60,
+        description="GossipSub heartbeat (py-libp2p's default of 120 s makes the mesh react very slowly)",
     )
     mesh_degree: int = Field(default=6, ge=1, le=64, description="GossipSub D: mesh links kept per node")
-    mesh_degree_low: int = Field(default=4, ge=0, le=64, description="GossipSub D_low: below this many mesh links, graft more")
-    mesh_degree_high: int = Field(default=12, ge=1, le=128, description="GossipSub D_high: above this many mesh links, prune")
-    dial_backoff_initial: float = Field(default=1.0, gt=0, description="first delay (s) before redialling a bootstrap peer")
+    mesh_degree_low: int = Field(
+        default=4, ge=0, le=64, description="GossipSub D_low: below this many mesh links, graft more"
+    )
+    mesh_degree_high: int = Field(
+        default=12, ge=1, le=128, description="GossipSub D_high: above this many mesh links, prune"
+    )
+    dial_backoff_initial: float = Field(
+        default=1.0, gt=0, description="first delay (s) before redialling a bootstrap peer"
+    )
     dial_backoff_max: float = Field(default=10.0, gt=0, description="cap (s) on the exponential redial delay")
     close_timeout_seconds: float = Field(
         default=5.0, gt=0, description="bound on closing the host at shutdown (close() can hang on a crashed peer)"
@@ -263,6 +279,7 @@ class NetworkSettings(BaseModel):
         description="upgrade relayed connections to direct ones by hole punching (DCUtR); the relayed connection "
         "is closed a minute after the direct one is up",
     )
+
     @property
     def topic(self) -> str:
         return rollout_topic(self.swarm)
@@ -298,7 +315,7 @@ class NetworkSettings(BaseModel):
         return path
 
     @model_validator(mode="after")
-    def _consistent(self) -> "NetworkSettings":
+    def _consistent(self) -> NetworkSettings:
         if not self.mesh_degree_low <= self.mesh_degree <= self.mesh_degree_high:
             raise ValueError(
                 f"mesh degrees must satisfy mesh_degree_low ({self.mesh_degree_low}) <= mesh_degree "

@@ -52,9 +52,7 @@ def verify(
         ) from None
     for name, ours, theirs in (("question", problem.question, msg.question), ("answer", problem.answer, msg.answer)):
         if ours != theirs:
-            raise Rejected(
-                RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: {name} differs from the spec's"
-            )
+            raise Rejected(RejectReason.spoofed_answer_key, f"{msg.problem.dataset}: {name} differs from the spec's")
     return QuestionGroup(
         problem=problem,
         completions=list(msg.completions),

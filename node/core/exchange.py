@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import trio
 from libp2p.peer.id import ID
@@ -16,7 +16,6 @@ from sapo.node.core.intake import Intake
 from sapo.node.core.settings import NodeSettings
 from sapo.protocol.codec import DecodeLimits, canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.gossip import ReceivedMessage
-from sapo.protocol.network import Network
 from sapo.protocol.messages import (
     LOGPROBS_SCHEMA_VERSION,
     BehaviorLogprobs,
@@ -25,6 +24,7 @@ from sapo.protocol.messages import (
     SharedLogprobs,
     to_wire,
 )
+from sapo.protocol.network import Network
 from sapo.protocol.settings import logprobs_topic
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
@@ -110,21 +110,33 @@ class GroupEncoder:
             size += entry_size
         return [
             SharedLogprobs(
-                schema_version=LOGPROBS_SCHEMA_VERSION, sender=self.peer_id, swarm=self.swarm,
-                created_at=self.clock(), groups=batch,
+                schema_version=LOGPROBS_SCHEMA_VERSION,
+                sender=self.peer_id,
+                swarm=self.swarm,
+                created_at=self.clock(),
+                groups=batch,
             )
             for batch in batches
         ]
 
 
 def group_encoder(
-    settings: NodeSettings, peer_id: str, rg_version: str, clock: Callable[[], float] = time.time, model_id: str | None = None
+    settings: NodeSettings,
+    peer_id: str,
+    rg_version: str,
+    clock: Callable[[], float] = time.time,
+    model_id: str | None = None,
 ) -> GroupEncoder:
     """A node's encoder, as its settings say (the daemon's and the in-process hub's alike)."""
     net = settings.network
     return GroupEncoder(
-        peer_id=peer_id, swarm=net.swarm, model_id=model_id or settings.model.model, rg_version=rg_version,
-        compress=net.compress, share_logprobs=settings.external_use.share_logprobs, clock=clock,
+        peer_id=peer_id,
+        swarm=net.swarm,
+        model_id=model_id or settings.model.model,
+        rg_version=rg_version,
+        compress=net.compress,
+        share_logprobs=settings.external_use.share_logprobs,
+        clock=clock,
     )
 
 
@@ -188,7 +200,9 @@ class GossipExchange:
                 self.counters.rejected["banned"] += 1
                 continue
             accept = self.intake.accept_logprobs if message.topic == shared else self.intake.accept
-            accepted = await trio.to_thread.run_sync(accept, message.data, message.sender, message.received_at, limiter=limiter)
+            accepted = await trio.to_thread.run_sync(
+                accept, message.data, message.sender, message.received_at, limiter=limiter
+            )
             standing = self.intake.inbox.standing
             if isinstance(accepted, QuestionGroup) and standing is not None:
                 standing.locate(message.sender, self.network.network_group_of(message.sender))

@@ -18,9 +18,9 @@ from typing import Any
 import multiaddr
 import trio
 
-from sapo.protocol.hosts import new_noise_host
 from sapo.node.core.metrics import RoundRecord
 from sapo.protocol import judge_wire as wire
+from sapo.protocol.hosts import new_noise_host
 from sapo.training.generation import greedy_completions
 from sapo.training.policy import Policy
 from sapo.training.tasks import Problem, ProblemSpec
@@ -129,7 +129,10 @@ class JudgeClient:
             self._count("judge_unreachable")
             log.warning(
                 "judge %s unreachable at round %d (%s: %s); training goes on",
-                self.judge.peer_id, node_round, type(error).__name__, str(error)[:200],
+                self.judge.peer_id,
+                node_round,
+                type(error).__name__,
+                str(error)[:200],
             )
             return None
         self._count("judged")

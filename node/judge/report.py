@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.node.core.metrics import moving_average
+from sapo.node.judge.server import DB_FILE_NAME, load_results
 
 
 def is_swarm_peer(rows: list[dict[str, Any]]) -> bool:

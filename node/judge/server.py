@@ -31,11 +31,11 @@ from typing import Any
 import multiaddr
 import trio
 
+from sapo.node.judge.settings import JudgeSettings
 from sapo.protocol import judge_wire as wire
 from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.training.rewards import score_completion
-from sapo.node.judge.settings import JudgeSettings
 from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 
 log = logging.getLogger("sapo.judge")
@@ -114,9 +114,17 @@ class ResultStore:
                     "INSERT INTO results (question_id, peer_id, model_id, node_round, swarm_peers_seen,"
                     " external_groups, task, spec, answer, score, judged_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                     (
-                        result.question_id, result.peer_id, result.model_id, result.node_round,
-                        result.swarm_peers_seen, result.external_groups, result.task, result.spec,
-                        result.answer, result.score, result.judged_at,
+                        result.question_id,
+                        result.peer_id,
+                        result.model_id,
+                        result.node_round,
+                        result.swarm_peers_seen,
+                        result.external_groups,
+                        result.task,
+                        result.spec,
+                        result.answer,
+                        result.score,
+                        result.judged_at,
                     ),
                 )
             return self.count()
@@ -197,7 +205,9 @@ class JudgeService:
         try:
             if self._slots.value == 0:
                 self._count("busy")
-                await self._send_error(stream, "busy", f"{self.settings.max_concurrent} evaluations in flight; retry later")
+                await self._send_error(
+                    stream, "busy", f"{self.settings.max_concurrent} evaluations in flight; retry later"
+                )
                 return
             async with self._slots:
                 await self._evaluate(stream, remote)
@@ -263,7 +273,12 @@ class JudgeService:
         self._count("judged")
         log.info(
             "judged %s round %d: %s score %.2f (peers seen %d; %d results stored)",
-            remote, request.node_round, spec.dataset, score, request.swarm_peers_seen, total,
+            remote,
+            request.node_round,
+            spec.dataset,
+            score,
+            request.swarm_peers_seen,
+            total,
         )
         with trio.fail_after(s.request_timeout_seconds):
             await wire.write_message(stream, wire.Score(id=question.id, score=score), s.max_frame_bytes)

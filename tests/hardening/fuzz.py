@@ -15,7 +15,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hseed
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Intake
@@ -73,9 +74,16 @@ def fuzz(cases: int, seed: int = 0, hypothesis_cases: int = 3000) -> FuzzReport:
     limits = DecodeLimits()
     counters = NodeCounters()
     # the strategies' valid frames carry swarm "sapo-test", a 2023 timestamp and reasoning-gym 0.1.25
-    intake = Intake(Inbox(512, 64 << 20, 1e12, 0.25), counters, swarm="sapo-test", local_peer_id="me",
-                    rg_version=reasoning_gym_version(), limits=limits, policy=VerifyPolicy(accept_other_rg_versions=True),
-                    max_age_seconds=1e12)
+    intake = Intake(
+        Inbox(512, 64 << 20, 1e12, 0.25),
+        counters,
+        swarm="sapo-test",
+        local_peer_id="me",
+        rg_version=reasoning_gym_version(),
+        limits=limits,
+        policy=VerifyPolicy(accept_other_rg_versions=True),
+        max_age_seconds=1e12,
+    )
     now = 1_700_000_100.0
     pool: list[bytes] = [encode(sample_message()), encode(sample_message(), compress=True)]
 
@@ -97,8 +105,13 @@ def fuzz(cases: int, seed: int = 0, hypothesis_cases: int = 3000) -> FuzzReport:
             report.escaped[f"intake:{type(exc).__name__}"] += 1
 
     @hseed(seed)
-    @settings(max_examples=min(cases, hypothesis_cases), database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=min(cases, hypothesis_cases),
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(hostile_frames())
     def drawn(frame: bytes) -> None:
         if len(pool) < 2000 and len(frame) < 64 * 1024:

@@ -52,8 +52,17 @@ def frames(groups_file: Path, peer_id: str, swarm: str):
     version = reasoning_gym_version()
     k = 0
     while True:
-        yield encode(to_wire(groups[k % len(groups)], sender=peer_id, swarm=swarm, sender_round=k, model_id="standard",
-                             created_at=time.time(), reasoning_gym_version=version))
+        yield encode(
+            to_wire(
+                groups[k % len(groups)],
+                sender=peer_id,
+                swarm=swarm,
+                sender_round=k,
+                model_id="standard",
+                created_at=time.time(),
+                reasoning_gym_version=version,
+            )
+        )
         k += 1
 
 
@@ -78,10 +87,16 @@ def connection_kinds(host) -> dict[str, str]:
     kinds = {}
     network = host.get_network()
     for peer in host.get_connected_peers():
-        relayed = {"/p2p-circuit" in str(a) for c in network.get_connections(peer) if not c.is_closed
-                   for a in c.get_transport_addresses()}
+        relayed = {
+            "/p2p-circuit" in str(a)
+            for c in network.get_connections(peer)
+            if not c.is_closed
+            for a in c.get_transport_addresses()
+        }
         if relayed:
-            kinds[peer.to_base58()] = "both" if relayed == {True, False} else ("relayed" if True in relayed else "direct")
+            kinds[peer.to_base58()] = (
+                "both" if relayed == {True, False} else ("relayed" if True in relayed else "direct")
+            )
     return kinds
 
 
@@ -96,15 +111,26 @@ async def peer_main(args, emit) -> None:
     # gossip" does not stretch to 30-60 s in a small swarm. Left on, the message cache spanned
     # minutes, and py-libp2p replays the cache's window to every peer that (re)subscribes: through
     # a relay with a 128 KiB circuit budget that replay alone cut each new circuit within seconds.
-    router = GossipSub(protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4,
-                       degree_high=12, heartbeat_interval=1, adaptive_gossip_enabled=False)
+    router = GossipSub(
+        protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=6,
+        degree_low=4,
+        degree_high=12,
+        heartbeat_interval=1,
+        adaptive_gossip_enabled=False,
+    )
     pubsub = Pubsub(host, router)
     relay_protocol = CircuitV2Protocol(host, allow_hop=False)
     transport = CircuitV2Transport(host, relay_protocol, RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT))
     counters = {"received": 0, "published": 0}
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with host.run([listen]), background_trio_service(pubsub), background_trio_service(router), \
-                background_trio_service(relay_protocol), trio.open_nursery() as nursery:
+        async with (
+            host.run([listen]),
+            background_trio_service(pubsub),
+            background_trio_service(router),
+            background_trio_service(relay_protocol),
+            trio.open_nursery() as nursery,
+        ):
             await pubsub.wait_until_ready()
             subscription = await pubsub.subscribe(topic)
             if options.get("reserve"):
@@ -174,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     with open(args.events, "a", buffering=1) as events:  # line-buffered: the parent sees each event
+
         def emit(**fields) -> None:
             events.write(json.dumps({"t": time.time(), **fields}) + "\n")
 

@@ -92,8 +92,9 @@ def test_crash_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
 def small_tmpfs(tmp_path):
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if result.returncode != 0:
         pytest.skip(f"cannot mount a 2 MB tmpfs here (needs root/CAP_SYS_ADMIN): {result.stderr.strip()}")
     try:
@@ -105,8 +106,19 @@ def small_tmpfs(tmp_path):
 def test_full_disk_is_a_clear_error_and_leaves_no_half_checkpoint(small_tmpfs):
     data = small_tmpfs / "node"
     # a tiny-model checkpoint is about 4 MB: it cannot fit in 2 MB
-    result = sapo_node("start", *TINY, "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "3", "--checkpoint-every", "2",
-                       "--data-dir", str(data), timeout=120)
+    result = sapo_node(
+        "start",
+        *TINY,
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--rounds",
+        "3",
+        "--checkpoint-every",
+        "2",
+        "--data-dir",
+        str(data),
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     error = [line for line in result.stderr.splitlines() if line.startswith("sapo-node: error:")]
@@ -119,8 +131,9 @@ def test_full_disk_is_a_clear_error_and_leaves_no_half_checkpoint(small_tmpfs):
 def test_a_file_where_the_data_dir_should_be_is_a_clear_error(tmp_path):
     data = tmp_path / "not-a-dir"
     data.write_text("oops")
-    result = sapo_node("start", *TINY, "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", str(data),
-                       timeout=60)
+    result = sapo_node(
+        "start", *TINY, "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", str(data), timeout=60
+    )
     assert result.returncode == 2, result.stderr[-3000:]  # refused with the settings, before anything loads
     assert "Traceback" not in result.stderr
     assert "sapo-node: invalid settings:" in result.stderr and str(data) in result.stderr, result.stderr[-2000:]
@@ -153,8 +166,12 @@ def test_bootstrap_peer_down_at_start_then_up_then_away_and_back(tmp_path, nodes
 
     boot.stop(signal.SIGKILL)
     gone_at = time.time()
-    wait_for(lambda: (rows := since(learner.metrics(), gone_at + 1)) and boot_id not in rows[-1]["peers"],
-             timeout=30, interval=0.3, what="the learner to notice the peer left")
+    wait_for(
+        lambda: (rows := since(learner.metrics(), gone_at + 1)) and boot_id not in rows[-1]["peers"],
+        timeout=30,
+        interval=0.3,
+        what="the learner to notice the peer left",
+    )
     wait_rounds(learner, 5, timeout=30)  # keeps training alone
     seen_before = learner.metrics()[-1]["accepted_from"].get(boot_id, 0)
 

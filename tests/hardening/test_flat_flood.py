@@ -22,12 +22,16 @@ RATE = 50  # a second: the gossip limit
 BAN_WITHIN = 60.0
 
 
-async def test_a_flat_flooder_at_its_maximum_rate_is_banned_within_a_minute_and_honest_groups_keep_coming_in(tmp_path, nodes):
+async def test_a_flat_flooder_at_its_maximum_rate_is_banned_within_a_minute_and_honest_groups_keep_coming_in(
+    tmp_path, nodes
+):
     node = NodeProcess(tmp_path / "n", [*NO_AUGMENT])
     nodes.append(node)
     flooder, honest = Peer(0x61, node.address, model_id="flat"), Peer(0x62, node.address, model_id="honest")
     problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 91, 0).sample(int(RATE * BAN_WITHIN) + 100)
-    frames = [flooder.encoder.frame(QuestionGroup(problem=p, completions=[""] * 4, rewards=[0.0] * 4), 1) for p in problems]
+    frames = [
+        flooder.encoder.frame(QuestionGroup(problem=p, completions=[""] * 4, rewards=[0.0] * 4), 1) for p in problems
+    ]
     with trio.fail_after(BAN_WITHIN + 90):
         async with trio.open_nursery() as nursery:
             await flooder.join(nursery, node)
@@ -57,8 +61,10 @@ async def test_a_flat_flooder_at_its_maximum_rate_is_banned_within_a_minute_and_
                 assert node.alive(), node.log_text()[-3000:]
                 await trio.sleep(0.3)
             nursery.cancel_scope.cancel()
-    print(f"\nflat flooder: {sent} sent, cut off after {banned_after} s; honest: {during} published during the flood, "
-          f"{honest.published} in all, {last['accepted_from'].get(honest.peer_id)} accepted; refused {last['rejected']}")
+    print(
+        f"\nflat flooder: {sent} sent, cut off after {banned_after} s; honest: {during} published during the flood, "
+        f"{honest.published} in all, {last['accepted_from'].get(honest.peer_id)} accepted; refused {last['rejected']}"
+    )
     assert banned_after is not None and banned_after < BAN_WITHIN
     assert f"banned peer {flooder.peer_id}" in node.log_text()
     assert last["transport"].get("peers_banned") == 1  # the flooder alone

@@ -36,7 +36,9 @@ async def test_after_a_flood_of_stale_frames_replays_of_an_honest_authors_groups
     honest, flooder = Peer(0x71, node.address, model_id="honest"), Peer(0x72, node.address, model_id="stale")
     problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 93, 0).sample(STALE)
     flooder.encoder.clock = lambda: 1_000_000.0  # fresh messages, stamped in 1970
-    stale = [flooder.encoder.frame(QuestionGroup(problem=p, completions=["a", "b"], rewards=[1.0, 0.0]), 1) for p in problems]
+    stale = [
+        flooder.encoder.frame(QuestionGroup(problem=p, completions=["a", "b"], rewards=[1.0, 0.0]), 1) for p in problems
+    ]
     with trio.fail_after(150):
         async with trio.open_nursery() as nursery:
             await honest.join(nursery, node)
@@ -55,7 +57,10 @@ async def test_after_a_flood_of_stale_frames_replays_of_an_honest_authors_groups
             while True:
                 rows = node.metrics()
                 last = rows[-1] if rows else {"rejected": {}, "accepted_from": {}}
-                if last["rejected"].get("stale", 0) >= STALE and last["rejected"].get("duplicate", 0) >= 2 * HONEST_GROUPS:
+                if (
+                    last["rejected"].get("stale", 0) >= STALE
+                    and last["rejected"].get("duplicate", 0) >= 2 * HONEST_GROUPS
+                ):
                     break
                 assert node.alive(), node.log_text()[-3000:]
                 await trio.sleep(0.3)

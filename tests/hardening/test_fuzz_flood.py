@@ -42,8 +42,10 @@ def test_flooder_at_100x_is_banned_while_the_honest_peer_gets_in(soak, tmp_path)
     if report.attempted < 100 * 4 * report.seconds * 0.5:
         # The flooder is this test process, and libp2p's publish path costs ~1-2 ms of Python a
         # message: when other jobs hold the 2 cores, it cannot produce the flood at all.
-        pytest.skip(f"machine too busy to flood: the attacker reached {report.attempted / report.seconds:.0f}/s, "
-                    f"not the >= 200/s (50x the honest peer) this test needs")
+        pytest.skip(
+            f"machine too busy to flood: the attacker reached {report.attempted / report.seconds:.0f}/s, "
+            f"not the >= 200/s (50x the honest peer) this test needs"
+        )
     assert report.honest_accepted > 0
     assert report.inbox_peak <= report.inbox_cap
     assert report.rounds_during > 0, "training stalled under the flood"

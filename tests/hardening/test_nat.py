@@ -45,17 +45,28 @@ def linked_and_punched(peers) -> bool:
 
 def test_groups_from_every_natted_peer_reach_every_other_through_relay_or_punched_hole():
     # the last router is a symmetric NAT: its peer's links can only be relayed circuits
-    run = nat.run_swarm(nated=NATED, rate=RATE, seconds=PUBLISH_SECONDS, drain=DRAIN_SECONDS,
-                        symmetric=frozenset({NATED - 1}), ready=linked_and_punched, ready_timeout=120)
-    print(f"\nNAT: ready in {run.phases['ready s']:.0f} s; links direct/relayed/both {run.after}; "
-          f"{len(run.published)} groups published")
+    run = nat.run_swarm(
+        nated=NATED,
+        rate=RATE,
+        seconds=PUBLISH_SECONDS,
+        drain=DRAIN_SECONDS,
+        symmetric=frozenset({NATED - 1}),
+        ready=linked_and_punched,
+        ready_timeout=120,
+    )
+    print(
+        f"\nNAT: ready in {run.phases['ready s']:.0f} s; links direct/relayed/both {run.after}; "
+        f"{len(run.published)} groups published"
+    )
     assert run.states["bootstrap"]["relaying"], "the public bootstrap should relay once it finds itself public"
     peers = [peer for peer, name in run.names.items() if name != "bootstrap"]
     for peer in peers:
         state = run.states[run.names[peer]]
         assert state["reachability"] == "private", (run.names[peer], state["reachability"])
         assert state["relayed"] and "/p2p-circuit/p2p/" in state["relayed"][0], state["relayed"]
-    assert len(run.published) >= NATED * PUBLISH_SECONDS * RATE * 0.8, f"only {len(run.published)} groups were published"
+    assert len(run.published) >= NATED * PUBLISH_SECONDS * RATE * 0.8, (
+        f"only {len(run.published)} groups were published"
+    )
     for peer in peers:
         missed = run.missing(peer)
         assert not missed, f"{run.names[peer]} missed {len(missed)} groups"
@@ -69,8 +80,15 @@ def test_control_without_a_relay_natted_peers_never_meet():
     def tried_to_dial(peers) -> bool:  # each learns the others' records from the bootstrap: dropped SYNs
         return all((p.last_state() or {}).get("counters", {}).get("discovery_dial_failed", 0) >= 1 for p in peers)
 
-    run = nat.run_swarm(nated=NATED, rate=RATE, seconds=PUBLISH_SECONDS, drain=DRAIN_SECONDS, relay="off",
-                        ready=tried_to_dial, ready_timeout=90)
+    run = nat.run_swarm(
+        nated=NATED,
+        rate=RATE,
+        seconds=PUBLISH_SECONDS,
+        drain=DRAIN_SECONDS,
+        relay="off",
+        ready=tried_to_dial,
+        ready_timeout=90,
+    )
     assert run.after == {"direct": 0, "relayed": 0, "both": 0}, run.after
     assert len(run.published) >= NATED * PUBLISH_SECONDS * RATE * 0.8
     for peer, name in run.names.items():

@@ -36,8 +36,10 @@ async def test_groups_of_empty_completions_take_no_inbox_room_and_honest_ones_st
             while True:
                 rows = node.metrics()
                 last = rows[-1] if rows else {"rejected": {}, "accepted_from": {}}
-                if (last["rejected"].get("no_signal", 0) >= EMPTY_GROUPS
-                        and last["accepted_from"].get(honest.peer_id, 0) >= honest.published):
+                if (
+                    last["rejected"].get("no_signal", 0) >= EMPTY_GROUPS
+                    and last["accepted_from"].get(honest.peer_id, 0) >= honest.published
+                ):
                     break
                 assert node.alive(), node.log_text()[-3000:]
                 await trio.sleep(0.3)

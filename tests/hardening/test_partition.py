@@ -72,8 +72,15 @@ def test_cut_link_for_30s_then_heal(tmp_path, namespaces, nodes):
     full = [f"/ip4/{a}/tcp/4001/p2p/{p}" for a, p in zip(addresses, ids)]
     for i, ns in enumerate(names):
         peers = [full[j] for j in range(3) if j != i]
-        nodes.append(NodeProcess(dirs[i], [*PLUMBING, "--peers", *peers], prefix=["ip", "netns", "exec", ns],
-                                 listen=f"/ip4/{addresses[i]}/tcp/4001", start_timeout=90))
+        nodes.append(
+            NodeProcess(
+                dirs[i],
+                [*PLUMBING, "--peers", *peers],
+                prefix=["ip", "netns", "exec", ns],
+                listen=f"/ip4/{addresses[i]}/tcp/4001",
+                start_timeout=90,
+            )
+        )
     assert [n.peer_id for n in nodes] == ids
 
     def hears_both(i: int) -> bool:
@@ -109,6 +116,8 @@ def test_cut_link_for_30s_then_heal(tmp_path, namespaces, nodes):
 
     wait_for(healed, timeout=HEAL_BOUND_SECONDS, interval=0.25, what="gossip to heal after the link came back")
     heal = time.time() - restored_at
-    print(f"\npartition: {CUT_SECONDS}s cut; rounds during the cut {[b - a for a, b in zip(rounds_at_cut, rounds_at_restore)]};"
-          f" heal time {heal:.1f}s (bound {HEAL_BOUND_SECONDS}s)")
+    print(
+        f"\npartition: {CUT_SECONDS}s cut; rounds during the cut {[b - a for a, b in zip(rounds_at_cut, rounds_at_restore)]};"
+        f" heal time {heal:.1f}s (bound {HEAL_BOUND_SECONDS}s)"
+    )
     assert heal <= HEAL_BOUND_SECONDS

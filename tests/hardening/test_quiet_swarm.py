@@ -18,13 +18,31 @@ SECONDS = 60.0
 def test_a_three_node_swarm_runs_a_minute_without_an_error_line(tmp_path):
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sapo.node.cli", "swarm", "--nodes", "3", "--data-dir", str(tmp_path),
-         "--progress-every", "10", *node_flags, "--rounds", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sapo.node.cli",
+            "swarm",
+            "--nodes",
+            "3",
+            "--data-dir",
+            str(tmp_path),
+            "--progress-every",
+            "10",
+            *node_flags,
+            "--rounds",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        wait_for(lambda: all(read_metrics(tmp_path / f"node-{i}") for i in range(3)) or proc.poll() is not None,
-                 timeout=240, what="all three nodes to finish a round")
+        wait_for(
+            lambda: all(read_metrics(tmp_path / f"node-{i}") for i in range(3)) or proc.poll() is not None,
+            timeout=240,
+            what="all three nodes to finish a round",
+        )
         assert proc.poll() is None, proc.communicate()[0][-2000:]
         time.sleep(SECONDS)
         proc.send_signal(signal.SIGINT)

@@ -77,26 +77,52 @@ def test_a_natted_node_keeps_receiving_through_a_relay_that_cuts_circuits_at_a_b
     tag = f"rl{time.time_ns() % 100000}"
     with NatTopology(tag, public=1, nated=2) as topo:
         groups = write_groups(tmp_path / "groups.json", **GROUP_SIZE)
-        relay = PeerProcess("relay", tmp_path / "relay", prefix=topo.prefix(topo.public_ns[0]), rate=0,
-                            groups_file=groups, state_seconds=1.0,
-                            settings={"swarm": RELAY_SWARM, "relay": "on", "reachability": "public",
-                                      "relay_max_circuit_bytes": CIRCUIT_BYTES})
+        relay = PeerProcess(
+            "relay",
+            tmp_path / "relay",
+            prefix=topo.prefix(topo.public_ns[0]),
+            rate=0,
+            groups_file=groups,
+            state_seconds=1.0,
+            settings={
+                "swarm": RELAY_SWARM,
+                "relay": "on",
+                "reachability": "public",
+                "relay_max_circuit_bytes": CIRCUIT_BYTES,
+            },
+        )
         everyone = [relay]
         try:
             relay_address = f"/ip4/{topo.public_ip[0]}/tcp/4001/p2p/{relay.wait_up(90)}"
-            node = PeerProcess("node", tmp_path / "node", prefix=topo.prefix(topo.nated_ns[0]), peers=[relay_address],
-                               rate=0, groups_file=groups, settings={"hole_punching": False})
+            node = PeerProcess(
+                "node",
+                tmp_path / "node",
+                prefix=topo.prefix(topo.nated_ns[0]),
+                peers=[relay_address],
+                rate=0,
+                groups_file=groups,
+                settings={"hole_punching": False},
+            )
             everyone.append(node)
             node.wait_up(90)
             wait_until("the node's relay slot", lambda: (node.last_state() or {}).get("relayed"), 90, everyone)
             (circuit,) = node.last_state()["relayed"]
-            publisher = PeerProcess("publisher", tmp_path / "publisher", prefix=topo.prefix(topo.nated_ns[1]),
-                                    peers=[circuit], rate=RATE, groups_file=groups, wait_go=True,
-                                    settings={"reserve": relay_address}, script=STANDARD_PEER)
+            publisher = PeerProcess(
+                "publisher",
+                tmp_path / "publisher",
+                prefix=topo.prefix(topo.nated_ns[1]),
+                peers=[circuit],
+                rate=RATE,
+                groups_file=groups,
+                wait_go=True,
+                settings={"reserve": relay_address},
+                script=STANDARD_PEER,
+            )
             everyone.append(publisher)
             publisher.wait_up(120)
-            wait_until("the node's relayed link to the publisher", lambda: relayed_link(node, publisher.peer_id), 60,
-                       everyone)
+            wait_until(
+                "the node's relayed link to the publisher", lambda: relayed_link(node, publisher.peer_id), 60, everyone
+            )
             time.sleep(2.0)  # heartbeats: the mesh takes the link in
             start = time.time() + 1.0
             publisher.go(start, PUBLISH_SECONDS)
@@ -111,9 +137,11 @@ def test_a_natted_node_keeps_receiving_through_a_relay_that_cuts_circuits_at_a_b
     cut = (relay.last_state() or {}).get("counters", {}).get("relay_circuits_limited", 0)
     counters = (node.last_state() or {}).get("counters", {})
     delivery = len(arrived) / max(1, len(published))
-    print(f"\nrelay limits: {len(arrived)}/{len(published)} groups arrived ({delivery:.3f}); the relay cut {cut} "
-          f"circuits; pauses over {GAP_SECONDS:g} s (s after start, length): "
-          f"{[(round(at - start, 1), round(seconds, 1)) for at, seconds in pauses]}; node {counters}")
+    print(
+        f"\nrelay limits: {len(arrived)}/{len(published)} groups arrived ({delivery:.3f}); the relay cut {cut} "
+        f"circuits; pauses over {GAP_SECONDS:g} s (s after start, length): "
+        f"{[(round(at - start, 1), round(seconds, 1)) for at, seconds in pauses]}; node {counters}"
+    )
     assert len(published) >= 0.9 * RATE * PUBLISH_SECONDS, f"only {len(published)} groups were published"
     assert all(seconds < RESUME_SECONDS for _, seconds in pauses), f"delivery paused too long: {pauses}"
     assert delivery >= 0.95, f"only {delivery:.3f} of the groups arrived"

@@ -22,7 +22,7 @@ async def test_a_re_stamped_replay_is_trained_on_once_and_counted_as_a_repeat(tm
         async with trio.open_nursery() as nursery:
             await peer.join(nursery, node)
             frames = set()
-            for copy in range(COPIES):
+            for _copy in range(COPIES):
                 # the encoder stamps created_at from the clock: each copy is a different frame
                 frame = peer.encoder.frame(group, 1)
                 frames.add(frame)
@@ -32,7 +32,10 @@ async def test_a_re_stamped_replay_is_trained_on_once_and_counted_as_a_repeat(tm
             while True:
                 rows = node.metrics()
                 last = rows[-1] if rows else {}
-                if last.get("accepted_from", {}).get(peer.peer_id, 0) + last.get("rejected", {}).get("repeat", 0) >= COPIES:
+                if (
+                    last.get("accepted_from", {}).get(peer.peer_id, 0) + last.get("rejected", {}).get("repeat", 0)
+                    >= COPIES
+                ):
                     break
                 assert node.alive(), node.log_text()[-3000:]
                 await trio.sleep(0.3)

@@ -35,7 +35,16 @@ OLD_ARGS = ["--local", "2", "--external", "2", "--sampler", "uniform", "--rounds
 # Only a group whose every completion re-encodes to the tokens sampled shares its log-probs
 # (training/generation.py); the untrained tiny model's 24-token rows do in ~1 group of 10, its
 # 8-token ones in about half.
-NEW_ARGS = [*PLUMBING, "--max-new-tokens", "8", "--share-logprobs", "--importance-weight", "sequence", "--metrics-port", "0"]
+NEW_ARGS = [
+    *PLUMBING,
+    "--max-new-tokens",
+    "8",
+    "--share-logprobs",
+    "--importance-weight",
+    "sequence",
+    "--metrics-port",
+    "0",
+]
 SETTLE_SECONDS = 150  # every node has trained on every other
 WATCH_SECONDS = 20  # and then it stays that way
 # What costs a peer score (any refusal charged, or a publish over the rate limit).
@@ -46,8 +55,10 @@ def test_previous_release_and_this_one_train_on_each_other_with_shared_logprobs(
     old = NodeProcess(tmp_path / "old", OLD_ARGS, python=release_python(PREVIOUS))
     nodes.append(old)
     with ThreadPoolExecutor(2) as starting:  # the new nodes find each other through the old one's peers
-        new = [starting.submit(NodeProcess, tmp_path / name, [*NEW_ARGS, "--peers", old.address], python=NEW_PYTHON)
-               for name in ("new-a", "new-b")]
+        new = [
+            starting.submit(NodeProcess, tmp_path / name, [*NEW_ARGS, "--peers", old.address], python=NEW_PYTHON)
+            for name in ("new-a", "new-b")
+        ]
     nodes.extend(future.result() for future in new if future.exception() is None)  # killed after the test
     a, b = [future.result() for future in new]
     pages = {a: page_url(a), b: page_url(b)}
@@ -62,7 +73,7 @@ def test_previous_release_and_this_one_train_on_each_other_with_shared_logprobs(
         charged = {r: n for r, n in (rows[old][-1]["rejected"] if rows[old] else {}).items() if r in CHARGED}
         assert not charged, f"{PREVIOUS} charged the new nodes for {charged}:\n{old.log_text()[-2000:]}"
         joined = True
-        for node, url in pages.items():
+        for url in pages.values():
             status = status_from_url(url)
             joined = joined and status.logprobs.get("joined", 0) > 0
             for peer in status.peers:
@@ -70,19 +81,29 @@ def test_previous_release_and_this_one_train_on_each_other_with_shared_logprobs(
                     lowest[peer.peer_id] = min(lowest.get(peer.peer_id, 0.0), peer.score)
         assert all(score >= 0 for score in lowest.values()), f"a peer's score went negative: {lowest}"
         for node in everyone:
-            assert not (rows[node] and rows[node][-1]["transport"].get("peers_banned")), f"{node.data_dir.name} banned a peer"
+            assert not (rows[node] and rows[node][-1]["transport"].get("peers_banned")), (
+                f"{node.data_dir.name} banned a peer"
+            )
         return joined and all(
             rows[node]
-            and all(rows[node][-1]["accepted_from"].get(other.peer_id, 0) > 0 for other in everyone if other is not node)
+            and all(
+                rows[node][-1]["accepted_from"].get(other.peer_id, 0) > 0 for other in everyone if other is not node
+            )
             and sum(r["external_groups"] for r in rows[node]) > 0
             for node in everyone
         )
 
     deadline = time.monotonic() + SETTLE_SECONDS
     while not look():
-        assert time.monotonic() < deadline, "not every node trained on every other in time: " + "; ".join(
-            f"{n.data_dir.name} accepted {n.metrics()[-1]['accepted_from'] if n.metrics() else {}}" for n in everyone
-        ) + "; log-probs " + "; ".join(str(status_from_url(url).logprobs) for url in pages.values())
+        assert time.monotonic() < deadline, (
+            "not every node trained on every other in time: "
+            + "; ".join(
+                f"{n.data_dir.name} accepted {n.metrics()[-1]['accepted_from'] if n.metrics() else {}}"
+                for n in everyone
+            )
+            + "; log-probs "
+            + "; ".join(str(status_from_url(url).logprobs) for url in pages.values())
+        )
         time.sleep(1)
     settled = time.monotonic()
     while time.monotonic() < settled + WATCH_SECONDS:
@@ -143,8 +164,13 @@ def test_what_the_previous_release_makes_of_each_way_to_send_logprobs(tmp_path):
     }
     for name, frame in frames.items():
         (tmp_path / f"{name}.bin").write_bytes(frame)
-    run = subprocess.run([str(release_python(PREVIOUS)), "-c", JUDGE_FRAMES, str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    run = subprocess.run(
+        [str(release_python(PREVIOUS)), "-c", JUDGE_FRAMES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads(run.stdout) == {
         "group": ["accepted", 0.0],  # what this release publishes as a group, log-probs shared or not

@@ -13,13 +13,13 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.node.core.exchange import GroupEncoder
+from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.network import Network, serve_network
 from sapo.protocol.settings import NetworkSettings, load_swarm_key
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.training.tasks import reasoning_gym_version
 from tests.conftest import sapo_node
-from tests.processes import PLUMBING, TINY, NodeProcess
 from tests.node.daemon.test_hostile_peer import honest_group
+from tests.processes import PLUMBING, TINY, NodeProcess
 
 PSK = "6f" * 32
 SWARM_KEY = f"/key/swarm/psk/1.0.0/\n/base16/\n{PSK}\n"
@@ -39,8 +39,9 @@ class Peer:
         self.settings = NetworkSettings(
             listen="/ip4/127.0.0.1/tcp/0", peers=[address], swarm_key=swarm_key, dial_backoff_max=2.0
         )
-        self.encoder = GroupEncoder(peer_id=self.peer_id, swarm="default", model_id=model_id,
-                                    rg_version=reasoning_gym_version())
+        self.encoder = GroupEncoder(
+            peer_id=self.peer_id, swarm="default", model_id=model_id, rg_version=reasoning_gym_version()
+        )
         self.published = 0
 
     async def start(self, nursery) -> None:
@@ -92,7 +93,7 @@ def test_swarm_key_file_format():
         load_swarm_key_text("/key/swarm/psk/1.0.0/\n/base16/\nabcd\n")
 
 
-def load_swarm_key_text(text: str, _dir=[]) -> str:
+def load_swarm_key_text(text: str) -> str:
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".key") as f:
@@ -108,8 +109,12 @@ async def test_outsider_without_the_swarm_key_can_neither_receive_nor_inject(tmp
     nodes.append(node)
     member = Peer(1, node.address, swarm_key=key_file)
     outsider = Peer(2, node.address, swarm_key=None)
-    await run_peers(node, [member, outsider], 25, until=lambda: accepted_from(node).get(member.peer_id, 0) >= 3
-                    and member.received() > 0)
+    await run_peers(
+        node,
+        [member, outsider],
+        25,
+        until=lambda: accepted_from(node).get(member.peer_id, 0) >= 3 and member.received() > 0,
+    )
     await trio.sleep(1)
     assert accepted_from(node).get(member.peer_id, 0) >= 3, "the member with the key should get in"
     assert member.received() > 0, "the member with the key should receive the node's groups"
@@ -124,8 +129,12 @@ async def test_peer_not_on_the_allowlist_can_neither_receive_nor_inject(tmp_path
     nodes.append(node)
     member_peer = Peer(3, node.address)
     outsider = Peer(4, node.address)
-    await run_peers(node, [member_peer, outsider], 25,
-                    until=lambda: accepted_from(node).get(member_peer.peer_id, 0) >= 3 and member_peer.received() > 0)
+    await run_peers(
+        node,
+        [member_peer, outsider],
+        25,
+        until=lambda: accepted_from(node).get(member_peer.peer_id, 0) >= 3 and member_peer.received() > 0,
+    )
     await trio.sleep(1)
     rows = node.metrics()
     assert accepted_from(node).get(member_peer.peer_id, 0) >= 3
@@ -166,9 +175,27 @@ def test_model_path_outside_the_data_dir_is_read_only(tmp_path):
     # with the settings, before anything loads (2)
     for model, code in [("../../etc", 1), ("../../missing", 2), ("../../etc/passwd", 2)]:
         result = subprocess.run(
-            [sys.executable, "-m", "sapo.node.cli", "start", *TINY, "--model", model, "--warm-start-steps", "2",
-             "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", "data"],
-            cwd=cwd, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "sapo.node.cli",
+                "start",
+                *TINY,
+                "--model",
+                model,
+                "--warm-start-steps",
+                "2",
+                "--listen",
+                "/ip4/127.0.0.1/tcp/0",
+                "--rounds",
+                "1",
+                "--data-dir",
+                "data",
+            ],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert result.returncode == code, result.stderr[-3000:]
         said = "sapo-node: error:" if code == 1 else "sapo-node: invalid settings:"
@@ -183,8 +210,9 @@ def test_world_readable_identity_key_is_refused(tmp_path):
     data = tmp_path / "n"
     load_or_create_identity(data)
     (data / "identity.key").chmod(0o644)
-    result = sapo_node("start", *TINY, "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", str(data),
-                       timeout=60)
+    result = sapo_node(
+        "start", *TINY, "--listen", "/ip4/127.0.0.1/tcp/0", "--rounds", "1", "--data-dir", str(data), timeout=60
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert "chmod 600" in result.stderr and "identity.key" in result.stderr

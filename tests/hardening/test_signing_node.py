@@ -47,8 +47,10 @@ async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keep
             pubsub.strict_signing = False  # our side neither signs nor checks, as a hostile client would
             assert await attacker.service.publish(frame)  # 1. no signature at all
             # 2. signed by another key, carrying our key; 3. signed by and carrying another key
-            for message in (forged(pubsub, frame, signer=stranger, key_of=attacker.key),
-                            forged(pubsub, frame, signer=stranger, key_of=stranger)):
+            for message in (
+                forged(pubsub, frame, signer=stranger, key_of=attacker.key),
+                forged(pubsub, frame, signer=stranger, key_of=stranger),
+            ):
                 await Pubsub.push_msg(pubsub, pubsub.my_id, message)
             pubsub.strict_signing = True
             await trio.sleep(1)
@@ -57,8 +59,11 @@ async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keep
             while True:
                 rows = node.metrics()
                 last = rows[-1] if rows else {"rejected": {}, "transport": {}, "accepted_from": {}}
-                if (last["transport"].get("bad_signature", 0) >= 2 and last["transport"].get("unsigned")
-                        and last["accepted_from"].get(attacker.peer_id)):
+                if (
+                    last["transport"].get("bad_signature", 0) >= 2
+                    and last["transport"].get("unsigned")
+                    and last["accepted_from"].get(attacker.peer_id)
+                ):
                     break
                 assert node.alive(), node.log_text()[-3000:]
                 await trio.sleep(0.3)
@@ -74,6 +79,6 @@ async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keep
     assert last["rejected"]["unsigned"] == 1 and last["rejected"]["bad_signature"] == 2
     assert last["accepted_from"][attacker.peer_id] == 1  # only the properly signed copy got in
     assert not last["transport"].get("peers_banned")  # three bad messages cost score, not a ban
-    body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()  # noqa: ASYNC210 - after the run, nothing else waits
     assert re.search(r'^sapo_rejected_groups_total\{reason="unsigned"\} 1\.0$', body, re.M), body[-2000:]
     assert re.search(r'^sapo_rejected_groups_total\{reason="bad_signature"\} 2\.0$', body, re.M), body[-2000:]

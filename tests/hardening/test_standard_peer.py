@@ -28,8 +28,16 @@ def test_a_gossipsub_only_peer_is_no_error_and_still_exchanges_groups(tmp_path, 
     nodes.append(node)
     groups = tmp_path / "groups.json"  # distinct questions: the node refuses a repeat as a duplicate
     groups.write_text(json.dumps([honest_group(i).model_dump(mode="json") for i in range(int(SECONDS * RATE) + 10)]))
-    peer = PeerProcess("standard", tmp_path / "standard", listen="/ip4/127.0.0.1/tcp/0", peers=[node.address],
-                       rate=RATE, groups_file=groups, settings={"swarm": "default"}, script=STANDARD_PEER)
+    peer = PeerProcess(
+        "standard",
+        tmp_path / "standard",
+        listen="/ip4/127.0.0.1/tcp/0",
+        peers=[node.address],
+        rate=RATE,
+        groups_file=groups,
+        settings={"swarm": "default"},
+        script=STANDARD_PEER,
+    )
     try:
         peer.wait_up(90)
         end = time.monotonic() + SECONDS
@@ -49,9 +57,11 @@ def test_a_gossipsub_only_peer_is_no_error_and_still_exchanges_groups(tmp_path, 
     transport = rows[-1]["transport"] if rows else {}
     accepted = rows[-1]["accepted_from"].get(peer.peer_id, 0) if rows else 0
     from_node = [e for e in peer.of("recv") if e["sender"] == node.peer_id]
-    print(f"\nstandard peer: node accepted {accepted} of {len(peer.of('pub'))} groups it published; it received "
-          f"{len(from_node)} of the node's; node log: {len(errors)} ERROR, {len(warnings)} WARNING lines; "
-          f"transport {transport}")
+    print(
+        f"\nstandard peer: node accepted {accepted} of {len(peer.of('pub'))} groups it published; it received "
+        f"{len(from_node)} of the node's; node log: {len(errors)} ERROR, {len(warnings)} WARNING lines; "
+        f"transport {transport}"
+    )
     assert not errors, errors[:5]
     assert not about_peer, about_peer[:5]
     assert len(told) == 2 and all(" INFO " in line for line in told), told  # discovery and AutoNAT, once each

@@ -60,21 +60,27 @@ async def main(megabytes: int) -> None:
                 await trio.sleep(0.1)
             direct = await move(y, x, megabytes)
 
-            relay = await start_node(nursery, relay="on", reachability="public", discover_peers=0,
-                                     relay_max_circuit_bytes=4 * megabytes * 1024 * 1024)
+            relay = await start_node(
+                nursery,
+                relay="on",
+                reachability="public",
+                discover_peers=0,
+                relay_max_circuit_bytes=4 * megabytes * 1024 * 1024,
+            )
             a = await start_node(nursery, peers=[relay.addr], **private)
             b = await start_node(nursery, peers=[relay.addr], **private)
             while not (a.service.relayed_addrs and b.service.relayed_addrs):
                 await trio.sleep(0.1)
             (circuit,) = b.service.relayed_addrs
-            assert await a.service.dial(
-                PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)]))
+            assert await a.service.dial(PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)]))
             relayed = await move(a, b, megabytes)
             nursery.cancel_scope.cancel()
     per_mb = (relayed - direct) / megabytes
-    print(f"direct: {direct / megabytes * 1000:.1f} ms CPU per MB; relayed: {relayed / megabytes * 1000:.1f} ms "
-          f"CPU per MB; relaying adds at most {per_mb * 1000:.1f} ms CPU per MB "
-          f"(so 5% of a core relays at most {0.05 / per_mb:.2f} MB/s)")
+    print(
+        f"direct: {direct / megabytes * 1000:.1f} ms CPU per MB; relayed: {relayed / megabytes * 1000:.1f} ms "
+        f"CPU per MB; relaying adds at most {per_mb * 1000:.1f} ms CPU per MB "
+        f"(so 5% of a core relays at most {0.05 / per_mb:.2f} MB/s)"
+    )
 
 
 if __name__ == "__main__":

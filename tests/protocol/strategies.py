@@ -79,9 +79,7 @@ _json_scalar = st.one_of(
 )
 _json_value = st.recursive(
     _json_scalar,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
     max_leaves=20,
 )
 
@@ -186,9 +184,7 @@ def _tampered_maps(draw: st.DrawFn) -> bytes:
     obj = copy.deepcopy(message_dict(draw(rollout_groups())))
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
         kind = draw(
-            st.sampled_from(
-                ["set", "drop", "extra", "version", "modality", "problem", "config", "nest", "count"]
-            )
+            st.sampled_from(["set", "drop", "extra", "version", "modality", "problem", "config", "nest", "count"])
         )
         if kind == "set":
             obj[draw(st.sampled_from(_TOP_KEYS))] = draw(_WEIRD_VALUES)
@@ -197,9 +193,7 @@ def _tampered_maps(draw: st.DrawFn) -> bytes:
         elif kind == "extra":
             obj[draw(st.text(max_size=20))] = draw(_WEIRD_VALUES)
         elif kind == "version":
-            obj["schema_version"] = draw(
-                st.one_of(st.integers(min_value=-(2**63), max_value=2**64 - 1), _WEIRD_VALUES)
-            )
+            obj["schema_version"] = draw(st.one_of(st.integers(min_value=-(2**63), max_value=2**64 - 1), _WEIRD_VALUES))
         elif kind == "modality":
             obj["modality"] = draw(st.one_of(st.text(max_size=20), _WEIRD_VALUES))
         elif kind == "problem" and isinstance(obj.get("problem"), dict):
@@ -291,16 +285,14 @@ def _deep_raw(depth: int) -> bytes:
     return b"\x00" + b"\x91" * depth + b"\xc0"
 
 
-
 _BOMB = b"\x01" + zlib.compress(b"\x00" * (8 * 1024 * 1024), 9)  # 8 MiB of zeros in ~8 KiB
+
 
 def hostile_frames() -> st.SearchStrategy[bytes]:
     """Everything the decoder must survive (see the module docstring)."""
     return st.one_of(
         st.binary(max_size=512),
-        st.tuples(st.sampled_from([0, 1, 2, 0x7F, 0xFF]), st.binary(max_size=256)).map(
-            lambda t: bytes([t[0]]) + t[1]
-        ),
+        st.tuples(st.sampled_from([0, 1, 2, 0x7F, 0xFF]), st.binary(max_size=256)).map(lambda t: bytes([t[0]]) + t[1]),
         _truncated(),
         _mutated(),
         _tampered_maps(),

@@ -17,15 +17,18 @@ from tests.protocol.test_gossip import start_node
 PEER = ID.from_pubkey(create_new_key_pair(b"\x11" * 32).public_key)
 
 
-@pytest.mark.parametrize("address, kind", [
-    (f"/ip4/10.0.0.5/tcp/4001/p2p/{PEER}", "ip"),
-    (f"/ip6/::1/tcp/4001/p2p/{PEER}", "ip"),
-    (f"/dns4/bootstrap.example.org/tcp/4001/p2p/{PEER}", "name"),
-    (f"/dns6/bootstrap.example.org/tcp/4001/p2p/{PEER}", "name"),
-    (f"/dns/bootstrap.example.org/tcp/4001/p2p/{PEER}", "name"),
-    ("/dnsaddr/bootstrap.example.org", "dnsaddr"),
-    (f"/dnsaddr/bootstrap.example.org/p2p/{PEER}", "dnsaddr"),
-])
+@pytest.mark.parametrize(
+    "address, kind",
+    [
+        (f"/ip4/10.0.0.5/tcp/4001/p2p/{PEER}", "ip"),
+        (f"/ip6/::1/tcp/4001/p2p/{PEER}", "ip"),
+        (f"/dns4/bootstrap.example.org/tcp/4001/p2p/{PEER}", "name"),
+        (f"/dns6/bootstrap.example.org/tcp/4001/p2p/{PEER}", "name"),
+        (f"/dns/bootstrap.example.org/tcp/4001/p2p/{PEER}", "name"),
+        ("/dnsaddr/bootstrap.example.org", "dnsaddr"),
+        (f"/dnsaddr/bootstrap.example.org/p2p/{PEER}", "dnsaddr"),
+    ],
+)
 def test_accepted_shapes(address, kind):
     parsed = parse_peer_address(address)
     assert parsed.kind == kind
@@ -33,13 +36,16 @@ def test_accepted_shapes(address, kind):
     assert NetworkSettings(peers=[address]).peers == [address]
 
 
-@pytest.mark.parametrize("address, problem", [
-    ("/ip4/10.0.0.5/tcp/4001", "is not /ip4|ip6|dns|dns4|dns6"),  # no peer id
-    (f"/ip4/10.0.0.5/udp/4001/quic-v1/p2p/{PEER}", "is not /ip4|ip6|dns|dns4|dns6"),
-    (f"/dnsaddr/example.org/tcp/4001/p2p/{PEER}", "a /dnsaddr takes only"),
-    ("bootstrap:4001", "is not a multiaddr"),
-    ("/ip4/10.0.0.5/tcp/4001/p2p/not-a-peer-id", "is not a multiaddr"),
-])
+@pytest.mark.parametrize(
+    "address, problem",
+    [
+        ("/ip4/10.0.0.5/tcp/4001", "is not /ip4|ip6|dns|dns4|dns6"),  # no peer id
+        (f"/ip4/10.0.0.5/udp/4001/quic-v1/p2p/{PEER}", "is not /ip4|ip6|dns|dns4|dns6"),
+        (f"/dnsaddr/example.org/tcp/4001/p2p/{PEER}", "a /dnsaddr takes only"),
+        ("bootstrap:4001", "is not a multiaddr"),
+        ("/ip4/10.0.0.5/tcp/4001/p2p/not-a-peer-id", "is not a multiaddr"),
+    ],
+)
 def test_refused_shapes_say_what_would_work(address, problem):
     with pytest.raises(AddressError, match=problem):
         parse_peer_address(address)

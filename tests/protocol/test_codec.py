@@ -11,8 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from sapo.protocol.codec import DecodeLimits, Rejected, RejectReason, decode, encode
-from sapo.protocol.messages import BehaviorLogprobs, SCHEMA_VERSION, RolloutGroup, WireProblemSpec
-
+from sapo.protocol.messages import SCHEMA_VERSION, BehaviorLogprobs, RolloutGroup, WireProblemSpec
 from tests.protocol.strategies import (
     SAMPLE_SENDER,
     frame_of,
@@ -343,10 +342,15 @@ GOLDEN_BEHAVIOR = pathlib.Path(__file__).parent / "golden" / "0.2.0" / "rollout_
 
 def golden_message_with_behavior() -> RolloutGroup:
     """The golden message with the optional `behavior` field. Never edit (see golden_message)."""
-    return golden_message().model_copy(update={"behavior": BehaviorLogprobs(
-        tokenizer="9f2c4e1a7b3d5f60", temperature=1.0,
-        token_logprobs=[[-0.5, -0.25, 0.0], [-1.5], [-2.0, -0.125]],
-    )})
+    return golden_message().model_copy(
+        update={
+            "behavior": BehaviorLogprobs(
+                tokenizer="9f2c4e1a7b3d5f60",
+                temperature=1.0,
+                token_logprobs=[[-0.5, -0.25, 0.0], [-1.5], [-2.0, -0.125]],
+            )
+        }
+    )
 
 
 def test_golden_bytes_with_the_optional_behavior_field():

@@ -24,14 +24,18 @@ from sapo.protocol.peer_records import check_record, decode_request, decode_resp
 from sapo.protocol.release import sapo_version
 from sapo.training.rollouts import Behavior
 from sapo.training.tasks import generate_problem
-
 from tests.protocol.golden.generate import BEHAVIOR, GROUP, JUDGE, JUDGE_V2
 from tests.releases import released
 
 GOLDEN = Path(__file__).parent / "golden"
 LIMITS = DecodeLimits()
-JUDGE_KINDS = {"eval_request": judge_wire.EvalRequest, "question": judge_wire.Question, "answer": judge_wire.Answer,
-               "score": judge_wire.Score, "error": judge_wire.JudgeError}
+JUDGE_KINDS = {
+    "eval_request": judge_wire.EvalRequest,
+    "question": judge_wire.Question,
+    "answer": judge_wire.Answer,
+    "score": judge_wire.Score,
+    "error": judge_wire.JudgeError,
+}
 
 
 def golden_frames() -> list[tuple[str, Path]]:
@@ -90,11 +94,21 @@ def test_what_this_release_publishes_as_a_group_is_what_0_1_0_wrote_logprobs_or_
     problem = generate_problem(RolloutGroup.model_validate(GROUP).problem.to_spec())
     from sapo.training.rollouts import QuestionGroup
 
-    group = QuestionGroup(problem=problem, completions=GROUP["completions"], rewards=GROUP["sender_rewards"],
-                          behavior=Behavior(**BEHAVIOR))
-    encoder = GroupEncoder(peer_id=GROUP["sender"], swarm=GROUP["swarm"], model_id=GROUP["model_id"],
-                           rg_version=GROUP["reasoning_gym_version"], compress=False, share_logprobs=True,
-                           clock=lambda: GROUP["created_at"])
+    group = QuestionGroup(
+        problem=problem,
+        completions=GROUP["completions"],
+        rewards=GROUP["sender_rewards"],
+        behavior=Behavior(**BEHAVIOR),
+    )
+    encoder = GroupEncoder(
+        peer_id=GROUP["sender"],
+        swarm=GROUP["swarm"],
+        model_id=GROUP["model_id"],
+        rg_version=GROUP["reasoning_gym_version"],
+        compress=False,
+        share_logprobs=True,
+        clock=lambda: GROUP["created_at"],
+    )
     outgoing = encoder.frames([group], GROUP["sender_round"])
     # the group frame holds exactly 0.1.0's fields (its metadata is the regenerated problem's)
     sent = msgpack.unpackb(outgoing.groups[0][1:], raw=False)
@@ -114,8 +128,11 @@ def frame_of(obj) -> bytes:
 
 def test_an_unknown_optional_field_is_skipped_wherever_it_is():
     group = RolloutGroup.model_validate(GROUP)
-    later = {**GROUP, "reviewer_note": {"by": "a later release", "scores": [[0.5, 1.0]]},
-             "problem": {**GROUP["problem"], "generator_build": "2027.1"}}
+    later = {
+        **GROUP,
+        "reviewer_note": {"by": "a later release", "scores": [[0.5, 1.0]]},
+        "problem": {**GROUP["problem"], "generator_build": "2027.1"},
+    }
     assert decode(frame_of(later), LIMITS) == group
     with_behavior = {**GROUP, "behavior": {**BEHAVIOR, "top_k": 5}}
     assert decode(frame_of(with_behavior), LIMITS).behavior == BehaviorLogprobs.model_validate(BEHAVIOR)
@@ -148,8 +165,12 @@ def test_an_unknown_field_past_the_decoders_bounds_is_still_refused():
 
 
 def test_an_unknown_field_in_a_judge_or_discovery_frame_is_skipped():
-    request = {**JUDGE["eval_request"], "kind": "eval_request", "schema_version": judge_wire.JUDGE_SCHEMA_VERSION,
-               "later": [1, 2]}
+    request = {
+        **JUDGE["eval_request"],
+        "kind": "eval_request",
+        "schema_version": judge_wire.JUDGE_SCHEMA_VERSION,
+        "later": [1, 2],
+    }
     payload = msgpack.packb(request, use_bin_type=True)
     decoded = judge_wire.decode(struct.pack(">I", len(payload)) + payload, judge_wire.EvalRequest)
     assert decoded == judge_wire.EvalRequest.model_validate(JUDGE["eval_request"])

@@ -65,15 +65,18 @@ def test_a_record_signed_by_someone_else_is_refused():
 def test_only_tcp_addresses_of_the_signer_are_kept():
     key, other = create_new_key_pair(b"\x04" * 32), create_new_key_pair(b"\x05" * 32)
     me, them = ID.from_pubkey(key.public_key), ID.from_pubkey(other.public_key)
-    envelope = sealed(key, [
-        "/ip4/10.0.0.1/tcp/4001",
-        f"/ip4/10.0.0.2/tcp/4001/p2p/{me}",
-        f"/ip4/10.0.0.3/tcp/4001/p2p/{them}",  # someone else's id: dropped
-        "/ip4/10.0.0.4/udp/4001/quic-v1",  # not tcp
-        "/ip6/::1/tcp/4001",  # loopback while the peer was seen on 10.0.0.1: not on our machine
-        "/ip4/224.0.0.1/tcp/4001",  # multicast
-        "/dns4/example.com/tcp/4001",  # no names: they would make us resolve whatever we are told
-    ])
+    envelope = sealed(
+        key,
+        [
+            "/ip4/10.0.0.1/tcp/4001",
+            f"/ip4/10.0.0.2/tcp/4001/p2p/{me}",
+            f"/ip4/10.0.0.3/tcp/4001/p2p/{them}",  # someone else's id: dropped
+            "/ip4/10.0.0.4/udp/4001/quic-v1",  # not tcp
+            "/ip6/::1/tcp/4001",  # loopback while the peer was seen on 10.0.0.1: not on our machine
+            "/ip4/224.0.0.1/tcp/4001",  # multicast
+            "/dns4/example.com/tcp/4001",  # no names: they would make us resolve whatever we are told
+        ],
+    )
     entry = check_record(envelope, "10.0.0.1")
     assert [str(a) for a in entry.addrs] == [f"/ip4/10.0.0.1/tcp/4001/p2p/{me}", f"/ip4/10.0.0.2/tcp/4001/p2p/{me}"]
     with pytest.raises(BadRecord, match="no dialable"):
@@ -96,15 +99,18 @@ def test_relayed_addresses_are_kept_with_their_relay_and_never_take_the_hint():
     key, relay_key = create_new_key_pair(b"\x07" * 32), create_new_key_pair(b"\x08" * 32)
     me, relay = ID.from_pubkey(key.public_key), ID.from_pubkey(relay_key.public_key)
     other = ID.from_pubkey(create_new_key_pair(b"\x09" * 32).public_key)
-    envelope = sealed(key, [
-        f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit",  # what a NATed node advertises
-        f"/ip4/198.51.100.3/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}",  # the same, with our id
-        f"/ip4/198.51.100.4/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{other}",  # someone else at the end
-        f"/ip4/0.0.0.0/tcp/4001/p2p/{relay}/p2p-circuit",  # the hint is our IP, not the relay's
-        f"/ip4/198.51.100.5/tcp/4001/p2p/{me}/p2p-circuit",  # relaying through ourselves
-        f"/ip4/127.0.0.1/tcp/4001/p2p/{relay}/p2p-circuit",  # loopback relay of a remote peer
-        "/ip4/198.51.100.6/tcp/4001/p2p-circuit",  # no relay id
-    ])
+    envelope = sealed(
+        key,
+        [
+            f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit",  # what a NATed node advertises
+            f"/ip4/198.51.100.3/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}",  # the same, with our id
+            f"/ip4/198.51.100.4/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{other}",  # someone else at the end
+            f"/ip4/0.0.0.0/tcp/4001/p2p/{relay}/p2p-circuit",  # the hint is our IP, not the relay's
+            f"/ip4/198.51.100.5/tcp/4001/p2p/{me}/p2p-circuit",  # relaying through ourselves
+            f"/ip4/127.0.0.1/tcp/4001/p2p/{relay}/p2p-circuit",  # loopback relay of a remote peer
+            "/ip4/198.51.100.6/tcp/4001/p2p-circuit",  # no relay id
+        ],
+    )
     entry = check_record(envelope, "10.66.0.2")
     assert [str(a) for a in entry.addrs] == [
         f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{me}",
@@ -146,7 +152,7 @@ def test_peer_table_is_bounded_and_backs_off():
     table = PeerTable(max_peers=3)
     keys = [create_new_key_pair(bytes([10 + i]) * 32) for i in range(5)]
     ids = [ID.from_pubkey(k.public_key) for k in keys]
-    for key, peer in zip(keys, ids):
+    for peer in ids:
         assert table.add(KnownPeer(peer, [], 1, b"e", None))
     assert len(table) == 3 and ids[0] not in table and ids[4] in table
     assert not table.add(KnownPeer(ids[4], [], 0, b"older", None))
@@ -201,11 +207,14 @@ async def test_discovered_peers_get_connected_and_every_message_reaches_everyone
         async with trio.open_nursery() as nursery:
             hub, leaves = await start_star(nursery, discover=3)
             nodes = [hub, *leaves]
+
             # A connection is in the swarm a moment before the dial that made it returns and is
             # counted (under load, every dial can still be finishing when the last one appears).
             def settled() -> bool:
-                return (all(len(leaf.service.connected_peers()) >= 3 for leaf in leaves)
-                        and sum(leaf.counters.get("discovery_connected", 0) for leaf in leaves) > 0)
+                return (
+                    all(len(leaf.service.connected_peers()) >= 3 for leaf in leaves)
+                    and sum(leaf.counters.get("discovery_connected", 0) for leaf in leaves) > 0
+                )
 
             with trio.move_on_after(20):
                 while not settled():

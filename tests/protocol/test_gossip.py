@@ -24,9 +24,9 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.utils import encode_varint_prefixed
 
 from sapo.protocol.gossip import Delivery
+from sapo.protocol.identity import peer_id_of
 from sapo.protocol.network import counter, serve_network
 from sapo.protocol.settings import NetworkSettings, rollout_topic
-from sapo.protocol.identity import peer_id_of
 
 SWARM = "test"
 TOPIC = rollout_topic(SWARM)
@@ -56,8 +56,9 @@ async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=N
     settings = NetworkSettings(listen=listen, peers=list(peers), swarm=SWARM, **overrides)
     send, receive = trio.open_memory_channel(64)
     counters: dict[str, int] = {}
-    network = await nursery.start(partial(serve_network, settings, key_pair or create_new_key_pair(), send,
-                                          counters=counters))
+    network = await nursery.start(
+        partial(serve_network, settings, key_pair or create_new_key_pair(), send, counters=counters)
+    )
     return Node(network, receive, counters)
 
 
@@ -92,9 +93,7 @@ async def raw_host(sec_opt=None):
     """A bare py-libp2p host (no pubsub) for sending what a well-behaved node never would."""
     key_pair = create_new_key_pair()
     sec_opt = sec_opt or {
-        NOISE_PROTOCOL_ID: NoiseTransport(
-            key_pair, noise_privkey=create_new_x25519_key_pair().private_key
-        )
+        NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)
     }
     listen = multiaddr.Multiaddr(LOOPBACK)
     host = new_host(
@@ -245,15 +244,11 @@ async def test_dead_bootstrap_peer_is_redialled_until_it_comes_up():
     late_addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{late_id}"
     with trio.fail_after(25):
         async with trio.open_nursery() as nursery:
-            a = await start_node(
-                nursery, peers=[late_addr], dial_backoff_initial=0.2, dial_backoff_max=0.5
-            )
+            a = await start_node(nursery, peers=[late_addr], dial_backoff_initial=0.2, dial_backoff_max=0.5)
             await trio.sleep(1.0)  # several failed dials; run() must carry on regardless
             assert a.counters.get("dial_failed", 0) >= 2
             assert a.service.connected_peers() == []
-            late = await start_node(
-                nursery, key_pair=late_key, listen=f"/ip4/127.0.0.1/tcp/{port}"
-            )
+            late = await start_node(nursery, key_pair=late_key, listen=f"/ip4/127.0.0.1/tcp/{port}")
             with trio.fail_after(10):
                 while late_id not in a.service.connected_peers():
                     await trio.sleep(0.05)
@@ -298,9 +293,7 @@ async def test_bootstrap_peer_that_restarts_is_redialled():
         async with trio.open_nursery() as nursery:
             late_scope = trio.CancelScope()
             late = await nursery.start(run_node_in, late_scope, late_key, port)
-            a = await start_node(
-                nursery, peers=[late.addr], dial_backoff_initial=0.2, dial_backoff_max=0.5
-            )
+            a = await start_node(nursery, peers=[late.addr], dial_backoff_initial=0.2, dial_backoff_max=0.5)
             await wait_for_mesh([a, late])
             late_scope.cancel()  # late's host closes its connections, so a notices at once
             with trio.fail_after(5):
@@ -330,7 +323,9 @@ def _deliver(delivery, msg):
 
 def _message(key_pair, seqno, data=b"x"):
     return rpc_pb2.Message(
-        data=data, topicIDs=[TOPIC], from_id=ID.from_pubkey(key_pair.public_key).to_bytes(),
+        data=data,
+        topicIDs=[TOPIC],
+        from_id=ID.from_pubkey(key_pair.public_key).to_bytes(),
         seqno=seqno.to_bytes(8, "big"),
     )
 

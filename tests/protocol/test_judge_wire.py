@@ -39,8 +39,15 @@ def test_golden_bytes_of_an_eval_request():
     # The contract: 4-byte big-endian length, then a msgpack map with sorted keys.
     frame = wire.encode(request())
     payload = msgpack.packb(
-        {"external_groups": 3, "kind": "eval_request", "model_id": "tiny", "node_round": 7,
-         "peer_id": PEER, "schema_version": 2, "swarm_peers_seen": 2},
+        {
+            "external_groups": 3,
+            "kind": "eval_request",
+            "model_id": "tiny",
+            "node_round": 7,
+            "peer_id": PEER,
+            "schema_version": 2,
+            "swarm_peers_seen": 2,
+        },
         use_bin_type=True,
     )
     assert frame == struct.pack(">I", len(payload)) + payload
@@ -154,8 +161,11 @@ def test_a_question_carries_nothing_that_rebuilds_its_answer():
 
 
 def test_a_v1_frame_is_refused_as_retired_with_what_to_do():
-    v1_question = {**question().model_dump(mode="json"), "schema_version": 1,
-                   "spec": {"dataset": "basic_arithmetic", "config": {}, "seed": 5, "index": 9}}
+    v1_question = {
+        **question().model_dump(mode="json"),
+        "schema_version": 1,
+        "spec": {"dataset": "basic_arithmetic", "config": {}, "seed": 5, "index": 9},
+    }
     with pytest.raises(JudgeWireError) as caught:
         wire.decode(frame_of(v1_question), Question)
     assert caught.value.reason is WireErrorReason.retired_schema_version
@@ -164,8 +174,12 @@ def test_a_v1_frame_is_refused_as_retired_with_what_to_do():
 
 def test_an_old_judges_refusal_is_shown_in_its_own_words():
     # what a 0.1.0/0.2.0 judge answers our v2 EvalRequest
-    old = {"schema_version": 1, "kind": "error", "reason": "unknown_schema_version",
-           "detail": "schema_version 2, this side speaks 1"}
+    old = {
+        "schema_version": 1,
+        "kind": "error",
+        "reason": "unknown_schema_version",
+        "detail": "schema_version 2, this side speaks 1",
+    }
     with pytest.raises(JudgeWireError, match="the judge refused: unknown_schema_version: schema_version 2") as caught:
         wire.decode(frame_of(old), Question)
     assert caught.value.reason is WireErrorReason.retired_schema_version

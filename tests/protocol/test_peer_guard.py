@@ -130,10 +130,17 @@ async def test_flooder_is_banned_and_disconnected_honest_peer_still_delivers():
             # replays that cache, and a cache full of flood would (rightly) get it banned again.
             # A star (no discovery): otherwise the honest peer also hears the flood directly and
             # keeps relaying its backlog to the victim after the ban, as a relay should.
-            victim = await start_node(nursery, peer_message_rate=2.0, peer_message_burst=10, ban_seconds=7.0,
-                                      discover_peers=0)
-            flooder = await start_node(nursery, peers=[victim.addr], key_pair=create_new_key_pair(b"\x11" * 32),
-                                       dial_backoff_initial=0.2, dial_backoff_max=0.5, discover_peers=0)
+            victim = await start_node(
+                nursery, peer_message_rate=2.0, peer_message_burst=10, ban_seconds=7.0, discover_peers=0
+            )
+            flooder = await start_node(
+                nursery,
+                peers=[victim.addr],
+                key_pair=create_new_key_pair(b"\x11" * 32),
+                dial_backoff_initial=0.2,
+                dial_backoff_max=0.5,
+                discover_peers=0,
+            )
             honest = await start_node(nursery, peers=[victim.addr], discover_peers=0)
             await wait_for_mesh([victim, flooder])
             await wait_for_mesh([victim, honest])
@@ -189,7 +196,9 @@ async def test_bootstrap_keeper_does_not_redial_a_banned_peer():
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             target = await start_node(nursery, discover_peers=0)
-            node = await start_node(nursery, peers=[target.addr], ban_seconds=60, dial_backoff_initial=0.2, discover_peers=0)
+            node = await start_node(
+                nursery, peers=[target.addr], ban_seconds=60, dial_backoff_initial=0.2, discover_peers=0
+            )
             await wait_for_mesh([node, target])
             await trio.sleep(1)  # the keeper's own dial has returned
             failed_before = node.counters.get("dial_failed", 0)

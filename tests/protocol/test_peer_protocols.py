@@ -51,8 +51,9 @@ async def test_after_a_while_the_peer_is_asked_once_more_and_quietly(caplog):
     with trio.fail_after(20), caplog.at_level(logging.INFO, logger="sapo.gossip"):
         async with trio.open_nursery() as nursery:
             us, them = await connected_pair(nursery)
-            protocols = PeerProtocols(us, lambda name: counts.__setitem__(name, counts.get(name, 0) + 1),
-                                      clock=lambda: now[0])
+            protocols = PeerProtocols(
+                us, lambda name: counts.__setitem__(name, counts.get(name, 0) + 1), clock=lambda: now[0]
+            )
             while them.get_id() not in us._identified_peers:
                 await trio.sleep(0.05)
             assert protocols.lacks(them.get_id(), DISCOVERY)

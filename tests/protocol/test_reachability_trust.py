@@ -19,8 +19,18 @@ def test_network_groups():
     assert network_group("2001:4860:1::1") == network_group("2001:4860:ffff::2") == "2001:4860::/32"
     assert network_group("::ffff:8.8.4.4") == "8.8.0.0/16"  # IPv4 seen over an IPv6 socket
     # Not globally routable: our host, LAN, container network or carrier NAT; one voice together.
-    for local in ("127.0.0.1", "10.66.1.2", "192.168.1.5", "172.17.0.3", "100.64.0.9", "169.254.1.1", "::1",
-                  "fd00::1", "198.51.100.7", "not an ip"):
+    for local in (
+        "127.0.0.1",
+        "10.66.1.2",
+        "192.168.1.5",
+        "172.17.0.3",
+        "100.64.0.9",
+        "169.254.1.1",
+        "::1",
+        "fd00::1",
+        "198.51.100.7",
+        "not an ip",
+    ):
         assert network_group(local) == "local", local
 
 
@@ -63,9 +73,15 @@ class Host:
 
 def service_with_answers(host: Host, answers: dict[ID, bool], bootstrap=()) -> tuple[ReachabilityService, dict]:
     asked: dict[ID, int] = {}
-    service = ReachabilityService(host, mode="auto", interval=0.0, may_use=lambda peer: True,
-                                  count=lambda name: None, on_change=lambda status: None,
-                                  bootstrap=lambda peer: peer in bootstrap)
+    service = ReachabilityService(
+        host,
+        mode="auto",
+        interval=0.0,
+        may_use=lambda peer: True,
+        count=lambda name: None,
+        on_change=lambda status: None,
+        bootstrap=lambda peer: peer in bootstrap,
+    )
 
     async def ask(server: ID) -> bool | None:
         asked[server] = asked.get(server, 0) + 1
@@ -141,8 +157,14 @@ async def test_a_real_fresh_connection_is_too_young_until_it_has_stayed(monkeypa
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             server, client = await two_connected_hosts(nursery)
-            service = ReachabilityService(client, mode="auto", interval=60, may_use=lambda peer: True,
-                                          count=lambda name: None, on_change=lambda status: None)
+            service = ReachabilityService(
+                client,
+                mode="auto",
+                interval=60,
+                may_use=lambda peer: True,
+                count=lambda name: None,
+                on_change=lambda status: None,
+            )
             assert service.established_servers() == {}
             monkeypatch.setattr(time, "time", lambda real=time.time: real() + MIN_SERVER_AGE_SECONDS)
             assert service.established_servers() == {server.get_id(): "local"}

@@ -84,8 +84,9 @@ async def test_hole_punching_adds_a_direct_connection_to_the_relayed_one():
 async def circuits_from_one_peer_survive_each_other(stock: bool, monkeypatch) -> bool:
     """a holds circuits to b and c through the relay; a closes the one to b. Does a-c live on?"""
     if stock:  # 0.8.1's _relay_data, which closes "the circuit of peer X" by peer id
-        monkeypatch.setattr(relay_guards.GuardedRelayProtocol, "_relay_data",
-                            relay_guards.CircuitV2Protocol._relay_data)
+        monkeypatch.setattr(
+            relay_guards.GuardedRelayProtocol, "_relay_data", relay_guards.CircuitV2Protocol._relay_data
+        )
     # a closes its link to b itself: its recovery (relayed_links.py) would dial b again at once,
     # and the new circuit would change which streams the stock relay's bookkeeping points at
     monkeypatch.setattr(relayed_links.RelayedLinks, "_closed", lambda self, link, nursery: None)
@@ -128,10 +129,17 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
         asked.append(peer)
         return peer != refused
 
-    service = RelayService(host, relay="off", limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1,
-                                                                  circuit_seconds=1),
-                           relays_to_reserve=0, hole_punching=False, preferred_relays=list, may_use=may_use,
-                           count=lambda name: None, on_addrs_changed=lambda: None)
+    service = RelayService(
+        host,
+        relay="off",
+        limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1, circuit_seconds=1),
+        relays_to_reserve=0,
+        hole_punching=False,
+        preferred_relays=list,
+        may_use=may_use,
+        count=lambda name: None,
+        on_addrs_changed=lambda: None,
+    )
     circuit = multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/9/p2p/{refused}/p2p-circuit")
     error = await service.dial(PeerInfo(target, [circuit]))
     assert isinstance(error, ConnectionError) and "no usable relayed address" in str(error)
@@ -143,10 +151,18 @@ async def test_a_relays_refusal_is_forgotten_once_its_backoff_has_run_out():
 
     now = [1000.0]
     host = new_noise_host(create_new_key_pair(), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")])
-    service = RelayService(host, relay="off", limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1,
-                                                                  circuit_seconds=1),
-                           relays_to_reserve=1, hole_punching=False, preferred_relays=list, may_use=lambda peer: True,
-                           count=lambda name: None, on_addrs_changed=lambda: None, clock=lambda: now[0])
+    service = RelayService(
+        host,
+        relay="off",
+        limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1, circuit_seconds=1),
+        relays_to_reserve=1,
+        hole_punching=False,
+        preferred_relays=list,
+        may_use=lambda peer: True,
+        count=lambda name: None,
+        on_addrs_changed=lambda: None,
+        clock=lambda: now[0],
+    )
     refusers = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3)]
     for i, relay in enumerate(refusers):  # as _reserve_more notes a refusal, a minute apart
         service._refused_until[relay] = now[0] + 60 * i + RESERVE_REFUSED_BACKOFF_SECONDS
@@ -222,11 +238,18 @@ async def test_a_bootstrap_relay_that_refused_is_asked_again_sooner(monkeypatch)
     boot, other = (ID.from_pubkey(create_new_key_pair().public_key) for _ in range(2))
     host.get_peerstore().add_protocols(other, [HOP_PROTOCOL_ID])
     monkeypatch.setattr(relay_module, "direct_peers", lambda host: [boot, other])
-    service = RelayService(host, relay="off", limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1,
-                                                                  circuit_seconds=1),
-                           relays_to_reserve=2, hole_punching=False, preferred_relays=lambda: [boot],
-                           may_use=lambda peer: True, count=lambda name: None, on_addrs_changed=lambda: None,
-                           clock=lambda: now[0])
+    service = RelayService(
+        host,
+        relay="off",
+        limits=relay_limits(reservations=1, circuits_per_peer=1, circuit_bytes=1, circuit_seconds=1),
+        relays_to_reserve=2,
+        hole_punching=False,
+        preferred_relays=lambda: [boot],
+        may_use=lambda peer: True,
+        count=lambda name: None,
+        on_addrs_changed=lambda: None,
+        clock=lambda: now[0],
+    )
     service.relay_address = lambda relay: multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/9")
 
     async def refused(relay):
@@ -234,5 +257,7 @@ async def test_a_bootstrap_relay_that_refused_is_asked_again_sooner(monkeypatch)
 
     service._reserve = refused
     assert not await service._reserve_more(2)
-    assert service._refused_until == {boot: now[0] + BOOTSTRAP_REFUSED_BACKOFF_SECONDS,
-                                      other: now[0] + RESERVE_REFUSED_BACKOFF_SECONDS}
+    assert service._refused_until == {
+        boot: now[0] + BOOTSTRAP_REFUSED_BACKOFF_SECONDS,
+        other: now[0] + RESERVE_REFUSED_BACKOFF_SECONDS,
+    }

@@ -87,8 +87,9 @@ async def test_several_circuits_together_are_held_to_the_relays_byte_rate():
     size = 384 * 1024
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
-            relay = await start_node(nursery, relay="on", reachability="public", discover_peers=0,
-                                     relay_max_bytes_per_second=rate)
+            relay = await start_node(
+                nursery, relay="on", reachability="public", discover_peers=0, relay_max_bytes_per_second=rate
+            )
             a, b, c = [await start_node(nursery, peers=[relay.addr], **PRIVATE) for _ in range(3)]
             await wait_until(lambda: all(n.service.relayed_addrs for n in (a, b, c)), 30)
             await dial_through_relay(a, b)
@@ -112,8 +113,14 @@ async def test_several_circuits_together_are_held_to_the_relays_byte_rate():
 async def test_the_hours_bytes_once_spent_cut_circuits_and_refuse_new_ones():
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
-            relay = await start_node(nursery, relay="on", reachability="public", discover_peers=0,
-                                     relay_max_bytes_per_hour=1024 * 1024, relay_max_bytes_per_second=64 * 1024 * 1024)
+            relay = await start_node(
+                nursery,
+                relay="on",
+                reachability="public",
+                discover_peers=0,
+                relay_max_bytes_per_hour=1024 * 1024,
+                relay_max_bytes_per_second=64 * 1024 * 1024,
+            )
             a, b, c = [await start_node(nursery, peers=[relay.addr], **PRIVATE) for _ in range(3)]
             await wait_until(lambda: all(n.service.relayed_addrs for n in (a, b, c)), 30)
             await dial_through_relay(a, b)

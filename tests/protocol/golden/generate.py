@@ -42,12 +42,26 @@ GROUP = {
     "sender_rewards": [1.0, 0.0, 0.0],
     "reasoning_gym_version": "0.1.25",
 }
-BEHAVIOR = {"tokenizer": "9f2c4e1a7b3d5f60", "temperature": 1.0, "token_logprobs": [[-0.5, -0.25, 0.0], [-1.5], [-2.0, -0.125]]}
+BEHAVIOR = {
+    "tokenizer": "9f2c4e1a7b3d5f60",
+    "temperature": 1.0,
+    "token_logprobs": [[-0.5, -0.25, 0.0], [-1.5], [-2.0, -0.125]],
+}
 JUDGE_PEER = "12D3KooWNw6rsRXB6edCW9pgnkqhCwnuj8civPt8wWknGw4x6Ak2"
 JUDGE = {
-    "eval_request": {"peer_id": JUDGE_PEER, "model_id": "tiny", "node_round": 7, "swarm_peers_seen": 2, "external_groups": 3},
-    "question": {"id": "0123456789abcdef", "task": "basic_arithmetic", "question": "Calculate 3 + 4 =",
-                 "spec": GROUP["problem"]},
+    "eval_request": {
+        "peer_id": JUDGE_PEER,
+        "model_id": "tiny",
+        "node_round": 7,
+        "swarm_peers_seen": 2,
+        "external_groups": 3,
+    },
+    "question": {
+        "id": "0123456789abcdef",
+        "task": "basic_arithmetic",
+        "question": "Calculate 3 + 4 =",
+        "spec": GROUP["problem"],
+    },
     "answer": {"id": "0123456789abcdef", "text": "<answer>7</answer>"},
     "score": {"id": "0123456789abcdef", "score": 1.0},
     "error": {"reason": "bad_schema", "detail": "answer: field required"},
@@ -68,10 +82,15 @@ def rollout_frames() -> dict[str, bytes]:
         from sapo.protocol.codec import encode_logprobs, group_digest
 
         digest = group_digest(messages.RolloutGroup.model_validate(GROUP)).hex()
-        shared = messages.SharedLogprobs.model_validate({
-            "schema_version": 1, "sender": SENDER, "swarm": "sapo-golden", "created_at": 1_735_689_600.25,
-            "groups": [{"group": digest, "behavior": BEHAVIOR}],
-        })
+        shared = messages.SharedLogprobs.model_validate(
+            {
+                "schema_version": 1,
+                "sender": SENDER,
+                "swarm": "sapo-golden",
+                "created_at": 1_735_689_600.25,
+                "groups": [{"group": digest, "behavior": BEHAVIOR}],
+            }
+        )
         out["shared_logprobs_v1.bin"] = encode_logprobs(shared, compress=False)
     return out
 
@@ -100,12 +119,19 @@ def discovery_frames() -> dict[str, bytes]:
 def judge_frames() -> dict[str, bytes]:
     from sapo.protocol import judge_wire
 
-    kinds = {"eval_request": judge_wire.EvalRequest, "question": judge_wire.Question, "answer": judge_wire.Answer,
-             "score": judge_wire.Score, "error": judge_wire.JudgeError}
+    kinds = {
+        "eval_request": judge_wire.EvalRequest,
+        "question": judge_wire.Question,
+        "answer": judge_wire.Answer,
+        "score": judge_wire.Score,
+        "error": judge_wire.JudgeError,
+    }
     version = getattr(judge_wire, "JUDGE_SCHEMA_VERSION", 1)
     messages = JUDGE if version == 1 else JUDGE_V2
-    out = {f"judge_{kind}_v{version}.bin": judge_wire.encode(kinds[kind].model_validate(fields))
-           for kind, fields in messages.items()}
+    out = {
+        f"judge_{kind}_v{version}.bin": judge_wire.encode(kinds[kind].model_validate(fields))
+        for kind, fields in messages.items()
+    }
     if hasattr(judge_wire, "RetiredVersionRefusal"):  # v2 judges still tell v1 nodes why, in v1
         out["judge_error_v1.bin"] = judge_wire.encode(judge_wire.RetiredVersionRefusal.model_validate(JUDGE["error"]))
     return out
