@@ -56,12 +56,15 @@ async def resolve_peer_address(text: str, timeout: float) -> list[PeerInfo]:
     Bounded by `timeout`; a name that does not resolve (yet) is an AddressError too."""
     parsed = parse_peer_address(text)
     address = multiaddr.Multiaddr(text)
-    if parsed.kind == "ip":
-        return [PeerInfo(parsed.peer_id, [_without_p2p(address)])]
-    with trio.move_on_after(timeout) as scope:
-        if parsed.kind == "name":
+    if parsed.kind == "dnsaddr":
+        with trio.move_on_after(timeout) as scope:
+            return await _resolve_dnsaddr(address, parsed.peer_id, text)
+    else:
+        assert parsed.peer_id is not None, "the shape check requires a peer id of an ip or a name entry"
+        if parsed.kind == "ip":
+            return [PeerInfo(parsed.peer_id, [_without_p2p(address)])]
+        with trio.move_on_after(timeout) as scope:
             return [PeerInfo(parsed.peer_id, await _resolve_name(address, text))]
-        return await _resolve_dnsaddr(address, parsed.peer_id, text)
     assert scope.cancelled_caught
     raise AddressError(f"resolving {text!r} took longer than {timeout:g} s")
 
@@ -97,7 +100,7 @@ async def _resolve_dnsaddr(address: multiaddr.Multiaddr, peer_id: ID | None, tex
             parsed = parse_peer_address(str(entry))
         except AddressError:
             continue  # a TXT entry we cannot dial (another transport, no peer id)
-        if parsed.kind != "ip" or (peer_id is not None and parsed.peer_id != peer_id):
+        if parsed.kind != "ip" or parsed.peer_id is None or (peer_id is not None and parsed.peer_id != peer_id):
             continue
         if parsed.peer_id not in by_peer and len(by_peer) >= MAX_PEERS_PER_DNSADDR:
             continue

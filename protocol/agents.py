@@ -43,7 +43,7 @@ def identify_as(host: Any, agent: str) -> Callable[[Any], Any]:
     answer = identify_handler_for(host, use_varint_format=True)
 
     async def handle(stream: Any) -> None:
-        await answer(_AgentStamped(stream, agent))
+        await answer(_AgentStamped(stream, agent))  # type: ignore[arg-type]  # the stream, duck-typed
 
     return handle
 
@@ -135,7 +135,7 @@ class PeerAgents:
                 logger.debug("identify of %s failed: %s: %s", peer, type(error).__name__, error)
             finally:
                 if stream is not None:
-                    with trio.move_on_after(1.0, shield=True):
+                    with trio.CancelScope(deadline=trio.current_time() + 1.0, shield=True):
                         try:
                             await stream.close()
                         except Exception:  # noqa: BLE001

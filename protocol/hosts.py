@@ -30,6 +30,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.host.basic_host import BasicHost
 from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import RetryConfig
+from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.rcmgr import new_resource_manager
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -54,12 +55,13 @@ def new_noise_host(
     swarm = new_swarm(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_x25519().private_key)},
-        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},  # type: ignore[dict-item]  # 0.8.1 types its muxers by interface
         listen_addrs=listen,
         psk=psk,
         retry_config=RetryConfig(max_retries=0),
         resource_manager=resource_manager,
     )
+    assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
     host = BasicHost(network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's

@@ -136,7 +136,7 @@ def encode(msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """The length-prefixed frame for `msg`. Refuses (ValueError) to build an oversized one."""
     payload = canonical_bytes(msg)
     if len(payload) > max_frame_bytes:
-        raise ValueError(f"{msg.kind} is {len(payload)} bytes, over the {max_frame_bytes}-byte frame limit")
+        raise ValueError(f"{type(msg).__name__} is {len(payload)} bytes, over the {max_frame_bytes}-byte frame limit")
     return _HEADER.pack(len(payload)) + payload
 
 

@@ -210,9 +210,12 @@ def _direct_connection(host: Any, peer: ID) -> tuple[str, float] | None:
         if connection.is_closed or is_relayed(connection):
             continue
         try:
-            ip = next(_addr_ip(a) for a in connection.get_transport_addresses() if _addr_ip(a) is not None)
-        except Exception:  # noqa: BLE001 - no IP address (closing, or another transport)
+            ips = [ip for ip in map(_addr_ip, connection.get_transport_addresses()) if ip is not None]
+        except Exception:  # noqa: BLE001 - a connection closing under us
             continue
+        if not ips:
+            continue  # no IP address (another transport)
+        ip = ips[0]
         # py-libp2p 0.8.1's SwarmConn notes when it was made (wall clock); no other record exists.
         age = time.time() - getattr(connection, "_created_at", time.time())
         if best is None or age > best[1]:

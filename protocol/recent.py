@@ -38,7 +38,8 @@ class RecentByAuthor(Generic[V]):
         return len(self._authors.get(author, ()))
 
     def get(self, author: Hashable, key: Hashable, default: V | None = None) -> V | None:
-        entry = self._authors.get(author, {}).get(key)
+        entries = self._authors.get(author)
+        entry = entries.get(key) if entries is not None else None
         return default if entry is None else entry[0]
 
     def contains(self, author: Hashable, key: Hashable) -> bool:

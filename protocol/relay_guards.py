@@ -220,7 +220,8 @@ class GuardedRelayProtocol(CircuitV2Protocol):
         for connection in self.host.get_network().get_connections(source):
             try:
                 if ours in connection.get_transport_addresses():
-                    connection.set_transport_info([real], ConnectionType.RELAYED)
+                    # py-libp2p 0.8.1's SwarmConn has it; its INetConn interface does not declare it
+                    connection.set_transport_info([real], ConnectionType.RELAYED)  # type: ignore[attr-defined]
             except Exception:  # noqa: BLE001 - a connection closing under us
                 continue
 
@@ -255,13 +256,13 @@ class ProtectedCircuits(CircuitV2Transport):
     (`upgrade_outbound_raw_conn` leaves that to the TCP dial, which a circuit does not make), so
     no circuit ever completed its handshake there (test_relay.py)."""
 
-    async def dial(self, maddr: multiaddr.Multiaddr) -> Any:  # type: ignore[override]
+    async def dial(self, maddr: multiaddr.Multiaddr) -> Any:
         relay_address, target = self.parse_circuit_ma(maddr)
         relay = ID.from_base58(relay_address.get_peer_id())
         raw = await self.dial_peer_info(
             dest_info=PeerInfo(target, [maddr]), relay_info=PeerInfo(relay, [relay_address])
         )
-        psk = self.host.get_network().psk
+        psk = self.host.get_network().psk  # type: ignore[attr-defined]  # the Swarm's; INetworkService lacks it
         if psk is not None:
             raw = new_protected_conn(raw, psk)
         return await self.host.upgrade_outbound_connection(raw, target)

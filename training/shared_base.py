@@ -50,8 +50,6 @@ class AdapterView(torch.nn.Module):
         if not self._own:
             raise ValueError(f"the shared model has no adapter {name!r}")
         for parameter in self._own:
-            # Our own mark on torch's Parameter, read back with getattr in activate; torch does not declare it.
-            parameter._sapo_adapter = True  # type: ignore[attr-defined]
             parameter.requires_grad_(True)
 
     def activate(self):
@@ -61,8 +59,8 @@ class AdapterView(torch.nn.Module):
         forward pass, so it gets no gradient)."""
         if self.shared.active_adapter != self.name:
             self.shared.set_adapter(self.name)
-            for parameter in self.shared.parameters():
-                if parameter.requires_grad is False and getattr(parameter, "_sapo_adapter", False):
+            for parameter_name, parameter in self.shared.named_parameters():
+                if not parameter.requires_grad and ".lora_" in parameter_name:  # an adapter's, never the base's
                     parameter.requires_grad_(True)
         return self.shared
 

@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -24,7 +25,6 @@ from sapo.protocol.messages import (
     SharedLogprobs,
     to_wire,
 )
-from sapo.protocol.network import Network
 from sapo.protocol.settings import logprobs_topic
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
@@ -168,8 +168,21 @@ def node_intake(
     )
 
 
+class GossipPort(Protocol):
+    """What the exchange needs of the network (protocol/network.py's `Network`): publish, who is
+    connected, whether an author is banned, and where an author's connection comes from."""
+
+    async def publish(self, data: bytes, topic: str | None = None) -> bool: ...
+
+    def connected_peers(self) -> list[str]: ...
+
+    def refusal_bytes(self, peer_id: bytes) -> str | None: ...
+
+    def network_group_of(self, peer: str) -> str | None: ...
+
+
 class GossipExchange:
-    def __init__(self, network: Network, encoder: GroupEncoder, intake: Intake, counters: NodeCounters):
+    def __init__(self, network: GossipPort, encoder: GroupEncoder, intake: Intake, counters: NodeCounters):
         self.network = network
         self.encoder = encoder
         self.intake = intake

@@ -15,21 +15,21 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import trio
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.daemon.dialable import dialable_all, page_urls
 from sapo.node.core.exchange import GossipExchange, group_encoder, node_intake
-from sapo.node.daemon.live import LiveStatus, LoadingStopped
 from sapo.node.core.metrics import RoundRecord
 from sapo.node.core.node import Node
-from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.core.round import Exchange, run_round
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState
+from sapo.node.daemon.dialable import dialable_all, page_urls
+from sapo.node.daemon.live import LiveStatus, LoadingStopped
+from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
 from sapo.protocol.gossip import ReceivedMessage
@@ -102,7 +102,11 @@ async def _cancel_on_signal(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
         async for signum in signals:
-            log.info("received %s (%s); finishing cleanly", signal.Signals(signum).name, SIGNAL_MEANING[signal.Signals(signum)])
+            log.info(
+                "received %s (%s); finishing cleanly",
+                signal.Signals(signum).name,
+                SIGNAL_MEANING[signal.Signals(signum)],
+            )
             _finish(scope, stop, live)
             return
 
@@ -110,7 +114,7 @@ async def _cancel_on_signal(
 async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: threading.Event, live: LiveStatus) -> None:
     """A node its swarm started stops as on SIGTERM once the swarm is gone, however it went: a
     SIGKILLed swarm can forward nothing, and its nodes would train on, orphaned, for good."""
-    while os.getppid() == parent:
+    while os.getppid() == parent:  # noqa: ASYNC110 - no event says a parent went: poll
         await trio.sleep(ORPHAN_CHECK_SECONDS)
     log.info("its swarm (pid %d) is gone; finishing cleanly", parent)
     _finish(scope, stop, live)
@@ -147,7 +151,12 @@ def start_intake(
     """The node is loaded: check what has been waiting, and everything from now on."""
     rg_version = reasoning_gym_version()
     intake = node_intake(
-        settings, node.inbox, node.counters, peer_id=node.peer_id, rg_version=rg_version, verifier=node.verifier,
+        settings,
+        node.inbox,
+        node.counters,
+        peer_id=node.peer_id,
+        rg_version=rg_version,
+        verifier=node.verifier,
         on_reject=lambda signer, reason: _report_from_worker(network, signer, reason),
     )
     exchange = GossipExchange(network, group_encoder(settings, node.peer_id, rg_version), intake, node.counters)
@@ -206,7 +215,7 @@ async def wait_for_peers(exchange: GossipExchange, count: int, timeout: float) -
     if count <= 0:
         return
     with trio.move_on_after(timeout):
-        while len(exchange.peers()) < count:
+        while len(exchange.peers()) < count:  # noqa: ASYNC110 - libp2p has no "peer connected" event we can wait on
             await trio.sleep(0.2)
         # one heartbeat for the subscriptions to be exchanged and the mesh to form
         await trio.sleep(1.0)
@@ -272,8 +281,13 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 nursery.cancel_scope.cancel()
     except* LoadingStopped as stopped:
         log.info("%s", stopped.exceptions[0])
-    if node is not None and state is not None and start is not None and state.round > start.round \
-            and not node.checkpoint_due(state.round):
+    if (
+        node is not None
+        and state is not None
+        and start is not None
+        and state.round > start.round
+        and not node.checkpoint_due(state.round)
+    ):
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(node.checkpoint, state)
     if live.phase != "finished":
