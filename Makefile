@@ -50,10 +50,11 @@ test-all: $(STAMP)
 compose-test: $(STAMP)
 	$(PY) -m tests.docker.compose_swarm --out compose-test-out
 
-# Regenerate the settings reference (docs/settings.md) from the settings models, and the
-# architecture drawing (Graphviz's dot: apt install graphviz).
+# Regenerate the settings reference (docs/settings.md) from the settings models, the import
+# graph (docs/import-graph.md) and the architecture drawing (Graphviz's dot: apt install graphviz).
 docs: $(STAMP)
 	$(PY) -m sapo.node.daemon.settings_doc docs/settings.md
+	$(PY) -m tests.test_import_graph
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
 clean:
