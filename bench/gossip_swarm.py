@@ -127,35 +127,35 @@ async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
     phases: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sapo-bench-gossip-") as tmp:
         started = time.monotonic()
-        nodes: list[BenchNode] = []
+        made = []  # each node's identity, channel and groups; its network comes up below
         for i in range(args.nodes):
             key_pair = load_or_create_identity(Path(tmp) / f"node-{i}")
             send, recv = trio.open_memory_channel(1024)
-            nodes.append(
-                BenchNode(
+            made.append((key_pair, send, recv, build_groups(i, args.seed)))
+        phases["build groups s"] = time.monotonic() - started
+
+        nodes: list[BenchNode] = []
+        async with trio.open_nursery() as nursery:
+            started = time.monotonic()
+            for i, (key_pair, send, recv, groups) in enumerate(made):
+                if i == 0:
+                    peers = []
+                else:
+                    target = nodes[0] if args.topology == "star" else nodes[i - 1]
+                    peers = [target.service.listen_addrs[0]]
+                with trio.fail_after(15):
+                    network = await nursery.start(
+                        partial(serve_network, gossip_settings(args, peers, discover), key_pair, send)
+                    )
+                node = BenchNode(
                     index=i,
                     peer_id=peer_id_of(key_pair),
-                    service=(key_pair, send),  # replaced by the network once the bootstrap address is known
-                    groups=build_groups(i, args.seed),
+                    service=network,
+                    groups=groups,
                     incoming=recv,
                     rg_version=reasoning_gym_version(),
                 )
-            )
-        phases["build groups s"] = time.monotonic() - started
-
-        async with trio.open_nursery() as nursery:
-            started = time.monotonic()
-            for node in nodes:
-                key_pair, send = node.service
-                if node.index == 0:
-                    peers = []
-                else:
-                    target = nodes[0] if args.topology == "star" else nodes[node.index - 1]
-                    peers = [target.service.listen_addrs[0]]
-                with trio.fail_after(15):
-                    node.service = await nursery.start(
-                        partial(serve_network, gossip_settings(args, peers, discover), key_pair, send)
-                    )
+                nodes.append(node)
                 nursery.start_soon(receive, node, totals, limits)
             with trio.fail_after(30):
                 while not all(node.service.connected_peers() for node in nodes):
