@@ -83,11 +83,77 @@ def connection_kinds(service) -> dict[str, str]:
     return kinds
 
 
+def load_groups(args: argparse.Namespace) -> list:
+    """The QuestionGroups this peer publishes: --groups-file's, or built here for --index."""
+    if args.groups_file is not None:
+        from sapo.training.rollouts import QuestionGroup
+
+        return [QuestionGroup.model_validate(g) for g in json.loads(args.groups_file.read_text())]
+    from gossip import build_groups  # bench/ is on sys.path: peer_main put it there
+
+    return build_groups(args.index, 0)
+
+
+async def receive_frames(incoming, limits) -> None:
+    """Decode every frame that arrives, as a node's intake does, and log it (or its rejection)."""
+    from sapo.protocol.codec import Rejected, decode
+
+    async for message in incoming:
+        try:
+            decode(message.data, limits)  # what a node's intake spends before its checks
+        except Rejected:
+            emit(ev="rejected", sender=message.sender)
+            continue
+        emit(ev="recv", id=hashlib.sha1(message.data).hexdigest(), sender=message.sender, at=message.received_at)
+
+
+async def report_state(args: argparse.Namespace, service) -> None:
+    """A `state` line every --state-seconds: CPU, reachability, relaying, connections, counters."""
+    while True:
+        emit(
+            ev="state",
+            cpu=time.process_time(),
+            reachability=service.reachability,
+            relaying=service.relaying,
+            relayed=service.relayed_addrs,
+            conns=connection_kinds(service),
+            counters=service.counters,
+        )
+        await trio.sleep(args.state_seconds)
+
+
+async def publish_frames(args: argparse.Namespace, service, node) -> None:
+    """From the start time (`go` on stdin, --publish-at, or once connected), --rate frames a
+    second until --publish-seconds have passed (or forever)."""
+    if args.rate <= 0:
+        return
+    if args.wait_go:
+        line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        _, at, seconds = line.split()
+        args.publish_at, args.publish_seconds = float(at), float(seconds)
+    if args.publish_at is None:
+        while not service.connected_peers():
+            await trio.sleep(0.2)
+    else:
+        await trio.sleep(max(0.0, args.publish_at - time.time()))
+    k = 0
+    next_at = time.monotonic()
+    stop_at = next_at + args.publish_seconds if args.publish_seconds is not None else float("inf")
+    while time.monotonic() < stop_at:
+        frame = node.frame(node.groups[k % len(node.groups)], k)
+        sent = time.time()
+        ok = await service.publish(frame)
+        emit(ev="pub", id=hashlib.sha1(frame).hexdigest(), at=sent, ok=ok)
+        k += 1
+        next_at += 1.0 / args.rate
+        await trio.sleep(max(0.0, next_at - time.monotonic()))
+
+
 async def peer_main(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(BENCH))
-    from gossip import BenchNode, build_groups
+    from gossip import BenchNode
 
-    from sapo.protocol.codec import DecodeLimits, Rejected, decode
+    from sapo.protocol.codec import DecodeLimits
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.network import open_network
     from sapo.protocol.settings import NetworkSettings
@@ -98,59 +164,8 @@ async def peer_main(args: argparse.Namespace) -> None:
         **{"listen": args.listen, "peers": args.peers, "swarm": SWARM, **json.loads(args.settings)}
     )
     send, incoming = trio.open_memory_channel(4096)
-    if args.groups_file is not None:
-        from sapo.training.rollouts import QuestionGroup
-
-        groups = [QuestionGroup.model_validate(g) for g in json.loads(args.groups_file.read_text())]
-    else:
-        groups = build_groups(args.index, 0)
+    groups = load_groups(args)
     limits = DecodeLimits()
-
-    async def receive() -> None:
-        async for message in incoming:
-            try:
-                decode(message.data, limits)  # what a node's intake spends before its checks
-            except Rejected:
-                emit(ev="rejected", sender=message.sender)
-                continue
-            emit(ev="recv", id=hashlib.sha1(message.data).hexdigest(), sender=message.sender, at=message.received_at)
-
-    async def report() -> None:
-        while True:
-            emit(
-                ev="state",
-                cpu=time.process_time(),
-                reachability=service.reachability,
-                relaying=service.relaying,
-                relayed=service.relayed_addrs,
-                conns=connection_kinds(service),
-                counters=service.counters,
-            )
-            await trio.sleep(args.state_seconds)
-
-    async def publish() -> None:
-        if args.rate <= 0:
-            return
-        if args.wait_go:
-            line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
-            _, at, seconds = line.split()
-            args.publish_at, args.publish_seconds = float(at), float(seconds)
-        if args.publish_at is None:
-            while not service.connected_peers():
-                await trio.sleep(0.2)
-        else:
-            await trio.sleep(max(0.0, args.publish_at - time.time()))
-        k = 0
-        next_at = time.monotonic()
-        stop_at = next_at + args.publish_seconds if args.publish_seconds is not None else float("inf")
-        while time.monotonic() < stop_at:
-            frame = node.frame(node.groups[k % len(node.groups)], k)
-            sent = time.time()
-            ok = await service.publish(frame)
-            emit(ev="pub", id=hashlib.sha1(frame).hexdigest(), at=sent, ok=ok)
-            k += 1
-            next_at += 1.0 / args.rate
-            await trio.sleep(max(0.0, next_at - time.monotonic()))
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_network(settings, key_pair, send) as service, trio.open_nursery() as nursery:
@@ -163,9 +178,9 @@ async def peer_main(args: argparse.Namespace) -> None:
                 rg_version=reasoning_gym_version(),
             )
             emit(ev="up", peer_id=service.peer_id, listen=service.listen_addrs)
-            nursery.start_soon(receive)
-            nursery.start_soon(report)
-            nursery.start_soon(publish)
+            nursery.start_soon(receive_frames, incoming, limits)
+            nursery.start_soon(report_state, args, service)
+            nursery.start_soon(publish_frames, args, service, node)
             async for _ in signals:
                 emit(ev="stopping")
                 nursery.cancel_scope.cancel()

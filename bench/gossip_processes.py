@@ -125,34 +125,101 @@ class LineReader:
         return line.decode().strip()
 
 
+def child_command(args: argparse.Namespace, tmp: str, discover: bool) -> list[str]:
+    """The command line every child shares (bench/gossip.py's own), less its index and bootstrap."""
+    return [
+        sys.executable,
+        str(GOSSIP_SCRIPT),
+        "--child-dir",
+        tmp,
+        "--nodes",
+        str(args.nodes),
+        "--seconds",
+        str(args.seconds),
+        "--groups-per-round",
+        str(args.groups_per_round),
+        "--round-seconds",
+        str(args.round_seconds),
+        "--drain-seconds",
+        str(args.drain_seconds),
+        "--seed",
+        str(args.seed),
+        "--discover-peers",
+        str(args.discover_peers if discover else 0),
+    ]
+
+
+def write_group_pools(args: argparse.Namespace, tmp: str) -> None:
+    """Each child's pool of groups to publish, built here once so that no child pays for it."""
+    for i in range(args.nodes):
+        pool = [group.model_dump(mode="json") for group in build_groups(i, args.seed)]
+        (Path(tmp) / f"groups-{i}.json").write_text(json.dumps(pool))
+
+
+def start_children(
+    args: argparse.Namespace,
+    common: list[str],
+    logs: list,
+    children: list[subprocess.Popen],
+    readers: list[LineReader],
+    deadline: float,
+) -> None:
+    """Start the children (each appended to `children` and `readers` at once, for the caller to
+    kill on failure) and wait until every one listens and has connected."""
+    addresses: list[str] = []
+
+    def start(i: int) -> LineReader:
+        bootstrap = [] if i == 0 else ["--bootstrap", addresses[0 if args.topology == "star" else i - 1]]
+        proc = subprocess.Popen(
+            [*common, "--child", str(i), *bootstrap],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=logs[i],
+            bufsize=0,
+        )
+        children.append(proc)
+        readers.append(LineReader(proc))
+        return readers[-1]
+
+    # A star's leaves need only the hub's address: start them all at once. A chain goes one by one.
+    addresses.append(start(0).line(deadline, "node 0 to listen").split()[1])
+    if args.topology == "star":
+        for i in range(1, args.nodes):
+            start(i)
+        addresses += [
+            reader.line(deadline, f"node {i} to listen").split()[1] for i, reader in enumerate(readers[1:], 1)
+        ]
+    else:
+        for i in range(1, args.nodes):
+            addresses.append(start(i).line(deadline, f"node {i} to listen").split()[1])
+    for i, reader in enumerate(readers):
+        try:
+            reader.line(deadline, f"node {i} to connect")
+        except TimeoutError as error:
+            logs[i].flush()
+            tail = Path(logs[i].name).read_text()[-3000:]
+            raise TimeoutError(f"{error}; its log ends:\n{tail}") from None
+
+
+def publish_and_wait(args: argparse.Namespace, children: list[subprocess.Popen], logs: list) -> None:
+    """Tell every child when to start publishing, and wait for each to finish and exit cleanly."""
+    go = time.time() + args.settle_seconds
+    for proc in children:
+        proc.stdin.write(f"go {go}\n".encode())
+        proc.stdin.flush()
+    for i, proc in enumerate(children):
+        code = proc.wait(timeout=args.settle_seconds + args.seconds + args.drain_seconds + 60)
+        if code != 0:
+            raise RuntimeError(f"node {i} exited with {code}: {Path(logs[i].name).read_text()[-2000:]}")
+
+
 def run_processes(args: argparse.Namespace, discover: bool) -> dict:
     """N child processes in a star (or chain) on 127.0.0.1; their records are merged here."""
     phases: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sapo-bench-gossip-") as tmp:
-        common = [
-            sys.executable,
-            str(GOSSIP_SCRIPT),
-            "--child-dir",
-            tmp,
-            "--nodes",
-            str(args.nodes),
-            "--seconds",
-            str(args.seconds),
-            "--groups-per-round",
-            str(args.groups_per_round),
-            "--round-seconds",
-            str(args.round_seconds),
-            "--drain-seconds",
-            str(args.drain_seconds),
-            "--seed",
-            str(args.seed),
-            "--discover-peers",
-            str(args.discover_peers if discover else 0),
-        ]
+        common = child_command(args, tmp, discover)
         started = time.monotonic()
-        for i in range(args.nodes):
-            pool = [group.model_dump(mode="json") for group in build_groups(i, args.seed)]
-            (Path(tmp) / f"groups-{i}.json").write_text(json.dumps(pool))
+        write_group_pools(args, tmp)
         phases["build groups s"] = time.monotonic() - started
         children: list[subprocess.Popen] = []
         readers: list[LineReader] = []
@@ -160,39 +227,7 @@ def run_processes(args: argparse.Namespace, discover: bool) -> dict:
         try:
             started = time.monotonic()
             deadline = started + 60 + CHILD_START_SECONDS_PER_NODE * args.nodes
-            addresses: list[str] = []
-
-            def start(i: int) -> LineReader:
-                bootstrap = [] if i == 0 else ["--bootstrap", addresses[0 if args.topology == "star" else i - 1]]
-                proc = subprocess.Popen(
-                    [*common, "--child", str(i), *bootstrap],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=logs[i],
-                    bufsize=0,
-                )
-                children.append(proc)
-                readers.append(LineReader(proc))
-                return readers[-1]
-
-            # A star's leaves need only the hub's address: start them all at once. A chain goes one by one.
-            addresses.append(start(0).line(deadline, "node 0 to listen").split()[1])
-            if args.topology == "star":
-                for i in range(1, args.nodes):
-                    start(i)
-                addresses += [
-                    reader.line(deadline, f"node {i} to listen").split()[1] for i, reader in enumerate(readers[1:], 1)
-                ]
-            else:
-                for i in range(1, args.nodes):
-                    addresses.append(start(i).line(deadline, f"node {i} to listen").split()[1])
-            for i, reader in enumerate(readers):
-                try:
-                    reader.line(deadline, f"node {i} to connect")
-                except TimeoutError as error:
-                    logs[i].flush()
-                    tail = Path(logs[i].name).read_text()[-3000:]
-                    raise TimeoutError(f"{error}; its log ends:\n{tail}") from None
+            start_children(args, common, logs, children, readers, deadline)
             phases["start+connect s"] = time.monotonic() - started
             print(
                 f"{args.nodes} node processes connected in {phases['start+connect s']:.1f} s; publishing for "
@@ -200,14 +235,7 @@ def run_processes(args: argparse.Namespace, discover: bool) -> dict:
                 file=sys.stderr,
                 flush=True,
             )
-            go = time.time() + args.settle_seconds
-            for proc in children:
-                proc.stdin.write(f"go {go}\n".encode())
-                proc.stdin.flush()
-            for i, proc in enumerate(children):
-                code = proc.wait(timeout=args.settle_seconds + args.seconds + args.drain_seconds + 60)
-                if code != 0:
-                    raise RuntimeError(f"node {i} exited with {code}: {Path(logs[i].name).read_text()[-2000:]}")
+            publish_and_wait(args, children, logs)
             records = [json.loads((Path(tmp) / f"result-{i}.json").read_text()) for i in range(args.nodes)]
         finally:
             for proc in children:

@@ -155,6 +155,69 @@ def all_linked(peers: list[PeerProcess]) -> bool:
     return all(len(neighbours) == len(peers) - 1 for neighbours in links(peers).values())
 
 
+def start_nated_peers(
+    tmp: Path, topo: NatTopology, *, nated: int, rate: float, hole_punching: bool, bootstrap: str, groups: Path
+) -> list[PeerProcess]:
+    """The `nated` peers, each in its own NATed namespace, waiting for `go` to publish."""
+    return [
+        PeerProcess(
+            f"nat{i}",
+            tmp / f"nat{i}",
+            prefix=topo.prefix(topo.nated_ns[i]),
+            peers=[bootstrap],
+            rate=rate,
+            index=i,
+            groups_file=groups,
+            wait_go=True,
+            settings={"hole_punching": hole_punching},
+        )
+        for i in range(nated)
+    ]
+
+
+def settle_punched_links(out: SwarmRun, peers: list[PeerProcess], everyone: list[PeerProcess], timeout: float) -> None:
+    """DCUtR tries each relayed link within seconds, and GossipSub keeps using the relayed
+    leg until DCUtR closes it, 60 s after the punch: give it that, then wait for the
+    last legs to close."""
+    time.sleep(PUNCH_SETTLE_SECONDS)
+    try:
+        out.phases["relay legs closed s"] = (
+            wait_until(
+                "punched links to drop their relayed legs",
+                lambda: link_kinds(links(peers))["both"] == 0 and one_swarm(links(peers)),
+                timeout,
+                everyone,
+            )
+            + PUNCH_SETTLE_SECONDS
+        )
+    except TimeoutError:
+        out.phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
+
+
+def publish_and_measure(
+    out: SwarmRun, peers: list[PeerProcess], everyone: list[PeerProcess], seconds: float, drain: float
+) -> None:
+    """Every NATed peer publishes for `seconds`, then `drain` more to deliver: the links before
+    and after, each process's last state and the cores it used meanwhile."""
+    out.before = link_kinds(links(peers))
+    cpu_before = {p.name: (p.last_state() or {}).get("cpu", 0.0) for p in everyone}
+    go = time.time() + 2.0
+    for p in peers:
+        p.go(go, seconds)
+    time.sleep(2.0 + seconds + drain)
+    out.after = link_kinds(links(peers))
+    out.states = {p.name: p.last_state() or {} for p in everyone}
+    measured = 2.0 + seconds + drain
+    out.cpu = {name: (state.get("cpu", 0.0) - cpu_before[name]) / measured for name, state in out.states.items()}
+
+
+def record_events(out: SwarmRun, peers: list[PeerProcess], everyone: list[PeerProcess]) -> None:
+    """Who published which group when, and who received it when, from the processes' event lines."""
+    out.published = {e["id"]: (p.peer_id, e["at"]) for p in peers for e in p.of("pub") if e.get("ok")}
+    out.received = {p.peer_id: {e["id"]: e["at"] for e in p.of("recv")} for p in everyone}
+    out.names = {p.peer_id: p.name for p in everyone}
+
+
 def run_swarm(
     *,
     nated: int,
@@ -196,64 +259,25 @@ def run_swarm(
         try:
             boot_id = boot.wait_up(60 + START_SECONDS_PER_PEER)
             bootstrap = f"/ip4/{topo.public_ip[0]}/tcp/4001/p2p/{boot_id}"
-            peers = [
-                PeerProcess(
-                    f"nat{i}",
-                    tmp / f"nat{i}",
-                    prefix=topo.prefix(topo.nated_ns[i]),
-                    peers=[bootstrap],
-                    rate=rate,
-                    index=i,
-                    groups_file=groups,
-                    wait_go=True,
-                    settings={"hole_punching": hole_punching},
-                )
-                for i in range(nated)
-            ]
+            peers = start_nated_peers(
+                tmp, topo, nated=nated, rate=rate, hole_punching=hole_punching, bootstrap=bootstrap, groups=groups
+            )
             everyone += peers
             for p in peers:
                 p.wait_up(60 + START_SECONDS_PER_PEER * nated)
             out.phases["start s"] = time.monotonic() - started
             out.phases["ready s"] = wait_until("the peers to be ready", lambda: ready(peers), ready_timeout, everyone)
             if settle_punches:
-                # DCUtR tries each relayed link within seconds, and GossipSub keeps using the relayed
-                # leg until DCUtR closes it, 60 s after the punch: give it that, then wait for the
-                # last legs to close.
-                time.sleep(PUNCH_SETTLE_SECONDS)
-                try:
-                    out.phases["relay legs closed s"] = (
-                        wait_until(
-                            "punched links to drop their relayed legs",
-                            lambda: link_kinds(links(peers))["both"] == 0 and one_swarm(links(peers)),
-                            punch_timeout,
-                            everyone,
-                        )
-                        + PUNCH_SETTLE_SECONDS
-                    )
-                except TimeoutError:
-                    out.phases["relay legs closed s"] = float("nan")  # measured anyway; the link counts show it
+                settle_punched_links(out, peers, everyone, punch_timeout)
             else:
                 time.sleep(3.0)  # a few GossipSub heartbeats: the mesh takes in the new links
-            out.before = link_kinds(links(peers))
-            cpu_before = {p.name: (p.last_state() or {}).get("cpu", 0.0) for p in everyone}
-            go = time.time() + 2.0
-            for p in peers:
-                p.go(go, seconds)
-            time.sleep(2.0 + seconds + drain)
-            out.after = link_kinds(links(peers))
-            out.states = {p.name: p.last_state() or {} for p in everyone}
-            measured = 2.0 + seconds + drain
-            out.cpu = {
-                name: (state.get("cpu", 0.0) - cpu_before[name]) / measured for name, state in out.states.items()
-            }
+            publish_and_measure(out, peers, everyone, seconds, drain)
         finally:
             for p in everyone:
                 p.stop()
             if keep_logs is not None:
                 shutil.copytree(tmp, keep_logs / tag, ignore=shutil.ignore_patterns("identity.key"), dirs_exist_ok=True)
-    out.published = {e["id"]: (p.peer_id, e["at"]) for p in peers for e in p.of("pub") if e.get("ok")}
-    out.received = {p.peer_id: {e["id"]: e["at"] for e in p.of("recv")} for p in everyone}
-    out.names = {p.peer_id: p.name for p in everyone}
+    record_events(out, peers, everyone)
     return out
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
 from matmul_rate import Clock, kernels_on, matmul_gflops, peak_matmul_tflops, streamed_weights
+from roofline_decode import decode_tokens_per_s, hf_seconds, ours_seconds, real_round
 from text_table import print_rows
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
@@ -83,99 +84,6 @@ def model_linears(config) -> list[Linear]:
         Linear("q|k|v", heads * head_dim + 2 * kv, hidden, layers, True),
         Linear("gate|up", 2 * mlp, hidden, layers, True),
     ]
-
-
-# --- decoding --------------------------------------------------------------------------------------
-
-
-class _NoEndOfText:
-    """The tokenizer with no EOS id, so that every row decodes all its steps (a fixed batch)."""
-
-    eos_token_id = -1
-
-    def __init__(self, tokenizer):
-        self.__dict__["inner"] = tokenizer
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def __setattr__(self, name, value):
-        setattr(self.inner, name, value)
-
-    def __call__(self, *args, **kwargs):
-        return self.inner(*args, **kwargs)
-
-
-def layout(batch: int, prompts: list[str]) -> tuple[list[str], int]:
-    """B rows as a round has them: 4 prompts x B/4 samples (1 prompt x B below 4 rows)."""
-    if batch < 4 or batch % 4:
-        return prompts[:1], batch
-    return prompts[:4], batch // 4
-
-
-def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype, clock: Clock) -> float:
-    from sapo.training.decoding import decode_samples
-
-    chosen, samples = layout(batch, prompts)
-    started = clock()
-    decode_samples(
-        policy.model,
-        _NoEndOfText(policy.tokenizer),
-        chosen,
-        samples_per_prompt=samples,
-        max_new_tokens=steps,
-        temperature=1.0,
-        seed=0,
-        device=policy.device,
-        weights_dtype=dtype,
-    )
-    return clock() - started
-
-
-def hf_seconds(model, tokenizer, prompts: list[str], batch: int, steps: int, dtype: torch.dtype, clock: Clock) -> float:
-    """transformers' `generate` on `model` (fp32 under autocast to `dtype` on a CPU; on a GPU,
-    `model` is already the bf16 copy)."""
-    chosen, samples = layout(batch, prompts)
-    tokenizer.padding_side = "left"
-    enc = tokenizer(
-        [p for p in chosen for _ in range(samples)], return_tensors="pt", padding=True, add_special_tokens=False
-    ).to(model.device)
-    device_type = model.device.type
-    cpu_bf16 = device_type == "cpu" and dtype == torch.bfloat16
-    autocast = (
-        torch.autocast(device_type, dtype=torch.bfloat16) if cpu_bf16 else torch.autocast(device_type, enabled=False)
-    )
-    torch.manual_seed(0)
-    started = clock()
-    with torch.inference_mode(), autocast:
-        model.generate(
-            **enc,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=steps,
-            min_new_tokens=steps,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    return clock() - started
-
-
-def decode_tokens_per_s(measure, batch: int, steps: int) -> float:
-    """Decoding alone: (steps - 1) tokens per row over the time a `steps` run takes beyond a 1-step
-    run (which is the prefill, the first token and the setup). `measure(batch, steps)` -> seconds."""
-    measure(batch, 2)  # warm-up: first-call costs of this shape
-    full = measure(batch, steps)
-    first = min(measure(batch, 1) for _ in range(2))
-    return batch * (steps - 1) / max(full - first, 1e-9)
-
-
-def real_round(policy, prompts: list[str], max_new_tokens: int, clock: Clock) -> tuple[int, float]:
-    from sapo.training.generation import sample_completions
-
-    started = clock()
-    _, tokens, _ = sample_completions(policy, prompts[:4], num_generations=8, max_new_tokens=max_new_tokens, seed=1)
-    return tokens, clock() - started
 
 
 # --- the report ------------------------------------------------------------------------------------

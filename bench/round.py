@@ -48,7 +48,8 @@ BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the round's sizes, sapo's update, the peers to compare with, the outputs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="tiny,smollm2-135m", help="comma-separated model names")
     parser.add_argument("--questions", type=int, default=4, help="questions per round")
@@ -115,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="measure this thread's matmul rates and print the update against its compute bound",
     )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one model, in a child process
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.smoke:
         args.models, args.questions, args.generations, args.max_new_tokens, args.rounds = "tiny", 2, 4, 16, 2

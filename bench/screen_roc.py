@@ -105,7 +105,7 @@ def auc(honest: list[float], attack: list[float]) -> float:
     return sum((a > h) + 0.5 * (a == h) for a in attack for h in honest) / (len(attack) * len(honest))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--task", default="basic_arithmetic")
@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.questions, args.max_new_tokens = "tiny", 4, 32
-    torch.set_num_threads(1)
-    started = time.time()
-    policy = load_policy(args.model, device="cpu", seed=0, models_dir=args.models_dir)
+    return args
+
+
+def sampled_sets(policy, args: argparse.Namespace) -> tuple[list[QuestionGroup], dict[str, list[QuestionGroup]]]:
+    """The receiver's own groups, and the sets it screens: an honest peer's and the two attacks on them."""
     tasks = default_task_specs([args.task])
     if args.smoke:  # a tiny model answers nothing right until it has seen some answers
         warm_start(policy, tasks, WarmStartSettings(steps=150))
@@ -138,16 +140,46 @@ def main(argv: list[str] | None = None) -> None:
         "out-of-context": rewritten(peer, out_of_context, rng),
         "in-context": rewritten(peer, in_context, rng),
     }
+    return own, sets
+
+
+def own_stretches(policy, own: list[QuestionGroup], args: argparse.Namespace, window: int) -> tuple[list, list]:
+    """The worst stretch of excess surprise of each of the receiver's own completions, and of its winning ones."""
+    own_all = [worst_stretch(z, window) for g in excess_surprise(policy, own, args.max_new_tokens) for z in g]
+    own_winning = [
+        worst_stretch(z, window) for g in excess_surprise(policy, winning(own), args.max_new_tokens) for z in g
+    ]
+    return own_all, own_winning
+
+
+def report(result: dict, own_stats: dict, stats: dict, bar: float, bar_all: float) -> None:
+    """Each statistic's AUC per attack, and what each bar refuses; both printed and added to `result`."""
+    print(f"{'statistic':<18} {'AUC out-of-context':>19} {'AUC in-context':>15}")
+    for statistic in own_stats:
+        honest = stats["honest peer"][statistic]
+        row = {attack: auc(honest, stats[attack][statistic]) for attack in ("out-of-context", "in-context")}
+        result["statistics"][statistic] = {"auc": row, "honest": honest, **{a: stats[a][statistic] for a in row}}
+        print(f"{statistic:<18} {row['out-of-context']:>19.3f} {row['in-context']:>15.3f}")
+    for key, level in (("refused_at_bar", bar), ("refused_at_bar_from_all_own", bar_all)):
+        result[key] = {
+            name: sum(v > level for v in s["excess, worst 16"]) / max(1, len(s["excess, worst 16"]))
+            for name, s in stats.items()
+        }
+        print(
+            f"at {key.replace('_', ' ')} {level:.1f} (excess, worst 16): refused "
+            + ", ".join(f"{k} {v:.3f}" for k, v in result[key].items())
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.time()
+    policy = load_policy(args.model, device="cpu", seed=0, models_dir=args.models_dir)
+    own, sets = sampled_sets(policy, args)
     trust = TrustSettings()
     own_stats = statistics_of(measure(policy, own, args.max_new_tokens), own)
-    own_all = [
-        worst_stretch(z, trust.screen_window) for g in excess_surprise(policy, own, args.max_new_tokens) for z in g
-    ]
-    own_winning = [
-        worst_stretch(z, trust.screen_window)
-        for g in excess_surprise(policy, winning(own), args.max_new_tokens)
-        for z in g
-    ]
+    own_all, own_winning = own_stretches(policy, own, args, trust.screen_window)
     # the node's bar (its own winning completions), and the bar all its own completions would set
     bar = ScreenReference().updated(own_winning).bar(trust.screen_margin)
     bar_all = ScreenReference().updated(own_all).bar(trust.screen_margin)
@@ -171,21 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{bar_all:.1f} from all {len(own_all)}); "
         f"judged: {result['counts']}"
     )
-    print(f"{'statistic':<18} {'AUC out-of-context':>19} {'AUC in-context':>15}")
-    for statistic in own_stats:
-        honest = stats["honest peer"][statistic]
-        row = {attack: auc(honest, stats[attack][statistic]) for attack in ("out-of-context", "in-context")}
-        result["statistics"][statistic] = {"auc": row, "honest": honest, **{a: stats[a][statistic] for a in row}}
-        print(f"{statistic:<18} {row['out-of-context']:>19.3f} {row['in-context']:>15.3f}")
-    for key, level in (("refused_at_bar", bar), ("refused_at_bar_from_all_own", bar_all)):
-        result[key] = {
-            name: sum(v > level for v in s["excess, worst 16"]) / max(1, len(s["excess, worst 16"]))
-            for name, s in stats.items()
-        }
-        print(
-            f"at {key.replace('_', ' ')} {level:.1f} (excess, worst 16): refused "
-            + ", ".join(f"{k} {v:.3f}" for k, v in result[key].items())
-        )
+    report(result, own_stats, stats, bar, bar_all)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

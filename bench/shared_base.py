@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import threading
@@ -34,7 +32,7 @@ import time
 from pathlib import Path
 
 import psutil
-from text_table import print_rows
+from shared_base_report import Measured, gpu_reserved, json_records, modes_of, print_header, print_table
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
@@ -311,6 +309,27 @@ def result_of(process: subprocess.Popen) -> dict:
     return json.loads(next(line for line in out.splitlines() if line.startswith(RESULT_MARKER))[len(RESULT_MARKER) :])
 
 
+def measure_separate(args, sampled: int | None) -> tuple[list[float], list[dict], PeakMemory, float]:
+    """N worker processes, a node each, decoding their rounds at once: the swarm-rounds' seconds,
+    each worker's result, their memory, and the wall time of it all."""
+    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0  # what others hold on the card
+    started = time.perf_counter()
+    workers = [spawn(args, "separate", k) for k in range(args.nodes)]
+    with PeakMemory(workers, sampled, baseline) as memory:
+        rounds = swarm_rounds(args, workers)
+        results = [result_of(w) for w in workers]
+    return rounds, results, memory, time.perf_counter() - started
+
+
+def measure_shared(args, sampled: int | None) -> tuple[dict, PeakMemory]:
+    """One worker process with every node on its one base: its result and its memory."""
+    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0
+    worker = spawn(args, "shared")
+    with PeakMemory([worker], sampled, baseline) as memory:
+        result = result_of(worker)
+    return result, memory
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -324,102 +343,15 @@ def main(argv: list[str] | None = None) -> int:
         load_smollm2(args.models_dir / "smollm2-135m")
     gpu = gpu_index(args.device)
     sampled = gpu if gpu is not None and nvml_works(gpu) else None  # the card's memory, CUDA contexts included
-    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0  # what others hold on the card
-    started = time.perf_counter()
-    workers = [spawn(args, "separate", k) for k in range(args.nodes)]
-    with PeakMemory(workers, sampled, baseline) as separate_memory:
-        separate_rounds = swarm_rounds(args, workers)
-        separate = [result_of(w) for w in workers]
-    separate_wall = time.perf_counter() - started
-    baseline = gpu_used(nvml_handle(sampled)) if sampled is not None else 0
-    worker = spawn(args, "shared")
-    with PeakMemory([worker], sampled, baseline) as shared_memory:
-        shared = result_of(worker)
-    # All N processes decode at once: a swarm-round ends when the slowest node's round does.
-    separate_round = statistics.median(separate_rounds)
-    rows_per_round = args.nodes * args.questions * args.generations
-    tokens = {
-        "separate": sum(r["tokens"] for r in separate) / args.rounds,
-        "one_by_one": shared["tokens"]["one_by_one"] / args.rounds,
-        "mixed": shared["tokens"]["mixed"] / args.rounds,
-    }
-    modes = [
-        (f"separate: {args.nodes} processes, 1 thread each", separate_round, separate_memory.peak, tokens["separate"]),
-        (
-            f"shared, one by one: 1 process, {args.threads} threads",
-            statistics.median(shared["one_by_one"]),
-            shared_memory.peak,
-            tokens["one_by_one"],
-        ),
-        (
-            f"shared, mixed batch: 1 process, {args.threads} threads",
-            statistics.median(shared["mixed"]),
-            shared_memory.peak,
-            tokens["mixed"],
-        ),
-    ]
-    print(
-        f"{args.nodes} x {args.model} + LoRA r=16: generation of one swarm-round ({rows_per_round} rows: "
-        f"{args.nodes} nodes x {args.questions} questions x {args.generations}, up to {args.max_new_tokens} new tokens), "
-        f"median of {args.rounds} round(s)"
-    )
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load at start "
-        f"{os.getloadavg()[0]:.2f}; generation precision {args.generation_precision}; separate mode took "
-        f"{separate_wall:.0f} s in all"
-    )
-    rows = [["mode", "s per swarm-round", "x separate", "peak memory", "/ separate", "tokens per round"]]
-    for name, seconds, memory, made in modes:
-        rows.append(
-            [
-                name,
-                f"{seconds:.2f}",
-                f"{separate_round / seconds:.2f}",
-                f"{memory / 2**30:.2f} GiB",
-                f"{memory / separate_memory.peak:.2f}",
-                f"{made:.0f}",
-            ]
-        )
-    if gpu is not None:  # on a GPU the card's memory is what a swarm runs out of
-        reserved = {"separate": sum(r["torch_reserved"] for r in separate), "shared": shared["torch_reserved"]}
-        if sampled is None:  # no NVML: the sum of what torch reserved in each process (no CUDA contexts)
-            separate_memory.gpu_peak, shared_memory.gpu_peak = reserved["separate"], reserved["shared"]
-        memories = [separate_memory.gpu_peak, shared_memory.gpu_peak, shared_memory.gpu_peak]
-        rows[0] += ["peak GPU memory", "/ separate", "torch reserved"]
-        for row, memory, kind in zip(rows[1:], memories, ("separate", "shared", "shared")):
-            row += [
-                f"{memory / 2**30:.2f} GiB",
-                f"{memory / max(separate_memory.gpu_peak, 1):.2f}",
-                f"{reserved[kind] / 2**30:.2f} GiB",
-            ]
-    print_rows(rows)
+    separate_rounds, separate, separate_memory, separate_wall = measure_separate(args, sampled)
+    shared, shared_memory = measure_shared(args, sampled)
+    measured = Measured(separate_rounds, separate, separate_memory, separate_wall, shared, shared_memory)
+    modes = modes_of(args, measured)
+    print_header(args, separate_wall)
+    reserved = gpu_reserved(measured, sampled) if gpu is not None else None
+    print_table(measured, modes, reserved)
     if args.json:
-        records = []
-        for (name, seconds, memory, made), mode in zip(modes, ("separate", "shared_one_by_one", "shared_mixed")):
-            kind = "separate" if mode == "separate" else "shared"
-            records.append(
-                {
-                    "mode": mode,
-                    "label": name,
-                    "model": args.model,
-                    "device": args.device,
-                    "nodes": args.nodes,
-                    "rows_per_round": rows_per_round,
-                    "seconds_per_round": seconds,
-                    "speedup_vs_separate": separate_round / seconds,
-                    "peak_rss_bytes": memory,
-                    "rss_vs_separate": memory / separate_memory.peak,
-                    "tokens_per_round": made,
-                    "peak_gpu_bytes": (separate_memory if kind == "separate" else shared_memory).gpu_peak
-                    if gpu is not None
-                    else None,
-                    "torch_reserved_bytes": reserved[kind] if gpu is not None else None,
-                    "gpu_memory_source": None if gpu is None else "nvml" if sampled is not None else "torch reserved",
-                }
-            )
-        if gpu is not None:
-            for record in records:
-                record["gpu_vs_separate"] = record["peak_gpu_bytes"] / max(separate_memory.gpu_peak, 1)
+        records = json_records(args, measured, modes, reserved, sampled)
         args.json.write_text("".join(json.dumps(r) + "\n" for r in records))
     return 0
 
