@@ -116,11 +116,40 @@ def gossip_settings(args: argparse.Namespace, peers: list[str], discover: bool):
     )
 
 
-async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
-    from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.identity import load_or_create_identity, peer_id_of
+async def start_nodes(nursery, args: argparse.Namespace, discover: bool, made: list, totals, limits) -> list[BenchNode]:
+    """Each node's network, in `nursery`, dialling node 0 (a star) or the node before it (a chain),
+    and its receiving task: the nodes, each built once its network is up."""
+    from sapo.protocol.identity import peer_id_of
     from sapo.protocol.network import serve_network
     from sapo.training.tasks import reasoning_gym_version
+
+    nodes: list[BenchNode] = []
+    for i, (key_pair, send, recv, groups) in enumerate(made):
+        if i == 0:
+            peers = []
+        else:
+            target = nodes[0] if args.topology == "star" else nodes[i - 1]
+            peers = [target.service.listen_addrs[0]]
+        with trio.fail_after(15):
+            network = await nursery.start(
+                partial(serve_network, gossip_settings(args, peers, discover), key_pair, send)
+            )
+        node = BenchNode(
+            index=i,
+            peer_id=peer_id_of(key_pair),
+            service=network,
+            groups=groups,
+            incoming=recv,
+            rg_version=reasoning_gym_version(),
+        )
+        nodes.append(node)
+        nursery.start_soon(receive, node, totals, limits)
+    return nodes
+
+
+async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
+    from sapo.protocol.codec import DecodeLimits
+    from sapo.protocol.identity import load_or_create_identity
 
     limits = DecodeLimits()
     totals = Totals()
@@ -134,29 +163,9 @@ async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
             made.append((key_pair, send, recv, build_groups(i, args.seed)))
         phases["build groups s"] = time.monotonic() - started
 
-        nodes: list[BenchNode] = []
         async with trio.open_nursery() as nursery:
             started = time.monotonic()
-            for i, (key_pair, send, recv, groups) in enumerate(made):
-                if i == 0:
-                    peers = []
-                else:
-                    target = nodes[0] if args.topology == "star" else nodes[i - 1]
-                    peers = [target.service.listen_addrs[0]]
-                with trio.fail_after(15):
-                    network = await nursery.start(
-                        partial(serve_network, gossip_settings(args, peers, discover), key_pair, send)
-                    )
-                node = BenchNode(
-                    index=i,
-                    peer_id=peer_id_of(key_pair),
-                    service=network,
-                    groups=groups,
-                    incoming=recv,
-                    rg_version=reasoning_gym_version(),
-                )
-                nodes.append(node)
-                nursery.start_soon(receive, node, totals, limits)
+            nodes = await start_nodes(nursery, args, discover, made, totals, limits)
             with trio.fail_after(30):
                 while not all(node.service.connected_peers() for node in nodes):
                     await trio.sleep(0.05)
