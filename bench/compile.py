@@ -58,7 +58,8 @@ import torch
 import torch._dynamo
 from compiled_decoder import compiled
 from matmul_rate import Clock
-from roofline import DEFAULT_MODELS_DIR, DTYPES, _NoEndOfText, hf_seconds, layout
+from roofline import DEFAULT_MODELS_DIR, DTYPES
+from roofline_decode import NoEndOfText, hf_seconds, layout
 from text_table import print_rows
 from torch._dynamo.utils import counters
 
@@ -102,7 +103,7 @@ def fixed_batch(policy, prompts: list[str], batch: int, steps: int, dtype) -> tu
     chosen, samples = layout(batch, prompts)
     decode_samples(
         policy.model,
-        _NoEndOfText(policy.tokenizer),
+        NoEndOfText(policy.tokenizer),
         chosen,
         samples_per_prompt=samples,
         max_new_tokens=steps,

@@ -8,7 +8,7 @@ import torch
 from matmul_rate import Clock
 
 
-class _NoEndOfText:
+class NoEndOfText:
     """The tokenizer with no EOS id, so that every row decodes all its steps (a fixed batch)."""
 
     eos_token_id = -1
@@ -40,7 +40,7 @@ def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torc
     started = clock()
     decode_samples(
         policy.model,
-        _NoEndOfText(policy.tokenizer),
+        NoEndOfText(policy.tokenizer),
         chosen,
         samples_per_prompt=samples,
         max_new_tokens=steps,

@@ -7,12 +7,16 @@ import os
 import platform
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from text_table import print_rows
 
-if TYPE_CHECKING:
-    from shared_base import PeakMemory
+
+class PeakMemory(Protocol):
+    """What the report reads of shared_base.PeakMemory: a mode's peak RSS and GPU bytes."""
+
+    peak: int
+    gpu_peak: int
 
 
 @dataclass
