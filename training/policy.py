@@ -15,7 +15,7 @@ import torch
 from sapo.training.devices import resolve_device
 from sapo.training.errors import ModelSourceError
 from sapo.training.packed_forward import fits
-from sapo.training.prompts import PromptStyle, render_prompt
+from sapo.training.prompts import PromptStyle, prompt_style_for, render_prompt
 from sapo.training.sources import check_model_source, is_tiny, looks_local
 from sapo.training.tasks import Problem
 
@@ -143,13 +143,7 @@ def load_policy(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model, tokenizer = _load_base(source, seed=seed, models_dir=models_dir, weights_from=weights_from)
-        style: PromptStyle
-        if prompt_style == "auto":
-            style = "plain" if is_tiny(source) else "chat"
-        elif prompt_style in ("chat", "plain"):
-            style = prompt_style  # type: ignore[assignment]
-        else:
-            raise ValueError(f"prompt_style must be auto, chat or plain, not {prompt_style!r}")
+        style = prompt_style_for(prompt_style, is_tiny(source))
         if style == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ModelSourceError(f"model {source!r} has no chat template; use --prompt-style plain")
         if tokenizer.pad_token_id is None:

@@ -9,6 +9,18 @@ from sapo.training.tasks import Problem
 
 PromptStyle = Literal["chat", "plain"]
 
+
+def prompt_style_for(prompt_style: str, tiny: bool) -> PromptStyle:
+    """The style a model gets: `auto` means plain for a tiny model, chat otherwise."""
+    if prompt_style == "auto":
+        return "plain" if tiny else "chat"
+    if prompt_style == "chat":
+        return "chat"
+    if prompt_style == "plain":
+        return "plain"
+    raise ValueError(f"prompt_style must be auto, chat or plain, not {prompt_style!r}")
+
+
 # Follows the reference (rl-swarm): the final answer goes inside <answer> tags.
 SYSTEM_PROMPT = (
     "You are a helpful assistant that solves problems. Think briefly, then give the final "

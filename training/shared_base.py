@@ -23,7 +23,7 @@ import torch
 from sapo.training.devices import resolve_device
 from sapo.training.packed_forward import fits
 from sapo.training.policy import LoraOptions, Policy, _load_base, use_bf16, use_bf16_generation
-from sapo.training.prompts import PromptStyle
+from sapo.training.prompts import PromptStyle, prompt_style_for
 from sapo.training.sources import is_tiny
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class SharedLoraBase:
         self.model = model
         self.model.to(self.device)
         self.source = source
-        self.style: PromptStyle = ("plain" if is_tiny(source) else "chat") if prompt_style == "auto" else prompt_style  # type: ignore[assignment]
+        self.style: PromptStyle = prompt_style_for(prompt_style, is_tiny(source))
         self.one_shot = one_shot
         self.bf16 = use_bf16(precision, self.device, packed=fits(self.model))
         self.generation_bf16 = use_bf16_generation(generation_precision, self.device)

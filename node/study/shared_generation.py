@@ -70,7 +70,5 @@ def generate_round(asked: list[tuple[Node, RoundPlan, list[Problem]]]) -> list[G
         temperature=settings.temperature,
         stop=asked[0][0].stop_requested,
     )
-    out: list[GenerationResult | None] = [None] * len(asked)
-    for position, i in enumerate(ordered):
-        out[i] = results[position]
-    return out  # type: ignore[return-value]
+    position_of = {i: position for position, i in enumerate(ordered)}
+    return [results[position_of[i]] for i in range(len(asked))]
