@@ -59,7 +59,7 @@ import torch._dynamo
 from compiled_decoder import compiled
 from matmul_rate import Clock
 from roofline import DEFAULT_MODELS_DIR, DTYPES
-from roofline_decode import NoEndOfText, hf_seconds, layout
+from roofline_decode import decode_fixed, hf_seconds
 from text_table import print_rows
 from torch._dynamo.utils import counters
 
@@ -98,20 +98,7 @@ def round_tokens(policy, prompts: list[str], samples: int, max_new_tokens: int, 
 
 def fixed_batch(policy, prompts: list[str], batch: int, steps: int, dtype) -> tuple[int, list]:
     """B rows decoding `steps` tokens each, no EOS (bench/roofline.py's layout of the rows)."""
-    from sapo.training.decoding import decode_samples
-
-    chosen, samples = layout(batch, prompts)
-    decode_samples(
-        policy.model,
-        NoEndOfText(policy.tokenizer),
-        chosen,
-        samples_per_prompt=samples,
-        max_new_tokens=steps,
-        temperature=1.0,
-        seed=0,
-        device=policy.device,
-        weights_dtype=dtype,
-    )
+    decode_fixed(policy, prompts, batch, steps, dtype)
     return batch * steps, []
 
 

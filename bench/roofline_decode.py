@@ -8,7 +8,7 @@ import torch
 from matmul_rate import Clock
 
 
-class NoEndOfText:
+class _NoEndOfText:
     """The tokenizer with no EOS id, so that every row decodes all its steps (a fixed batch)."""
 
     eos_token_id = -1
@@ -33,14 +33,14 @@ def layout(batch: int, prompts: list[str]) -> tuple[list[str], int]:
     return prompts[:4], batch // 4
 
 
-def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype, clock: Clock) -> float:
+def decode_fixed(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype) -> None:
+    """Our decoding loop on B rows laid out as a round has them, `steps` tokens each, no EOS."""
     from sapo.training.decoding import decode_samples
 
     chosen, samples = layout(batch, prompts)
-    started = clock()
     decode_samples(
         policy.model,
-        NoEndOfText(policy.tokenizer),
+        _NoEndOfText(policy.tokenizer),
         chosen,
         samples_per_prompt=samples,
         max_new_tokens=steps,
@@ -49,6 +49,11 @@ def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torc
         device=policy.device,
         weights_dtype=dtype,
     )
+
+
+def ours_seconds(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype, clock: Clock) -> float:
+    started = clock()
+    decode_fixed(policy, prompts, batch, steps, dtype)
     return clock() - started
 
 

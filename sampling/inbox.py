@@ -152,8 +152,9 @@ class Inbox:
             self._per_peer = dict.fromkeys(saved["authors"], 0)
             for key, held, received_at in saved["entries"]:
                 group = QuestionGroup.model_validate(held)
-                self._entries[key] = InboxEntry(group, group_size_bytes(group), received_at)
-                self._bytes += group_size_bytes(group)
+                entry = InboxEntry(group, group_size_bytes(group), received_at)
+                self._entries[key] = entry
+                self._bytes += entry.size_bytes
                 self._per_peer[group.origin] += 1
             self._next_id, self.evicted, self.crowded_out = saved["next_id"], saved["evicted"], saved["crowded_out"]
             if (saved["standing"] is None) != (self.standing is None):

@@ -14,8 +14,9 @@ import pytest
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
-# Small, fast node settings for tests that exercise the daemon rather than learning.
-FAST_TINY = [
+# Small, fast node settings for tests that exercise the daemon rather than learning; each test
+# that picks its own address takes TINY, the rest FAST_TINY.
+TINY = [
     "--model",
     "tiny",
     "--tasks",
@@ -28,9 +29,8 @@ FAST_TINY = [
     "0",
     "--torch-threads",
     "1",
-    "--listen",
-    LOOPBACK_LISTEN,
 ]
+FAST_TINY = [*TINY, "--listen", LOOPBACK_LISTEN]
 
 
 def sapo_node(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

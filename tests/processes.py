@@ -11,25 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import read_metrics, wait_for
+from tests.conftest import TINY, read_metrics, wait_for
 
 LISTEN = re.compile(r"listening on (/ip4/[\d.]+/tcp/\d+/p2p/(\w+))")
 
-# conftest's FAST_TINY without --listen: each test picks its own address.
-TINY = [
-    "--model",
-    "tiny",
-    "--tasks",
-    "basic_arithmetic",
-    "--max-new-tokens",
-    "24",
-    "--generations",
-    "4",
-    "--warm-start-steps",
-    "0",
-    "--torch-threads",
-    "1",
-]
 # The untrained tiny model scores 0 on every completion, so its groups carry no signal and a
 # receiver refuses them (`no_signal`) unless it adds completions of its own to peers' questions
 # (--augment-external); with that and the uniform sampler, tests watch the plumbing.

@@ -10,6 +10,8 @@ import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
 
+from tests.repository_files import files_git_keeps
+
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
 FIRST_SCREEN_LINES = 40
@@ -24,17 +26,8 @@ SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//")
 
 
 def markdown_files(root: Path) -> list[Path]:
-    """Every Markdown file git would keep (tracked, or new and not ignored): hidden folders,
-    virtual environments (bench/peers/ holds three) and build leftovers (a non-editable
-    install's build/lib/ copies of our READMEs) are not the project's documents."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "*.md"],
-        cwd=root,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return sorted(root / name for name in set(listed.split("\0")) if name and (root / name).exists())
+    """Every Markdown file of the project (tests/repository_files.py says which are)."""
+    return files_git_keeps(root, "*.md")
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:

@@ -16,21 +16,11 @@ import subprocess
 import tokenize
 from pathlib import Path
 
+from tests.repository_files import files_git_keeps
+
 ROOT = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("bench", "docker", "docs", "node", "protocol", "sampling", "tests", "training")
 PATH = re.compile(rf"(?<![\w./<>-])((?:{'|'.join(TOP_FOLDERS)})/[\w./<>-]*[\w>/])")
-
-
-def python_files(root: Path) -> list[str]:
-    """The Python files git keeps (tracked, or new and not ignored)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
-        cwd=root,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return sorted(name for name in listed.splitlines() if (root / name).exists())
 
 
 def prose(source: str) -> list[tuple[int, str]]:
@@ -66,8 +56,9 @@ def ignored_by_git(root: Path, paths: set[str]) -> set[str]:
 def stale_paths(root: Path) -> list[str]:
     """'file:line: path' for every path named in a comment or docstring that does not exist."""
     missing = []
-    for name in python_files(root):
-        for line, text in prose((root / name).read_text(encoding="utf-8")):
+    for file in files_git_keeps(root, "*.py"):
+        name = file.relative_to(root).as_posix()
+        for line, text in prose(file.read_text(encoding="utf-8")):
             for match in PATH.finditer(text):
                 path = match.group(1).rstrip(".")
                 if "<" not in path and not (root / path).exists():

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import trio
 
+from sapo.node.core.flags import flag
 from sapo.node.core.metrics import METRICS_FILE, RoundRecord
 from sapo.node.core.round import RoundResult, run_round
 from sapo.node.core.settings import NodeSettings, SettingsError
@@ -394,7 +395,7 @@ def check_study_settings(study: ExperimentSettings, base: NodeSettings) -> None:
         return
     saved = json.loads(path.read_text())
     differences = [
-        f"{flag_name(name)}: {saved[part].get(name, '(unset)')!r} before, {now[part].get(name, '(unset)')!r} now"
+        f"{flag(name)}: {saved[part].get(name, '(unset)')!r} before, {now[part].get(name, '(unset)')!r} now"
         for part in ("study", "node")
         for name in sorted(set(saved[part]) | set(now[part]))
         if saved[part].get(name, "(unset)") != now[part].get(name, "(unset)")
@@ -406,10 +407,6 @@ def check_study_settings(study: ExperimentSettings, base: NodeSettings) -> None:
             + f"\nRun the same command as before to continue it, or pass another --out (or delete {study.out}) "
             "to start a new study."
         )
-
-
-def flag_name(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def run_experiment(
