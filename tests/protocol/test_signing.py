@@ -43,5 +43,8 @@ async def test_unsigned_and_wrongly_signed_messages_are_dropped_and_counted():
             assert await attacker.service.publish(b"signed")
             [message] = await receive_all(victim, 1)
             assert message.data == b"signed" and message.sender == attacker.service.peer_id
-            assert victim.counters["unsigned"] == 1 and victim.counters["bad_signature"] == 1
+            # An unsigned or forged message is never marked seen (its id names someone else's
+            # sequence number, so marking it would let a stranger pre-empt that author's message).
+            # The attacker's gossip may therefore offer it again, and each receipt is counted.
+            assert victim.counters["unsigned"] >= 1 and victim.counters["bad_signature"] >= 1
             nursery.cancel_scope.cancel()
