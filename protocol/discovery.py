@@ -119,6 +119,9 @@ class PeerTable:
         chosen = random.sample(held, min(len(held), RECORDS_PER_RESPONSE))
         return [(entry.envelope, entry.observed_ip) for entry in chosen]
 
+    def entries(self) -> list[KnownPeer]:
+        return list(self._peers.values())
+
     def candidates(self, now: float, skip: Callable[[ID], bool]) -> list[KnownPeer]:
         return [e for e in self._peers.values() if e.next_dial_at <= now and not skip(e.peer_id)]
 
@@ -294,6 +297,10 @@ class PeerDiscovery:
 
     def forget(self, peer_id: ID) -> None:
         self.table.remove(peer_id)
+
+    def known(self) -> list[KnownPeer]:
+        """Every record we hold: a sample of the swarm that asks and answers keep refreshing."""
+        return self.table.entries()
 
     def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
         """The addresses in the record we hold for `peer_id`, or []."""

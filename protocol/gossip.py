@@ -75,12 +75,17 @@ class Delivery:
             received_at=time.time(),
             topic=next((t for t in msg.topicIDs if t in self.topics), self.topics[0]),
         )
+        self.hand(received)
+
+    def hand(self, received: ReceivedMessage) -> None:
+        """Pass one message on to the node; a full channel drops and counts. Fetched groups
+        (group_fetch.py) come this way too, so the node reads one stream of messages."""
         try:
             # Never block the network on a slow consumer: drop and count instead.
             self.incoming.send_nowait(received)
         except trio.WouldBlock:
             self.count("inbox_channel_full")
-            logger.debug("inbox full: dropped message %s", message_id.hex())
+            logger.debug("inbox full: dropped message %s", received.message_id.hex())
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.count("inbox_closed")
 

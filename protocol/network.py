@@ -32,7 +32,10 @@ from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.gossip import Delivery, ReceivedMessage, size_validator
 from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
-from sapo.protocol.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
+from sapo.protocol.group_fetch import Author, GroupFetcher, GroupServer
+from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
+from sapo.protocol.group_wire import Outbox
+from sapo.protocol.hosts import connection_addresses, direct_ip, is_relayed, new_noise_host, open_peers
 from sapo.protocol.peer_policy import PeerPolicy
 from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.pubsub_guards import PubsubHooks, cut_connections
@@ -81,6 +84,8 @@ class Network:
         dialer: OneDialPerPeer,
         agents: PeerAgents,
         keeper: BootstrapKeeper,
+        outbox: Outbox,
+        fetcher: GroupFetcher,
         counters: dict[str, int],
     ) -> None:
         self.settings = settings
@@ -96,6 +101,8 @@ class Network:
         self.dialer = dialer
         self.agents = agents  # what each peer's identify says it runs
         self.keeper = keeper  # keeps each `peers` entry dialled
+        self.outbox = outbox  # our own recent groups, served over /sapo/groups/1
+        self.fetcher = fetcher  # brings the groups `want` asks for
         self.counters = counters
         self.count = counter(counters)
 
@@ -133,6 +140,36 @@ class Network:
 
     def counters_snapshot(self) -> dict[str, int]:
         return dict(self.counters)
+
+    # --- groups ------------------------------------------------------------------------------
+
+    async def share(self, frame: bytes, round_index: int) -> bool:
+        """Offer one of our group frames: peers fetch it from the outbox (group_fetch.py). It is
+        also gossiped on the rollouts topic with `exchange="gossip"`, or while a connected peer
+        is an older release that only reads the topic (`legacy_peers`). False if dropped here."""
+        if len(frame) > self.settings.max_message_bytes:
+            return await self.publish(frame)  # refused and counted there, one way for both
+        self.outbox.put(round_index, frame)
+        self.count("shared")
+        if self.settings.exchange == "gossip" or self.legacy_peers():
+            return await self.publish(frame)
+        return True
+
+    def want(self, count: int) -> None:
+        """Fetch about `count` groups from authors drawn uniformly across the peers we know; they
+        arrive on `incoming` as gossip's do. Nothing with `exchange="gossip"`: the topic brings all."""
+        if self.settings.exchange == "fetch":
+            self.fetcher.want(count)
+
+    def legacy_peers(self) -> list[str]:
+        """Connected peers that read the rollouts topic but cannot fetch (releases before 0.4.0)."""
+        lacks = self.protocols.lacks
+        gossip = self.pubsub.protocols[0]
+        return sorted(
+            peer.to_base58()
+            for peer in open_peers(self.host)
+            if lacks(peer, GROUPS_PROTOCOL_ID) and not lacks(peer, gossip)
+        )
 
     # --- gossip ------------------------------------------------------------------------------
 
@@ -258,9 +295,8 @@ async def open_network(
     )
     protocols = PeerProtocols(host, count)
     router = gossip_router(settings)
-    pubsub = guarded_pubsub(
-        host, router, _hooks(settings, policy, protocols, Delivery(my_id, topics, incoming, count)), settings
-    )
+    delivery = Delivery(my_id, topics, incoming, count)
+    pubsub = guarded_pubsub(host, router, _hooks(settings, policy, protocols, delivery), settings)
 
     # quiet_refusals: a peer without an optional protocol is not an ERROR
     async with quiet_refusals(), host.run([listen]):
@@ -269,7 +305,7 @@ async def open_network(
                 await _subscribe(
                     pubsub, topics, size_validator(settings.max_message_bytes, my_id, count, policy.penalize)
                 )
-                network = _services(settings, key_pair, topics, host, pubsub, policy, protocols, counters)
+                network = _services(settings, key_pair, topics, host, pubsub, policy, protocols, delivery, counters)
                 relays.append(network.relay)
                 logger.info(
                     "gossip up: peer %s listening on %s, topic %s",
@@ -317,9 +353,11 @@ def _services(
     pubsub: Pubsub,
     policy: PeerPolicy,
     protocols: PeerProtocols,
+    delivery: Delivery,
     counters: dict[str, int],
 ) -> Network:
-    """The NAT services, then discovery, around a host whose pubsub is up: the `Network`."""
+    """The NAT services, then discovery, then group fetching, around a host whose pubsub is up:
+    the `Network`."""
     count = policy.count
     bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
 
@@ -357,6 +395,33 @@ def _services(
         protocols=protocols,
     )
     discovery.attach()  # answer requests even with discovery off
+    outbox = Outbox()
+    host.set_stream_handler(GROUPS_PROTOCOL_ID, GroupServer(outbox, may_serve=policy.may_use, count=count).handle)
+
+    def authors() -> list[Author]:
+        """Everyone we may ask: our connections and discovery's table, each once."""
+        connected = {peer: Author(peer, ()) for peer in open_peers(host) if policy.may_use(peer)}
+        known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if policy.may_use(e.peer_id)}
+        return list({**known, **connected}.values())
+
+    def keep(peer: ID) -> bool:
+        """Links a fetch must not close: bootstrap peers, relays we hold a slot on, and relayed
+        links (relayed_links.py would dial those again at once)."""
+        connections = host.get_network().get_connections(peer)
+        return peer in bootstrap_ids or peer in relay.reservations or any(is_relayed(c) for c in connections)
+
+    fetcher = GroupFetcher(
+        host,
+        topic=settings.topic,
+        max_message_bytes=settings.max_message_bytes,
+        authors=authors,
+        dial=partial(dial_unless_refused, policy, dialer),
+        hand=delivery.hand,
+        lacks=protocols.lacks,
+        refused=protocols.refused,
+        count=counter(counters),
+        keep=keep,
+    )
     return Network(
         settings=settings,
         topics=topics,
@@ -371,6 +436,8 @@ def _services(
         dialer=dialer,
         agents=PeerAgents(host, lambda: open_peers(host), policy.may_use),
         keeper=BootstrapKeeper(host, settings, policy.my_id, policy.refusal, relay, count, bootstrap_ids),
+        outbox=outbox,
+        fetcher=fetcher,
         counters=counters,
     )
 
@@ -396,6 +463,8 @@ async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryRecei
     if settings.discover_peers > 0:
         await nursery.start(network.discovery.run)
     await nursery.start(network.agents.run)
+    if settings.exchange == "fetch":
+        await nursery.start(network.fetcher.run)
 
 
 async def _close(host: Any, timeout: float) -> None:

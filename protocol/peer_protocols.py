@@ -35,6 +35,7 @@ from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 
+from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.protocol.peer_records import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
 
 logger = logging.getLogger("sapo.gossip")
@@ -44,6 +45,7 @@ OPTIONAL: dict[str, tuple[str, str]] = {
     DISCOVERY_PROTOCOL_ID: ("peer discovery", "peers_without_discovery"),
     str(AUTONAT_PROTOCOL_ID): ("AutoNAT dial-backs", "peers_without_autonat"),
     str(PROTOCOL_ID_V11): ("gossip", "peers_without_gossip"),
+    GROUPS_PROTOCOL_ID: ("group fetching: a release before 0.4.0, sent groups on the topic", "peers_without_fetch"),
 }
 # (peer, protocol) pairs remembered; the oldest make way (a peer seen again is identified again).
 MAX_REMEMBERED = 4096

@@ -225,12 +225,12 @@ def _record_bytes(value: Any) -> bytes:
     return value
 
 
-async def read_frame(stream: Any) -> bytes:
+async def read_frame(stream: Any, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """One frame's payload; the length is checked before the payload is read. Callers bound time."""
     header = await _read_exactly(stream, _HEADER.size)
     (length,) = _HEADER.unpack(header)
-    if not 0 < length <= MAX_FRAME_BYTES:
-        raise BadRecord(f"declared frame length {length} is not 1..{MAX_FRAME_BYTES}")
+    if not 0 < length <= max_bytes:
+        raise BadRecord(f"declared frame length {length} is not 1..{max_bytes}")
     return await _read_exactly(stream, length)
 
 

@@ -177,6 +177,13 @@ class NetworkSettings(BaseModel):
     wait_for_peers_seconds: float = Field(
         default=60.0, ge=0, description="...but no longer than this; then train alone and let peers join later"
     )
+    exchange: Literal["fetch", "gossip"] = Field(
+        default="fetch",
+        description="how groups travel: fetch (each round, ask authors drawn uniformly from the peers we know for "
+        "about the groups we train on, /sapo/groups/1; a node's cost does not grow with the swarm, "
+        "docs/bench/scale.md) or gossip (every group to every node on the rollouts topic, as before 0.4.0); "
+        "with fetch, our groups still go on the topic while a connected peer is an older release",
+    )
     heartbeat_seconds: float = Field(
         default=1.0,
         gt=0,

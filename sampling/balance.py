@@ -77,11 +77,20 @@ class Balance(Protocol):
 
     def observe(self, state: BalanceState, plan: RoundPlan, external: int, reward: float) -> BalanceState: ...
 
+    @property
+    def most_external(self) -> int:
+        """The most external groups any round may plan: what a node asks its peers for."""
+        ...
+
 
 @dataclass(frozen=True)
 class FixedBalance:
     local: int
     external: int
+
+    @property
+    def most_external(self) -> int:
+        return self.external
 
     def initial(self) -> BalanceState:
         return BalanceState(external=self.external)
@@ -116,6 +125,10 @@ class AdaptiveBalance:
         # At least one local group every round: it is what the node shares, and its reward is
         # what the balance measures (a round without local rollouts would read as reward 0).
         return self.total - 1
+
+    @property
+    def most_external(self) -> int:
+        return self.max_external
 
     def initial(self) -> BalanceState:
         return BalanceState(external=self.external)

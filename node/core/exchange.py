@@ -169,8 +169,13 @@ def node_intake(
 
 
 class GossipPort(Protocol):
-    """What the exchange needs of the network (protocol/network.py's `Network`): publish, who is
-    connected, whether an author is banned, and where an author's connection comes from."""
+    """What the exchange needs of the network (protocol/network.py's `Network`): share our groups,
+    ask for others', publish log-probs, who is connected, whether an author is banned, and where
+    an author's connection comes from."""
+
+    async def share(self, frame: bytes, round_index: int) -> bool: ...
+
+    def want(self, count: int) -> None: ...
 
     async def publish(self, data: bytes, topic: str | None = None) -> bool: ...
 
@@ -181,20 +186,34 @@ class GossipPort(Protocol):
     def network_group_of(self, peer: str) -> str | None: ...
 
 
+def groups_wanted(most_external: int) -> int:
+    """Groups to fetch a round for a node that trains on at most `most_external` external groups:
+    those, and a margin for groups its checks refuse or its draw passes over (0 for none)."""
+    return most_external + max(2, most_external // 2) if most_external > 0 else 0
+
+
 class GossipExchange:
-    def __init__(self, network: GossipPort, encoder: GroupEncoder, intake: Intake, counters: NodeCounters):
+    """`want`: the groups to fetch after each round's publish (`groups_wanted`)."""
+
+    def __init__(
+        self, network: GossipPort, encoder: GroupEncoder, intake: Intake, counters: NodeCounters, want: int = 0
+    ):
         self.network = network
         self.encoder = encoder
         self.intake = intake
         self.counters = counters
+        self.wanted = want
 
     async def publish(self, groups: list[QuestionGroup], round_index: int) -> None:
+        """Our round's groups out, and the next round's external groups asked for: they arrive
+        on the channel `receive` reads while this round trains."""
         outgoing = self.encoder.frames(groups, round_index)
         for frame in outgoing.logprobs:
             await self.network.publish(frame, topic=logprobs_topic(self.encoder.swarm))
         for frame in outgoing.groups:
-            if await self.network.publish(frame):
+            if await self.network.share(frame, round_index):
                 self.counters.published += 1
+        self.network.want(self.wanted)
 
     def peers(self) -> list[str]:
         return sorted(self.network.connected_peers())

@@ -21,7 +21,7 @@ from functools import partial
 import trio
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.exchange import GossipExchange, group_encoder, node_intake
+from sapo.node.core.exchange import GossipExchange, group_encoder, groups_wanted, node_intake
 from sapo.node.core.metrics import RoundRecord
 from sapo.node.core.node import Node
 from sapo.node.core.round import Exchange, run_round
@@ -159,7 +159,9 @@ def start_intake(
         verifier=node.verifier,
         on_reject=lambda signer, reason: _report_from_worker(network, signer, reason),
     )
-    exchange = GossipExchange(network, group_encoder(settings, node.peer_id, rg_version), intake, node.counters)
+    encoder = group_encoder(settings, node.peer_id, rg_version)
+    want = groups_wanted(0 if settings.run.generate_only else node.balance.most_external)
+    exchange = GossipExchange(network, encoder, intake, node.counters, want=want)
     nursery.start_soon(exchange.receive, receive)
     return exchange
 

@@ -1,0 +1,302 @@
+"""Groups are fetched, not flooded: `/sapo/groups/1` (issue #31, docs/bench/scale.md).
+
+Why: on one gossip topic every node receives, decodes and checks every group any node publishes,
+6-11 copies of each, while it trains on J a round. A node's cost then grows with the swarm, and
+at a few thousand nodes it is more than a laptop's network and cores. Here a node pays for what
+it uses: each round it asks for about the groups it will train on, and nothing else arrives.
+
+How:
+- `GroupServer` answers a peer's request from our `Outbox` (group_wire.py): our own newest groups
+  after the round the asker names. It answers each peer at most SERVE_BURST times in a row, then
+  one a SERVE_INTERVAL, and at most MAX_CONCURRENT_SERVES at once; a peer we refuse (allow list,
+  bans) or one over its budget gets its stream reset. Serving costs us a tiny read and a write
+  of frames we already hold; asking costs the asker a stream, and a connection if it has none.
+- `GroupFetcher.want(count)` asks for `count` groups. Authors are drawn uniformly from every peer
+  this node knows: its connections and discovery's table of signed peer records, which
+  discovery keeps refreshing from random peers, so the draw reaches past the neighbours to
+  the whole swarm. Unconnected authors are dialled (through a relay if that is what their
+  record says), and at most FETCH_LINGER such links are kept; older ones are closed.
+  An author answers only for itself: Noise authenticated the stream's peer, and the node's
+  intake refuses a group whose sender is not that peer. So no one can serve another's group.
+- What comes back goes to the node exactly as gossip's messages do (`ReceivedMessage`), through
+  the same intake checks, which charge a bad group to its author as they always have.
+
+A peer that lacks the protocol (a release before 0.4.0) is never asked; the network gossips our
+groups on the rollouts topic while one is connected (network.py, `legacy_peers`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import multiaddr
+import trio
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+
+from sapo.protocol.gossip import ReceivedMessage
+from sapo.protocol.group_wire import (
+    MAX_GROUPS_PER_RESPONSE,
+    MAX_REQUEST_BYTES,
+    PROTOCOL_ID,
+    BadFrame,
+    GroupRequest,
+    Outbox,
+    ServedGroup,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+    response_limit,
+)
+from sapo.protocol.hosts import open_peers
+from sapo.protocol.peer_records import BadRecord, read_frame
+
+logger = logging.getLogger("sapo.fetch")
+
+# One request/response, stream open included (a dial has its own bound, dialing.py).
+STREAM_TIMEOUT_SECONDS = 5.0
+# Requests one peer may make in a row, then one per SERVE_INTERVAL: an honest node asks each
+# author about once a round.
+SERVE_BURST = 4
+SERVE_INTERVAL_SECONDS = 0.5
+MAX_CONCURRENT_SERVES = 8
+# Peers whose request budgets we remember; the least recent make way.
+MAX_TRACKED_ASKERS = 4096
+# Fetches in flight at once.
+FETCH_CONCURRENCY = 4
+# Links dialled only to fetch that stay open (a later round may draw the author again); beyond
+# this the oldest is closed, so a node's connections do not grow with the swarm.
+FETCH_LINGER = 8
+# A fetch that came back short is tried again after this long, with other authors, until the
+# next round's `want` replaces it.
+RETRY_SECONDS = 2.0
+# Passes over fresh authors in one fetch before waiting for the retry.
+PASSES = 3
+
+
+class GroupServer:
+    """Answers `/sapo/groups/1` from `outbox`. `may_serve(peer)` is the network's allow list and
+    bans; `count(name)` its counters."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        may_serve: Callable[[ID], bool],
+        count: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.outbox = outbox
+        self.may_serve = may_serve
+        self.count = count
+        self.clock = clock
+        self._budgets: OrderedDict[ID, tuple[float, float]] = OrderedDict()  # peer -> (tokens, at)
+        self._serving = 0
+
+    async def handle(self, stream: Any) -> None:
+        """Answer one request. Never raises: a bad or slow peer costs its own stream."""
+        peer = stream.muxed_conn.peer_id
+        if self._serving >= MAX_CONCURRENT_SERVES or not self.may_serve(peer) or not self._take(peer):
+            self.count("fetch_refused")
+            await _reset(stream)
+            return
+        self._serving += 1
+        try:
+            with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
+                request = decode_request(await read_frame(stream, MAX_REQUEST_BYTES))
+                await stream.write(encode_response(self.outbox.newer_than(request)))
+                self.count("fetch_served")
+            with trio.move_on_after(1.0):
+                await stream.close()
+        except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
+            self.count("fetch_bad_request")
+            logger.debug("group request from %s refused: %s", peer, error)
+            await _reset(stream)
+        finally:
+            self._serving -= 1
+
+    def _take(self, peer: ID) -> bool:
+        """One token from `peer`'s bucket (SERVE_BURST deep, one back per SERVE_INTERVAL)."""
+        now = self.clock()
+        tokens, at = self._budgets.pop(peer, (float(SERVE_BURST), now))
+        tokens = min(float(SERVE_BURST), tokens + (now - at) / SERVE_INTERVAL_SECONDS)
+        self._budgets[peer] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)
+        while len(self._budgets) > MAX_TRACKED_ASKERS:
+            self._budgets.popitem(last=False)
+        return tokens >= 1.0
+
+
+@dataclass(frozen=True)
+class Author:
+    """A peer we may ask: its id and, if we are not connected to it, where to dial it."""
+
+    peer_id: ID
+    addrs: tuple[multiaddr.Multiaddr, ...]
+
+
+class GroupFetcher:
+    """Brings groups on `want(count)`: from authors drawn uniformly from `authors()`, handed to
+    `hand` as `ReceivedMessage`s on `topic`. The network passes in its host, its bounded `dial`,
+    which peers may be used and which lack the protocol, and its counters."""
+
+    def __init__(
+        self,
+        host: Any,
+        *,
+        topic: str,
+        max_message_bytes: int,
+        authors: Callable[[], list[Author]],
+        dial: Callable[[PeerInfo], Awaitable[bool]],
+        hand: Callable[[ReceivedMessage], None],
+        lacks: Callable[[ID, str], bool],
+        refused: Callable[[ID, str, BaseException], bool],
+        count: Callable[[str, int], None],
+        keep: Callable[[ID], bool],
+    ) -> None:
+        self.host = host
+        self.topic = topic
+        self.max_message_bytes = max_message_bytes
+        self.authors = authors
+        self.dial = dial
+        self.hand = hand
+        self.lacks = lacks
+        self.refused = refused
+        self.count = count
+        self.keep = keep  # peers whose link is not ours to close (bootstrap peers, relays)
+        send, self._wants = trio.open_memory_channel[int](1)
+        self._send_want = send
+        # the newest round we hold from each author, so that it sends each group once
+        self._newest: OrderedDict[ID, int] = OrderedDict()
+        self._dialled: OrderedDict[ID, None] = OrderedDict()
+
+    def want(self, count: int) -> None:
+        """Fetch `count` groups soon; a want still waiting is replaced, not added to."""
+        if count <= 0:
+            return
+        try:
+            self._send_want.send_nowait(count)
+        except trio.WouldBlock:
+            pass  # one is waiting: its fetch will run, and the next round asks again
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        wanted = 0  # groups still owed from the last want
+        while True:
+            with trio.move_on_after(RETRY_SECONDS if wanted > 0 else math.inf):
+                wanted = await self._wants.receive()
+            if wanted > 0:
+                wanted -= await self.fetch(wanted)
+
+    async def fetch(self, count: int) -> int:
+        """Up to `count` groups from distinct authors drawn uniformly; how many came."""
+        pool = [a for a in self.authors() if not self.lacks(a.peer_id, PROTOCOL_ID)]
+        random.shuffle(pool)
+        got = 0
+        for _ in range(PASSES):
+            if got >= count or not pool:
+                break
+            need = count - got
+            chosen, pool = pool[:need], pool[need:]
+            per_author = min(MAX_GROUPS_PER_RESPONSE, math.ceil(need / len(chosen)))
+            results: list[int] = []
+            limiter = trio.CapacityLimiter(FETCH_CONCURRENCY)
+            async with trio.open_nursery() as nursery:
+                for author in chosen:
+                    nursery.start_soon(self._fetch_one, author, per_author, limiter, results)
+            got += sum(results)
+        return got
+
+    async def _fetch_one(self, author: Author, max_groups: int, limiter: trio.CapacityLimiter, out: list[int]) -> None:
+        async with limiter:
+            if not await self._connect(author):
+                return
+            request = GroupRequest(after=self._newest.get(author.peer_id, -1), max_groups=max_groups)
+            groups = await self._ask(author.peer_id, request)
+        for group in groups:
+            self._remember(author.peer_id, group.round_index)
+            self.count("fetch_bytes", len(group.frame))
+            self.hand(
+                ReceivedMessage(
+                    sender=author.peer_id.to_base58(),
+                    data=group.frame,
+                    message_id=hashlib.sha256(group.frame).digest()[:20],
+                    received_at=time.time(),
+                    topic=self.topic,
+                )
+            )
+        self.count("fetch_groups", len(groups))
+        out.append(len(groups))
+
+    async def _connect(self, author: Author) -> bool:
+        if author.peer_id in open_peers(self.host):
+            return True
+        self.count("fetch_dials", 1)
+        if not author.addrs or not await self.dial(PeerInfo(author.peer_id, list(author.addrs))):
+            self.count("fetch_failed", 1)
+            return False
+        self._dialled[author.peer_id] = None
+        self._dialled.move_to_end(author.peer_id)
+        while len(self._dialled) > FETCH_LINGER:
+            oldest, _ = self._dialled.popitem(last=False)
+            if not self.keep(oldest):
+                await self._hang_up(oldest)
+        return True
+
+    async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
+        stream = None
+        self.count("fetch_requests", 1)
+        try:
+            with trio.fail_after(STREAM_TIMEOUT_SECONDS):
+                stream = await self.host.new_stream(peer, [PROTOCOL_ID])
+                await stream.write(encode_request(request))
+                payload = await read_frame(stream, response_limit(request.max_groups, self.max_message_bytes))
+            return decode_response(payload, request, self.max_message_bytes)
+        except (BadFrame, BadRecord) as error:
+            self.count("fetch_bad_response", 1)
+            logger.info("peer %s answered a group request badly: %s", peer, error)
+        except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not heard from
+            if not self.refused(peer, PROTOCOL_ID, error):
+                self.count("fetch_failed", 1)
+                logger.debug("fetching groups from %s failed: %s: %s", peer, type(error).__name__, error)
+        finally:
+            if stream is not None:
+                with trio.move_on_after(1.0):
+                    await _close(stream)
+        return []
+
+    def _remember(self, peer: ID, round_index: int) -> None:
+        self._newest[peer] = max(round_index, self._newest.get(peer, -1))
+        self._newest.move_to_end(peer)
+        while len(self._newest) > MAX_TRACKED_ASKERS:
+            self._newest.popitem(last=False)
+
+    async def _hang_up(self, peer: ID) -> None:
+        with trio.move_on_after(1.0):
+            try:
+                await self.host.disconnect(peer)
+            except Exception as error:  # noqa: BLE001 - already gone is fine
+                logger.debug("closing the fetch link to %s failed: %s", peer, error)
+
+
+async def _reset(stream: Any) -> None:
+    with trio.move_on_after(1.0):
+        try:
+            await stream.reset()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def _close(stream: Any) -> None:
+    try:
+        await stream.close()
+    except Exception:  # noqa: BLE001
+        pass

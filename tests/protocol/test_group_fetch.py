@@ -1,0 +1,171 @@
+"""Groups are fetched, not flooded (`/sapo/groups/1`): real py-libp2p hosts on 127.0.0.1.
+
+A node's groups reach a peer that asks, from its outbox, once each; they do not go on the topic
+unless an older release is connected; an author the asker knows only from discovery is dialled;
+frames are bounded before they are read, and a peer that asks too often is refused."""
+
+import msgpack
+import pytest
+import trio
+
+from sapo.protocol.group_fetch import SERVE_BURST
+from sapo.protocol.group_wire import (
+    MAX_GROUPS_PER_RESPONSE,
+    PROTOCOL_ID,
+    BadFrame,
+    GroupRequest,
+    Outbox,
+    ServedGroup,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+from tests.protocol.test_gossip import receive_all, start_node, wait_for_mesh
+
+# --- the wire ------------------------------------------------------------------------------------
+
+
+def payload(frame: bytes) -> bytes:
+    return frame[4:]  # past the length header
+
+
+def test_a_request_and_a_response_round_trip():
+    request = GroupRequest(after=3, max_groups=2)
+    assert decode_request(payload(encode_request(request))) == request
+    groups = [ServedGroup(5, b"five"), ServedGroup(4, b"four")]
+    assert decode_response(payload(encode_response(groups)), request, 1024) == groups
+
+
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ({"v": 1, "after": -2, "max": 1}, "round number"),
+        ({"v": 1, "after": 0, "max": MAX_GROUPS_PER_RESPONSE + 1}, "'max'"),
+        ({"v": 1, "after": True, "max": 1}, "round number"),
+        ({"v": 2, "after": 0, "max": 1}, "version"),
+        ({"v": 1, "after": 0, "max": 1, "x": b"\0" * 300}, "bounded"),
+    ],
+)
+def test_bad_requests_are_refused(body, why):
+    with pytest.raises(BadFrame, match=why):
+        decode_request(msgpack.packb(body, use_bin_type=True))
+
+
+def test_a_response_holds_no_more_than_was_asked_for():
+    request = GroupRequest(after=3, max_groups=1)
+    two = encode_response([ServedGroup(5, b"a"), ServedGroup(6, b"b")])
+    with pytest.raises(BadFrame):
+        decode_response(payload(two), request, 1024)
+    old = encode_response([ServedGroup(3, b"a")])  # a round the asker already has
+    with pytest.raises(BadFrame, match="not asked for"):
+        decode_response(payload(old), request, 1024)
+    big = encode_response([ServedGroup(4, b"x" * 2000)])  # over the asker's size limit
+    with pytest.raises(BadFrame):
+        decode_response(payload(big), request, 1024)
+
+
+def test_the_outbox_serves_the_newest_groups_after_the_askers_round():
+    outbox = Outbox(capacity=4)
+    for round_index in range(6):
+        outbox.put(round_index, f"g{round_index}".encode())
+    assert len(outbox) == 4  # rounds 0 and 1 made way
+    newest = outbox.newer_than(GroupRequest(after=2, max_groups=2))
+    assert [g.round_index for g in newest] == [5, 4]
+    assert outbox.newer_than(GroupRequest(after=5, max_groups=4)) == []
+    assert [g.round_index for g in outbox.newer_than(GroupRequest(after=-1, max_groups=4))] == [5, 4, 3, 2]
+
+
+# --- real hosts ----------------------------------------------------------------------------------
+
+
+async def test_an_asked_for_group_arrives_once_from_its_author_and_never_on_the_topic():
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            author = await start_node(nursery)
+            asker = await start_node(nursery, peers=[author.addr])
+            with trio.fail_after(10):
+                while author.service.peer_id not in asker.service.connected_peers():
+                    await trio.sleep(0.05)
+            for round_index in range(3):
+                assert await author.service.share(f"group {round_index}".encode(), round_index)
+            assert author.counters.get("published", 0) == 0  # no older release connected: nothing on the topic
+
+            asker.service.want(2)
+            received = await receive_all(asker, 2)
+            assert [m.data for m in received] == [b"group 2", b"group 1"]
+            assert {m.sender for m in received} == {author.service.peer_id}
+            assert all(m.topic == asker.service.settings.topic for m in received)
+
+            assert await author.service.share(b"group 3", 3)
+            asker.service.want(4)  # only what is newer than what it has: round 3, not rounds 0-2 again
+            [newest] = await receive_all(asker, 1)
+            assert newest.data == b"group 3"
+            await trio.sleep(0.5)
+            assert asker.counters["fetch_groups"] == 3 and author.counters["fetch_served"] >= 2
+            with pytest.raises(trio.WouldBlock):
+                asker.inbox.receive_nowait()
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            hub = await start_node(nursery)
+            # discovery on, but a target of one peer: the far node and the asker stay connected to the hub only
+            far = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+            asker = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+            assert await far.service.share(b"from afar", 0)
+            with trio.fail_after(20):
+                while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
+                    await trio.sleep(0.1)
+            assert far.service.peer_id not in asker.service.connected_peers()
+            got = []
+            with trio.fail_after(20):
+                while not got:
+                    asker.service.want(2)
+                    with trio.move_on_after(1.0):
+                        got.append(await asker.inbox.receive())
+            assert got[0].data == b"from afar" and got[0].sender == far.service.peer_id
+            assert asker.counters["fetch_dials"] >= 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_asks_too_often_is_refused():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            author = await start_node(nursery)
+            asker = await start_node(nursery, peers=[author.addr])
+            with trio.fail_after(10):
+                while author.service.peer_id not in asker.service.connected_peers():
+                    await trio.sleep(0.05)
+            host, peer = asker.service.host, author.service.my_id
+            answered = 0
+            for _ in range(SERVE_BURST + 4):
+                try:
+                    stream = await host.new_stream(peer, [PROTOCOL_ID])
+                    await stream.write(encode_request(GroupRequest(after=-1, max_groups=1)))
+                    answered += bool(await stream.read(4))
+                except Exception:  # noqa: BLE001 - a refused request is a reset stream
+                    pass
+            assert SERVE_BURST <= answered < SERVE_BURST + 4
+            assert author.counters["fetch_refused"] >= 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_groups_go_on_the_topic_while_an_older_release_is_connected():
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            old = await start_node(nursery)
+            # an older release: no /sapo/groups/1 among what identify says it speaks
+            old.service.host.remove_stream_handler(PROTOCOL_ID)
+            new = await start_node(nursery, peers=[old.addr])
+            with trio.fail_after(15):
+                while new.service.legacy_peers() != [old.service.peer_id]:
+                    await trio.sleep(0.1)
+            await wait_for_mesh([new, old])
+            assert await new.service.share(b"for the old one", 0)
+            [message] = await receive_all(old, 1)
+            assert message.data == b"for the old one" and message.sender == new.service.peer_id
+            assert new.counters["published"] == 1
+            nursery.cancel_scope.cancel()
