@@ -44,9 +44,13 @@ class NodeProcess:
         self.data_dir = data_dir
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self.log = self.log_path.open("a")
+        # -P: `-m` would put the working directory first on sys.path, and this checkout's
+        # sapo.egg-info there would make another release's node report this release's version.
+        isolated = ["-P"] if Path(python) != Path(sys.executable) else []
         cmd = [
             *prefix,
             str(python),
+            *isolated,
             "-m",
             "sapo.node.cli",
             "start",
