@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--wait-go", action="store_true", help="publish only after a line `go <unix time> <seconds>` on stdin"
     )
     parser.add_argument("--state-seconds", type=float, default=2.0, help="how often to print a state line")
+    parser.add_argument(
+        "--fetch",
+        type=int,
+        default=0,
+        help="act as a node that fetches (0.4.0): offer our frames with share() instead of gossiping them, "
+        "and ask for this many groups every second (0: gossip every frame on the topic, as before)",
+    )
     parser.add_argument("--index", type=int, default=0, help="seeds this peer's groups")
     parser.add_argument(
         "--groups-file",
@@ -142,11 +149,18 @@ async def publish_frames(args: argparse.Namespace, service, node) -> None:
     while time.monotonic() < stop_at:
         frame = node.frame(node.groups[k % len(node.groups)], k)
         sent = time.time()
-        ok = await service.publish(frame)
+        ok = await (service.share(frame, k) if args.fetch > 0 else service.publish(frame))
         emit(ev="pub", id=hashlib.sha1(frame).hexdigest(), at=sent, ok=ok)
         k += 1
         next_at += 1.0 / args.rate
         await trio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+async def ask_for_groups(service, count: int) -> None:
+    """What a fetching node's rounds do, once a second: ask for `count` groups."""
+    while True:
+        service.want(count)
+        await trio.sleep(1.0)
 
 
 async def peer_main(args: argparse.Namespace) -> None:
@@ -181,6 +195,8 @@ async def peer_main(args: argparse.Namespace) -> None:
             nursery.start_soon(receive_frames, incoming, limits)
             nursery.start_soon(report_state, args, service)
             nursery.start_soon(publish_frames, args, service, node)
+            if args.fetch > 0:
+                nursery.start_soon(ask_for_groups, service, args.fetch)
             async for _ in signals:
                 emit(ev="stopping")
                 nursery.cancel_scope.cancel()
@@ -219,6 +235,7 @@ class PeerProcess:
         publish_seconds: float | None = None,
         wait_go: bool = False,
         state_seconds: float | None = None,
+        fetch: int = 0,
         script: Path = BENCH / "gossip_peer.py",
     ):
         self.name = name
@@ -258,6 +275,8 @@ class PeerProcess:
             cmd.append("--wait-go")
         if state_seconds is not None:
             cmd += ["--state-seconds", str(state_seconds)]
+        if fetch:
+            cmd += ["--fetch", str(fetch)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, bufsize=0)
         self.started_at = time.time()
         self.stopped_at: float | None = None

@@ -69,6 +69,9 @@ STREAM_TIMEOUT_SECONDS = 5.0
 SERVE_BURST = 4
 SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
+# We ask one author at most this often, so that an honest node never meets the limit above
+# however fast its rounds are (a tiny model's take a fraction of a second).
+ASK_INTERVAL_SECONDS = 2 * SERVE_INTERVAL_SECONDS
 # Peers whose request budgets we remember; the least recent make way.
 MAX_TRACKED_ASKERS = 4096
 # Fetches in flight at once.
@@ -76,9 +79,10 @@ FETCH_CONCURRENCY = 4
 # Links dialled only to fetch that stay open (a later round may draw the author again); beyond
 # this the oldest is closed, so a node's connections do not grow with the swarm.
 FETCH_LINGER = 8
-# A fetch that came back short is tried again after this long, with other authors, until the
-# next round's `want` replaces it.
+# A fetch that came back short is tried again after this long, at most RETRIES times, unless the
+# next round's `want` replaces it first (its authors may not have published yet).
 RETRY_SECONDS = 2.0
+RETRIES = 2
 # Passes over fresh authors in one fetch before waiting for the retry.
 PASSES = 3
 
@@ -161,8 +165,10 @@ class GroupFetcher:
         refused: Callable[[ID, str, BaseException], bool],
         count: Callable[[str, int], None],
         keep: Callable[[ID], bool],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
+        self.clock = clock
         self.topic = topic
         self.max_message_bytes = max_message_bytes
         self.authors = authors
@@ -177,6 +183,7 @@ class GroupFetcher:
         # the newest round we hold from each author, so that it sends each group once
         self._newest: OrderedDict[ID, int] = OrderedDict()
         self._dialled: OrderedDict[ID, None] = OrderedDict()
+        self._asked: OrderedDict[ID, float] = OrderedDict()  # when we last asked each author
 
     def want(self, count: int) -> None:
         """Fetch `count` groups soon; a want still waiting is replaced, not added to."""
@@ -189,16 +196,24 @@ class GroupFetcher:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        wanted = 0  # groups still owed from the last want
+        wanted, retries = 0, 0  # groups still owed from the last want, and tries left for them
         while True:
-            with trio.move_on_after(RETRY_SECONDS if wanted > 0 else math.inf):
-                wanted = await self._wants.receive()
+            with trio.move_on_after(RETRY_SECONDS if wanted > 0 and retries > 0 else math.inf) as waiting:
+                wanted, retries = await self._wants.receive(), RETRIES
+            if waiting.cancelled_caught:
+                retries -= 1
             if wanted > 0:
                 wanted -= await self.fetch(wanted)
 
     async def fetch(self, count: int) -> int:
         """Up to `count` groups from distinct authors drawn uniformly; how many came."""
-        pool = [a for a in self.authors() if not self.lacks(a.peer_id, PROTOCOL_ID)]
+        now = self.clock()
+        pool = [
+            a
+            for a in self.authors()
+            if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
+            and not self.lacks(a.peer_id, PROTOCOL_ID)
+        ]
         random.shuffle(pool)
         got = 0
         for _ in range(PASSES):
@@ -254,6 +269,10 @@ class GroupFetcher:
     async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
         stream = None
         self.count("fetch_requests", 1)
+        self._asked[peer] = self.clock()
+        self._asked.move_to_end(peer)
+        while len(self._asked) > MAX_TRACKED_ASKERS:
+            self._asked.popitem(last=False)
         try:
             with trio.fail_after(STREAM_TIMEOUT_SECONDS):
                 stream = await self.host.new_stream(peer, [PROTOCOL_ID])

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import trio
 
@@ -51,6 +52,9 @@ INCOMING_BUFFER = 256
 
 # How often a node that a swarm started checks that the swarm is still there.
 ORPHAN_CHECK_SECONDS = 1.0
+# How often a node asks for groups before its rounds do (fetch_until_training): a few times a
+# minute keeps fresh groups waiting without piling up more than a round uses.
+FETCH_WHILE_LOADING_SECONDS = 10.0
 
 # What each signal means to the person who sent it.
 SIGNAL_MEANING = {
@@ -141,6 +145,25 @@ async def start_network(
     return network, receive
 
 
+def groups_to_fetch(settings: NodeSettings) -> int:
+    """What a node asks its peers for each round: the most external groups its balance may plan,
+    and a margin (none for a node that only generates)."""
+    if settings.run.generate_only:
+        return 0
+    return groups_wanted(settings.sampling.balance_rule(trains=True).most_external)
+
+
+async def fetch_until_training(network: Network, want: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """While the model loads and the node waits for peers, ask for groups every so often, so
+    that its first round has some: they wait in the channel for the intake, as gossip's did.
+    The caller cancels the scope this hands back once rounds ask for themselves."""
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        while True:
+            network.want(want)
+            await trio.sleep(FETCH_WHILE_LOADING_SECONDS)
+
+
 def start_intake(
     nursery: trio.Nursery,
     node: Node,
@@ -160,8 +183,7 @@ def start_intake(
         on_reject=lambda signer, reason: _report_from_worker(network, signer, reason),
     )
     encoder = group_encoder(settings, node.peer_id, rg_version)
-    want = groups_wanted(0 if settings.run.generate_only else node.balance.most_external)
-    exchange = GossipExchange(network, encoder, intake, node.counters, want=want)
+    exchange = GossipExchange(network, encoder, intake, node.counters, want=groups_to_fetch(settings))
     nursery.start_soon(exchange.receive, receive)
     return exchange
 
@@ -262,6 +284,7 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 if parent is not None:
                     nursery.start_soon(_cancel_when_orphaned, parent, scope, stop, live)
                 network, receive = await start_network(nursery, settings, key_pair, transport, live)
+                prefetch = await nursery.start(fetch_until_training, network, groups_to_fetch(settings))
                 metrics = await open_page(nursery, settings, live)
                 nursery.start_soon(live.keep_file)
                 # one stop flag for the whole daemon, set by the signal handler
@@ -271,6 +294,7 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 live.judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
                 live.phase = "waiting for peers"
                 await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
+                prefetch.cancel()  # from now on each round asks after it publishes
                 live.phase = "training"
 
                 def after_round(done: NodeState, record: RoundRecord) -> None:

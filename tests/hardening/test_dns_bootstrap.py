@@ -65,6 +65,7 @@ def test_a_node_bootstraps_from_a_dns4_name_in_its_hosts_file(tmp_path, nodes):
             tmp_path / "bootstrap",
             prefix=topo.prefix(boot_ns),
             rate=0,
+            fetch=4,  # asks for groups, as a node does: the node's own reach it only that way
             settings={"swarm": NODE_SWARM},
             groups_file=write_groups(tmp_path / "groups.json"),
         )

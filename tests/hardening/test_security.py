@@ -66,7 +66,8 @@ class Peer:
 
 
 async def run_peers(node: NodeProcess, peers: list[Peer], seconds: float, until=None) -> None:
-    """Publish from every peer twice a second for `seconds` (or until `until()` holds)."""
+    """Publish from every peer twice a second, and ask for the node's groups, for `seconds` (or
+    until `until()` holds)."""
     with trio.fail_after(seconds + 30):
         async with trio.open_nursery() as nursery:
             for peer in peers:
@@ -75,6 +76,7 @@ async def run_peers(node: NodeProcess, peers: list[Peer], seconds: float, until=
             while trio.current_time() < end and not (until and until()):
                 for peer in peers:
                     await peer.publish_honest()
+                    peer.service.want(4)  # and, as a 0.4.0 node does each round, ask for groups
                 await trio.sleep(0.5)
                 assert node.alive(), node.log_text()[-3000:]
             nursery.cancel_scope.cancel()

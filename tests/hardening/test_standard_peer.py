@@ -64,7 +64,7 @@ def test_a_gossipsub_only_peer_is_no_error_and_still_exchanges_groups(tmp_path, 
     )
     assert not errors, errors[:5]
     assert not about_peer, about_peer[:5]
-    assert len(told) == 2 and all(" INFO " in line for line in told), told  # discovery and AutoNAT, once each
+    assert len(told) == 3 and all(" INFO " in line for line in told), told  # discovery, AutoNAT, fetching: once each
     assert transport.get("peers_without_discovery") == 1 and transport.get("peers_without_autonat") == 1, transport
     assert not transport.get("discovery_failed"), transport
     assert accepted >= 5, f"the node accepted only {accepted} of the peer's groups"

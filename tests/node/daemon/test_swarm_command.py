@@ -117,17 +117,17 @@ def test_ctrl_c_stops_every_node_cleanly(tmp_path):
 
 async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monkeypatch):
     """A node that talks for weeks fills at most (backups + 1) x the cap: here a DEBUG-level node
-    and a 16 KB cap stand in for a SmolLM2 node and 10 MiB."""
+    and a 2 KB cap stand in for a SmolLM2 node and 10 MiB."""
     from sapo.node import swarm
     from tests.conftest import FAST_TINY
 
-    cap = 16 << 10
+    cap = 2 << 10
     monkeypatch.setattr(
         swarm, "NODE_LOG_MAX_BYTES", cap, raising=False
     )  # raising=False: the test runs on a swarm without rotation too
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
     failed = await swarm.run_swarm(
-        1, tmp_path, [*node_flags, "--rounds", "3", "--log-level", "DEBUG"], progress_every=1.0
+        1, tmp_path, [*node_flags, "--rounds", "60", "--log-level", "DEBUG"], progress_every=1.0
     )
     assert failed == 0
     node = tmp_path / "node-0"
@@ -137,7 +137,7 @@ async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monke
         content = (node / name).read_text()
         assert len(content.encode()) <= cap and content.endswith("\n"), name  # cut between lines, never inside one
     text = "".join((node / name).read_text() for name in ("node.log.2", "node.log.1", "node.log"))
-    assert "round 3:" in text  # the newest lines are kept
+    assert "round 60:" in text  # the newest lines are kept
     assert "listening on" not in text  # the oldest part is gone: the log is bounded
 
 
