@@ -95,11 +95,13 @@ class GroupServer:
         self,
         outbox: Outbox,
         *,
+        swarm: str,
         may_serve: Callable[[ID], bool],
         count: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.outbox = outbox
+        self.swarm = swarm
         self.may_serve = may_serve
         self.count = count
         self.clock = clock
@@ -117,7 +119,8 @@ class GroupServer:
         try:
             with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
                 request = decode_request(await read_frame(stream, MAX_REQUEST_BYTES))
-                await stream.write(encode_response(self.outbox.newer_than(request)))
+                ours = request.swarm == self.swarm
+                await stream.write(encode_response(self.outbox.newer_than(request) if ours else []))
                 self.count("fetch_served")
             with trio.move_on_after(1.0):
                 await stream.close()
@@ -156,6 +159,7 @@ class GroupFetcher:
         self,
         host: Any,
         *,
+        swarm: str,
         topic: str,
         max_message_bytes: int,
         authors: Callable[[], list[Author]],
@@ -169,6 +173,7 @@ class GroupFetcher:
     ) -> None:
         self.host = host
         self.clock = clock
+        self.swarm = swarm
         self.topic = topic
         self.max_message_bytes = max_message_bytes
         self.authors = authors
@@ -234,7 +239,7 @@ class GroupFetcher:
         async with limiter:
             if not await self._connect(author):
                 return
-            request = GroupRequest(after=self._newest.get(author.peer_id, -1), max_groups=max_groups)
+            request = GroupRequest(self.swarm, after=self._newest.get(author.peer_id, -1), max_groups=max_groups)
             groups = await self._ask(author.peer_id, request)
         for group in groups:
             self._remember(author.peer_id, group.round_index)

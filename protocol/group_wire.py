@@ -5,12 +5,13 @@ for byte) and hands them to a peer that asks. A request names the newest round t
 has from us, so each group crosses each link at most once. Frames are a 4-byte big-endian
 length, then one msgpack map (keys not named here are skipped, protocol/README.md
 "Compatibility"):
-    request   {"v": 1, "after": <round int, -1 for none>, "max": <1..MAX_GROUPS_PER_RESPONSE>}
+    request   {"v": 1, "swarm": <name>, "after": <round int, -1 for none>, "max": <1..MAX_GROUPS_PER_RESPONSE>}
     response  {"v": 1, "groups": [[<round int>, <group frame bytes>], ...]}   newest first
 
 Everything is bounded before it is read: a request is tiny, a response holds at most "max"
 frames of at most `max_message_bytes` each, which is what the asker allows, not what the server
-claims.
+claims. A node of another swarm (several can share one libp2p network and its discovery) is
+answered with no groups: they would fail its intake's swarm check anyway.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class BadFrame(ValueError):
 
 @dataclass(frozen=True)
 class GroupRequest:
+    swarm: str  # the asker's swarm: groups of another are no use to it
     after: int  # the newest round the asker has from this author (-1: none)
     max_groups: int
 
@@ -75,12 +77,14 @@ def response_limit(max_groups: int, max_message_bytes: int) -> int:
 
 
 def encode_request(request: GroupRequest) -> bytes:
-    return _frame({"v": WIRE_VERSION, "after": request.after, "max": request.max_groups})
+    return _frame({"v": WIRE_VERSION, "swarm": request.swarm, "after": request.after, "max": request.max_groups})
 
 
 def decode_request(payload: bytes) -> GroupRequest:
     obj = _unpack(payload, max_bin=0, max_array=0)
-    after, max_groups = obj.get("after"), obj.get("max")
+    swarm, after, max_groups = obj.get("swarm"), obj.get("after"), obj.get("max")
+    if not isinstance(swarm, str) or not swarm:
+        raise BadFrame("'swarm' must name the asker's swarm")
     if not isinstance(after, int) or isinstance(after, bool) or not -1 <= after <= MAX_ROUND:
         raise BadFrame("'after' must be a round number or -1")
     if (
@@ -89,7 +93,7 @@ def decode_request(payload: bytes) -> GroupRequest:
         or not 1 <= max_groups <= MAX_GROUPS_PER_RESPONSE
     ):
         raise BadFrame(f"'max' must be 1..{MAX_GROUPS_PER_RESPONSE}")
-    return GroupRequest(after=after, max_groups=max_groups)
+    return GroupRequest(swarm=swarm, after=after, max_groups=max_groups)
 
 
 def encode_response(groups: list[ServedGroup]) -> bytes:

@@ -396,7 +396,9 @@ def _services(
     )
     discovery.attach()  # answer requests even with discovery off
     outbox = Outbox()
-    host.set_stream_handler(GROUPS_PROTOCOL_ID, GroupServer(outbox, may_serve=policy.may_use, count=count).handle)
+    host.set_stream_handler(
+        GROUPS_PROTOCOL_ID, GroupServer(outbox, swarm=settings.swarm, may_serve=policy.may_use, count=count).handle
+    )
 
     def authors() -> list[Author]:
         """Everyone we may ask: our connections and discovery's table, each once."""
@@ -412,6 +414,7 @@ def _services(
 
     fetcher = GroupFetcher(
         host,
+        swarm=settings.swarm,
         topic=settings.topic,
         max_message_bytes=settings.max_message_bytes,
         authors=authors,

@@ -53,7 +53,7 @@ def swarm_key_file(psk: str) -> Path:
 async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=None, **overrides) -> Node:
     if psk is not None:
         overrides["swarm_key"] = swarm_key_file(psk)
-    settings = NetworkSettings(listen=listen, peers=list(peers), swarm=SWARM, **overrides)
+    settings = NetworkSettings(**{"listen": listen, "peers": list(peers), "swarm": SWARM, **overrides})
     send, receive = trio.open_memory_channel(64)
     counters: dict[str, int] = {}
     network = await nursery.start(

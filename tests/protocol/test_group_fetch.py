@@ -31,7 +31,7 @@ def payload(frame: bytes) -> bytes:
 
 
 def test_a_request_and_a_response_round_trip():
-    request = GroupRequest(after=3, max_groups=2)
+    request = GroupRequest("test", after=3, max_groups=2)
     assert decode_request(payload(encode_request(request))) == request
     groups = [ServedGroup(5, b"five"), ServedGroup(4, b"four")]
     assert decode_response(payload(encode_response(groups)), request, 1024) == groups
@@ -40,11 +40,12 @@ def test_a_request_and_a_response_round_trip():
 @pytest.mark.parametrize(
     "body, why",
     [
-        ({"v": 1, "after": -2, "max": 1}, "round number"),
-        ({"v": 1, "after": 0, "max": MAX_GROUPS_PER_RESPONSE + 1}, "'max'"),
-        ({"v": 1, "after": True, "max": 1}, "round number"),
-        ({"v": 2, "after": 0, "max": 1}, "version"),
-        ({"v": 1, "after": 0, "max": 1, "x": b"\0" * 300}, "bounded"),
+        ({"v": 1, "swarm": "s", "after": -2, "max": 1}, "round number"),
+        ({"v": 1, "swarm": "s", "after": 0, "max": MAX_GROUPS_PER_RESPONSE + 1}, "'max'"),
+        ({"v": 1, "swarm": "s", "after": True, "max": 1}, "round number"),
+        ({"v": 1, "after": 0, "max": 1}, "'swarm'"),
+        ({"v": 2, "swarm": "s", "after": 0, "max": 1}, "version"),
+        ({"v": 1, "swarm": "s", "after": 0, "max": 1, "x": b"\0" * 300}, "bounded"),
     ],
 )
 def test_bad_requests_are_refused(body, why):
@@ -53,7 +54,7 @@ def test_bad_requests_are_refused(body, why):
 
 
 def test_a_response_holds_no_more_than_was_asked_for():
-    request = GroupRequest(after=3, max_groups=1)
+    request = GroupRequest("test", after=3, max_groups=1)
     two = encode_response([ServedGroup(5, b"a"), ServedGroup(6, b"b")])
     with pytest.raises(BadFrame):
         decode_response(payload(two), request, 1024)
@@ -70,10 +71,10 @@ def test_the_outbox_serves_the_newest_groups_after_the_askers_round():
     for round_index in range(6):
         outbox.put(round_index, f"g{round_index}".encode())
     assert len(outbox) == 4  # rounds 0 and 1 made way
-    newest = outbox.newer_than(GroupRequest(after=2, max_groups=2))
+    newest = outbox.newer_than(GroupRequest("test", after=2, max_groups=2))
     assert [g.round_index for g in newest] == [5, 4]
-    assert outbox.newer_than(GroupRequest(after=5, max_groups=4)) == []
-    assert [g.round_index for g in outbox.newer_than(GroupRequest(after=-1, max_groups=4))] == [5, 4, 3, 2]
+    assert outbox.newer_than(GroupRequest("test", after=5, max_groups=4)) == []
+    assert [g.round_index for g in outbox.newer_than(GroupRequest("test", after=-1, max_groups=4))] == [5, 4, 3, 2]
 
 
 # --- real hosts ----------------------------------------------------------------------------------
@@ -131,6 +132,25 @@ async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
             nursery.cancel_scope.cancel()
 
 
+async def test_a_node_of_another_swarm_gets_no_groups():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            author = await start_node(nursery)
+            stranger = await start_node(nursery, peers=[author.addr], swarm="elsewhere")
+            with trio.fail_after(10):
+                while author.service.peer_id not in stranger.service.connected_peers():
+                    await trio.sleep(0.05)
+            assert await author.service.share(b"ours only", 0)
+            stranger.service.want(2)
+            with trio.fail_after(10):
+                while not author.counters.get("fetch_served"):
+                    await trio.sleep(0.05)
+            await trio.sleep(0.3)
+            with pytest.raises(trio.WouldBlock):
+                stranger.inbox.receive_nowait()
+            nursery.cancel_scope.cancel()
+
+
 async def test_a_peer_that_asks_too_often_is_refused():
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -144,7 +164,7 @@ async def test_a_peer_that_asks_too_often_is_refused():
             for _ in range(SERVE_BURST + 4):
                 try:
                     stream = await host.new_stream(peer, [PROTOCOL_ID])
-                    await stream.write(encode_request(GroupRequest(after=-1, max_groups=1)))
+                    await stream.write(encode_request(GroupRequest("test", after=-1, max_groups=1)))
                     answered += bool(await stream.read(4))
                 except Exception:  # noqa: BLE001 - a refused request is a reset stream
                     pass
