@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 from sapo.node.core.exchange import GroupEncoder
-from sapo.protocol import judge_wire
+from sapo.protocol import group_wire, judge_wire
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, encode, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason, RolloutGroup
 from sapo.protocol.peer_records import check_record, decode_request, decode_response
@@ -65,6 +65,12 @@ def test_every_golden_frame_of_every_release_decodes(release, path):
         own, peers = decode_response(frame[4:])
         assert check_record(own, None).peer_id == check_record(peers[1][0], peers[1][1]).peer_id
         assert [ip for _, ip in peers] == ["10.0.0.1", None]
+    elif name == "groups_request_v1.bin":
+        assert group_wire.decode_request(frame[4:]) == group_wire.GroupRequest("golden", after=6, max_groups=2)
+    elif name == "groups_response_v1.bin":
+        request = group_wire.GroupRequest("golden", after=6, max_groups=2)
+        [served] = group_wire.decode_response(frame[4:], request, LIMITS.max_message_bytes)
+        assert served.round_index == 7 and decode(served.frame, LIMITS) == group
     elif name.startswith("judge_") and name.endswith("_v2.bin"):
         kind = name.removeprefix("judge_").removesuffix("_v2.bin")
         assert judge_wire.decode(frame, JUDGE_KINDS[kind]) == JUDGE_KINDS[kind].model_validate(JUDGE_V2[kind])

@@ -116,6 +116,20 @@ def discovery_frames() -> dict[str, bytes]:
     }
 
 
+def group_fetch_frames() -> dict[str, bytes]:
+    """/sapo/groups/1 (from 0.4.0): a request and a response carrying the golden group frame."""
+    try:
+        from sapo.protocol import group_wire
+    except ImportError:  # before 0.4.0 groups only travelled on the topic
+        return {}
+    request = group_wire.GroupRequest("golden", after=6, max_groups=2)
+    group = rollout_frames()["rollout_group_v1.bin"]
+    return {
+        "groups_request_v1.bin": group_wire.encode_request(request),
+        "groups_response_v1.bin": group_wire.encode_response([group_wire.ServedGroup(7, group)]),
+    }
+
+
 def judge_frames() -> dict[str, bytes]:
     from sapo.protocol import judge_wire
 
@@ -139,7 +153,8 @@ def judge_frames() -> dict[str, bytes]:
 
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name, frame in {**rollout_frames(), **discovery_frames(), **judge_frames()}.items():
+    frames = {**rollout_frames(), **discovery_frames(), **group_fetch_frames(), **judge_frames()}
+    for name, frame in frames.items():
         (out / name).write_bytes(frame)
         print(f"{out / name}: {len(frame)} bytes")
 
