@@ -156,9 +156,18 @@ def all_linked(peers: list[PeerProcess]) -> bool:
 
 
 def start_nated_peers(
-    tmp: Path, topo: NatTopology, *, nated: int, rate: float, hole_punching: bool, bootstrap: str, groups: Path
+    tmp: Path,
+    topo: NatTopology,
+    *,
+    nated: int,
+    rate: float,
+    hole_punching: bool,
+    bootstrap: str,
+    groups: Path,
+    fetch: int = 0,
 ) -> list[PeerProcess]:
-    """The `nated` peers, each in its own NATed namespace, waiting for `go` to publish."""
+    """The `nated` peers, each in its own NATed namespace, waiting for `go` to publish (with
+    `fetch`, offering their groups to be fetched and asking for that many a second)."""
     return [
         PeerProcess(
             f"nat{i}",
@@ -170,6 +179,7 @@ def start_nated_peers(
             groups_file=groups,
             wait_go=True,
             settings={"hole_punching": hole_punching},
+            fetch=fetch,
         )
         for i in range(nated)
     ]
@@ -232,11 +242,13 @@ def run_swarm(
     settle_punches: bool = False,
     punch_timeout: float = 150.0,
     keep_logs: Path | None = None,
+    fetch: int = 0,
 ) -> SwarmRun:
     """One public bootstrap (relaying per `relay`, gossiping another topic) and `nated` peers
     behind NAT; waits for `ready(peers)` (default: one connected swarm), with `settle_punches`
     also for DCUtR to replace the relayed legs, then every peer publishes `rate` groups/s for
-    `seconds` and gets `drain` more to deliver."""
+    `seconds` and gets `drain` more to deliver. With `fetch`, the peers fetch groups (0.4.0's way)
+    instead of gossiping them: each asks for `fetch` a second."""
     ready = ready or (lambda peers: one_swarm(links(peers)))
     out = SwarmRun()
     tag = f"nb{os.getpid() % 10000}{'p' if hole_punching else 'r'}"
@@ -260,7 +272,14 @@ def run_swarm(
             boot_id = boot.wait_up(60 + START_SECONDS_PER_PEER)
             bootstrap = f"/ip4/{topo.public_ip[0]}/tcp/4001/p2p/{boot_id}"
             peers = start_nated_peers(
-                tmp, topo, nated=nated, rate=rate, hole_punching=hole_punching, bootstrap=bootstrap, groups=groups
+                tmp,
+                topo,
+                nated=nated,
+                rate=rate,
+                hole_punching=hole_punching,
+                bootstrap=bootstrap,
+                groups=groups,
+                fetch=fetch,
             )
             everyone += peers
             for p in peers:

@@ -76,6 +76,34 @@ def test_groups_from_every_natted_peer_reach_every_other_through_relay_or_punche
     assert run.after["direct"] + run.after["both"] >= 1, run.after  # and the cone pair's punched one
 
 
+def test_fetched_groups_cross_relays_and_punched_holes():
+    """0.4.0's way: nothing on the topic; each NATed peer asks the others for their groups over
+    the same relayed circuits and punched links, and gets them from every other peer."""
+    run = nat.run_swarm(
+        nated=NATED,
+        rate=RATE,
+        seconds=PUBLISH_SECONDS,
+        drain=DRAIN_SECONDS,
+        symmetric=frozenset({NATED - 1}),
+        ready=linked_and_punched,
+        ready_timeout=120,
+        fetch=4,
+    )
+    peers = [peer for peer, name in run.names.items() if name != "bootstrap"]
+    by_author = {p: {g for g, (author, _) in run.published.items() if author == p} for p in peers}
+    print(f"\nNAT fetch: links direct/relayed/both {run.after}; {len(run.published)} groups offered")
+    assert len(run.published) >= NATED * PUBLISH_SECONDS * RATE * 0.8
+    for peer in peers:
+        got = set(run.received.get(peer, {}))
+        for author in peers:
+            if author != peer:
+                share = len(got & by_author[author]) / len(by_author[author])
+                assert share >= 0.8, f"{run.names[peer]} fetched {share:.0%} of {run.names[author]}'s groups"
+    bootstrap = next(peer for peer, name in run.names.items() if name == "bootstrap")
+    assert not run.received[bootstrap], "the bootstrap asks for nothing and is of another swarm"
+    assert run.after["relayed"] + run.after["both"] >= 2, run.after  # the symmetric NAT's links are circuits
+
+
 def test_control_without_a_relay_natted_peers_never_meet():
     def tried_to_dial(peers) -> bool:  # each learns the others' records from the bootstrap: dropped SYNs
         return all((p.last_state() or {}).get("counters", {}).get("discovery_dial_failed", 0) >= 1 for p in peers)
