@@ -8,7 +8,9 @@ measured sharp edges of py-libp2p 0.8.1 (see protocol/README.md, "Transport").
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +29,10 @@ logger = logging.getLogger("sapo.gossip")
 # that reaches the intake, whose own per-author memories cover the whole age window.
 SEEN_IDS = 65_536
 SEEN_IDS_PER_AUTHOR = 16_384
+# Authors whose groups came on the rollouts topic lately (an older release, or a 0.4.0 node
+# beside one) are not asked to fetch: the topic brings their groups anyway (group_fetch.py).
+GOSSIPING_AUTHORS = 4096
+GOSSIPING_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,11 @@ class Delivery:
         self.incoming = incoming
         self.count = count
         self.seen: RecentByAuthor[None] = RecentByAuthor(SEEN_IDS_PER_AUTHOR, SEEN_IDS)
+        self._gossiping: OrderedDict[bytes, float] = OrderedDict()  # author -> last group on the topic
+
+    def gossips(self, author: bytes, now: float) -> bool:
+        """Whether `author`'s groups came on the rollouts topic within GOSSIPING_SECONDS."""
+        return now - self._gossiping.get(author, -math.inf) < GOSSIPING_SECONDS
 
     def deliver(self, msg: rpc_pb2.Message, message_id: bytes) -> None:
         if msg.from_id == self.my_id.to_bytes():
@@ -67,6 +78,11 @@ class Delivery:
             return
         now = time.time()
         self.seen.put(msg.from_id, message_id, None, stamp=now, now=now)
+        if self.topics[0] in msg.topicIDs:
+            self._gossiping[msg.from_id] = now
+            self._gossiping.move_to_end(msg.from_id)
+            while len(self._gossiping) > GOSSIPING_AUTHORS:
+                self._gossiping.popitem(last=False)
         self.count("received")
         received = ReceivedMessage(
             sender=peer_str(msg.from_id),

@@ -14,6 +14,7 @@ Every workaround below is for a measured sharp edge of py-libp2p 0.8.1 (protocol
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -401,9 +402,15 @@ def _services(
     )
 
     def authors() -> list[Author]:
-        """Everyone we may ask: our connections and discovery's table, each once."""
-        connected = {peer: Author(peer, ()) for peer in open_peers(host) if policy.may_use(peer)}
-        known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if policy.may_use(e.peer_id)}
+        """Everyone we may ask: our connections and discovery's table, each once, but those
+        whose groups come on the topic anyway (an older release, or a node beside one)."""
+        now = time.time()
+
+        def askable(peer: ID) -> bool:
+            return policy.may_use(peer) and not delivery.gossips(peer.to_bytes(), now)
+
+        connected = {peer: Author(peer, ()) for peer in open_peers(host) if askable(peer)}
+        known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if askable(e.peer_id)}
         return list({**known, **connected}.values())
 
     def keep(peer: ID) -> bool:

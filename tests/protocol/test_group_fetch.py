@@ -189,3 +189,25 @@ async def test_groups_go_on_the_topic_while_an_older_release_is_connected():
             assert message.data == b"for the old one" and message.sender == new.service.peer_id
             assert new.counters["published"] == 1
             nursery.cancel_scope.cancel()
+
+
+async def test_an_author_whose_groups_come_on_the_topic_is_not_asked_for_them_again():
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            old = await start_node(nursery)
+            old.service.host.remove_stream_handler(PROTOCOL_ID)  # an older release
+            new = await start_node(nursery, peers=[old.addr])
+            other = await start_node(nursery, peers=[old.addr, new.addr])  # 0.4.0, beside both
+            with trio.fail_after(15):
+                while new.service.legacy_peers() != [old.service.peer_id]:
+                    await trio.sleep(0.1)
+            await wait_for_mesh([new, old, other])
+            assert await new.service.share(b"on the topic", 0)  # gossiped: an older release is connected
+            [message] = await receive_all(other, 1)
+            assert message.sender == new.service.peer_id and other.counters["received"] >= 1
+            other.service.want(4)
+            await trio.sleep(1.5)
+            assert new.counters.get("fetch_served", 0) == 0  # the topic brings new's groups: no double
+            with pytest.raises(trio.WouldBlock):
+                other.inbox.receive_nowait()
+            nursery.cancel_scope.cancel()
