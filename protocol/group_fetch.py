@@ -189,6 +189,7 @@ class GroupFetcher:
         self._newest: OrderedDict[ID, int] = OrderedDict()
         self._dialled: OrderedDict[ID, None] = OrderedDict()
         self._asked: OrderedDict[ID, float] = OrderedDict()  # when we last asked each author
+        self._kept: set[ID] = set()  # links we opened that `keep` says are not ours to close
 
     def want(self, count: int) -> None:
         """Fetch `count` groups soon; a want still waiting is replaced, not added to."""
@@ -257,12 +258,23 @@ class GroupFetcher:
         out.append(len(groups))
 
     async def _connect(self, author: Author) -> bool:
-        if author.peer_id in open_peers(self.host):
+        connected = set(open_peers(self.host))
+        if author.peer_id in connected:
             return True
+        # A relayed link is never closed here (both ends would dial it again, relayed_links.py),
+        # so at most FETCH_LINGER of those we opened stay open; past that, relay-only authors
+        # wait until one closes.
+        self._kept &= connected
+        if len(self._kept) >= FETCH_LINGER and all(is_relayed_addr(a) for a in author.addrs):
+            self.count("fetch_relayed_full", 1)
+            return False
         self.count("fetch_dials", 1)
         if not author.addrs or not await self.dial(PeerInfo(author.peer_id, list(author.addrs))):
             self.count("fetch_failed", 1)
             return False
+        if self.keep(author.peer_id):
+            self._kept.add(author.peer_id)
+            return True
         self._dialled[author.peer_id] = None
         self._dialled.move_to_end(author.peer_id)
         while len(self._dialled) > FETCH_LINGER:
@@ -309,6 +321,10 @@ class GroupFetcher:
                 await self.host.disconnect(peer)
             except Exception as error:  # noqa: BLE001 - already gone is fine
                 logger.debug("closing the fetch link to %s failed: %s", peer, error)
+
+
+def is_relayed_addr(address: multiaddr.Multiaddr) -> bool:
+    return "/p2p-circuit" in str(address)
 
 
 async def _reset(stream: Any) -> None:
