@@ -73,6 +73,25 @@ def test_gossip_benchmark_smoke():
     assert not delivered.rstrip().endswith("= 0.0000"), f"nothing was delivered: {delivered}"
 
 
+def test_scale_benchmark_smoke(tmp_path):
+    # Two tiny swarms in each mode, then the report from their rows alone; about 45 s on 2 idle cores.
+    done = run_script("scale.py", "--out", str(tmp_path), timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for heading in ("Real runs, per node", "Validation: each run", "Simulated, per node", "Goal at 10,000 nodes"):
+        assert heading in out, out
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert sorted((r["plan"]["mode"], r["plan"]["nodes"]) for r in rows) == [
+        ("fetch", 4), ("fetch", 6), ("gossip", 4), ("gossip", 6)
+    ]  # fmt: skip
+    fetch = [r["result"]["active"]["counters"] for r in rows if r["plan"]["mode"] == "fetch"]
+    assert all(c.get("fetch_groups", 0) > 0 and c.get("published", 0) == 0 for c in fetch), fetch
+    assert (tmp_path / "scale.png").stat().st_size > 0
+    # --report alone rebuilds the same table from the rows
+    again = run_script("scale.py", "--out", str(tmp_path), "--report", timeout=120)
+    assert again.returncode == 0 and again.stdout.split("Real runs")[1] == out.split("Real runs")[1]
+
+
 def test_gossip_during_update_smoke(tmp_path):
     # An estimated 20 s on an idle 2-core machine (12 s of CPU, most of it importing torch and libp2p);
     # the timeout only catches a hang: at load average 19 on 2 cores the same run took 160 s.

@@ -1,0 +1,174 @@
+"""The scale benchmark's table, model and figure, from OUT/rows.jsonl alone (bench/scale.py).
+
+For each (mode, size) the newest row is used; every row stays in the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scale_model import (
+    PACE_ROUND_S,
+    SATURATED,
+    SIMULATED,
+    Model,
+    RunMetrics,
+    fit,
+    predict,
+    run_metrics,
+    simulate_authors,
+    uniform_authors,
+    validate,
+)
+from text_table import print_rows
+
+LABEL = {"gossip": "before (gossip)", "fetch": "after (fetch)"}
+# Issue #31's goal for a node in a swarm of 10,000, at make run's pace.
+GOAL_CORE, GOAL_BYTES, GOAL_RATIO, GOAL_AT = 0.05, 100_000, 2.0, 64
+AUTHOR_ROUNDS = 100
+
+
+def load_rows(out: Path) -> list[dict]:
+    path = out / "rows.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: run bench/scale.py first (without --report)")
+    newest: dict[tuple[str, int], dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            newest[(row["plan"]["mode"], row["plan"]["nodes"])] = row
+    return [newest[key] for key in sorted(newest, key=lambda k: (k[0] != "gossip", k[1]))]  # before, then after
+
+
+def real_table(runs: list[RunMetrics], j: int) -> None:
+    print(f"\nReal runs, per node, at make run's pace (2 groups a node every {PACE_ROUND_S:g} s; J = {j}):")
+    rows = [
+        ["mode", "N", "round s", "load", "cores", "KB/s in", "CPU % core", "idle %", "groups/round",
+         "fetches/round", "dials/round", "links", "rounds >= J", "authors (ideal)"]
+    ]  # fmt: skip
+    for r in runs:
+        ideal = uniform_authors(r.nodes, r.groups_per_round, r.rounds)
+        rows.append(
+            [LABEL[r.mode], str(r.nodes), f"{r.round_s:g}", f"{r.load:.1f}", f"{r.cores:.2f}", f"{r.pace_rx / 1e3:.1f}",
+             f"{100 * r.pace_cpu:.2f}", f"{100 * r.idle_cpu:.2f}", f"{r.delivered:.1f}", f"{r.requests:.1f}",
+             f"{r.dials:.2f}", f"{r.links:.1f}", f"{100 * r.coverage:.0f} %", f"{r.authors:.1f} ({ideal:.1f})"]
+        )  # fmt: skip
+    print_rows(rows)
+    print("cores: the swarm process's CPU over the rounds; one process cannot pass 1.0 (the GIL), and near it")
+    print("timeouts cascade, so such a run measures the bench's limit, not a node's.")
+
+
+def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int) -> None:
+    print("\nModel, fitted on every real run (scale_model.py):")
+    print(f"  idle per node: {1e3 * model.idle_cpu[0]:.3f} + {1e3 * model.idle_cpu[1]:.3f} x links ms CPU/s, "
+          f"{model.idle_rx[0]:.0f} + {model.idle_rx[1]:.0f} x links B/s")  # fmt: skip
+    print(f"  gossip: {1e3 * model.gossip_cpu:.2f} ms CPU and {model.gossip_rx / 1e3:.1f} KB in per delivered group")
+    print(f"  fetch: {1e3 * model.fetch_cpu[0]:.2f} ms + {1e3 * model.fetch_cpu[1]:.2f} ms a dial CPU, "
+          f"{model.fetch_rx[0] / 1e3:.2f} KB + {model.fetch_rx[1] / 1e3:.2f} KB a dial in, per request; "
+          f"{model.requests:.2f} requests a round; links {model.links_fetch:.1f} (fetch), {model.links_gossip:.1f} (gossip)")  # fmt: skip
+    print("\nValidation: each run against the model fitted without its size (leave one size out):")
+    rows = [["mode", "N", "CPU % real", "model", "error", "KB/s real", "model", "error", "dials real", "model"]]
+    for v in validate(runs, groups_per_round):
+        rows.append(
+            [LABEL[v.mode], str(v.nodes), f"{100 * v.real_cpu:.2f}", f"{100 * v.model_cpu:.2f}", f"{v.cpu_error:+.0%}",
+             f"{v.real_rx / 1e3:.1f}", f"{v.model_rx / 1e3:.1f}", f"{v.rx_error:+.0%}", f"{v.real_dials:.2f}",
+             f"{v.model_dials:.2f}"]
+        )  # fmt: skip
+    print_rows(rows)
+
+
+def simulated_table(model: Model, runs: list[RunMetrics], want: int) -> None:
+    print(f"\nSimulated, per node at make run's pace; authors over {AUTHOR_ROUNDS} rounds of {want} groups:")
+    rows = [["mode", "N", "KB/s in", "CPU % core", "x real at 64", "dials/round", "authors uniform", "authors (table)"]]
+    for mode in ("gossip", "fetch"):
+        at64 = next((r for r in runs if r.mode == mode and r.nodes == GOAL_AT), None)
+        for nodes in SIMULATED:
+            p = predict(model, mode, nodes)
+            ratio = max(p.pace_cpu / at64.pace_cpu, p.pace_rx / at64.pace_rx) if at64 else float("nan")
+            per_round = want if mode == "fetch" else model.groups_per_round * (nodes - 1)
+            uniform = uniform_authors(nodes, per_round, AUTHOR_ROUNDS)
+            table = (
+                simulate_authors(nodes, want, AUTHOR_ROUNDS, round(model.links_fetch)) if mode == "fetch" else uniform
+            )
+            rows.append(
+                [LABEL[mode], f"{nodes:,}", f"{p.pace_rx / 1e3:.1f}", f"{100 * p.pace_cpu:.2f}", f"{ratio:.2f}",
+                 f"{p.dials:.2f}", f"{uniform:.0f}", f"{table:.0f}"]
+            )  # fmt: skip
+            if mode == "fetch" and nodes == SIMULATED[-1]:
+                ok = p.pace_cpu <= GOAL_CORE and p.pace_rx <= GOAL_BYTES and ratio <= GOAL_RATIO
+                verdict = "meets" if ok else "misses"
+                goal = f"<= {GOAL_RATIO:g}x its cost at {GOAL_AT}, <= {100 * GOAL_CORE:g} % of a core, <= {GOAL_BYTES / 1e3:g} KB/s"
+    print_rows(rows)
+    if any(r.mode == "fetch" for r in runs):
+        print(f"Goal at {SIMULATED[-1]:,} nodes ({goal}): fetch {verdict} it.")
+
+
+def plot(model: Model, runs: list[RunMetrics], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    sizes = sorted({8, 16, 32, 64, 128, 256, 512, *SIMULATED, 2_000, 5_000})
+    for mode, colour in (("gossip", "tab:red"), ("fetch", "tab:blue")):
+        real = [r for r in runs if r.mode == mode]
+        if not real:
+            continue
+        line = [predict(model, mode, n) for n in sizes]
+        for ax, real_of, model_of, scale in (
+            (axes[0], lambda r: r.pace_rx, lambda p: p.pace_rx, 1e-3),
+            (axes[1], lambda r: r.pace_cpu, lambda p: p.pace_cpu, 100),
+        ):
+            ax.plot(
+                sizes, [model_of(p) * scale for p in line], color=colour, lw=1.2, ls="--", label=f"{LABEL[mode]}, model"
+            )
+            ax.plot(
+                [r.nodes for r in real],
+                [real_of(r) * scale for r in real],
+                "o",
+                color=colour,
+                label=f"{LABEL[mode]}, real",
+            )
+    for ax, goal, unit in (
+        (axes[0], GOAL_BYTES / 1e3, "KB/s in, per node"),
+        (axes[1], 100 * GOAL_CORE, "CPU, % of one core, per node"),
+    ):
+        ax.axhline(goal, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("nodes in the swarm")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(
+        f"A node's network cost at make run's pace (2 groups / {PACE_ROUND_S:g} s); dotted: issue #31's goal",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report(out: Path, j: int = 4, smoke: bool = False) -> int:
+    from sapo.node.core.exchange import groups_wanted
+
+    rows = load_rows(out)
+    runs = [run_metrics(row, j) for row in rows]
+    groups_per_round = rows[0]["plan"]["groups_per_round"]
+    print(f"scale benchmark: {len(rows)} runs from {out / 'rows.jsonl'}; {rows[-1]['machine']}")
+    real_table(runs, j)
+    fitted = [r for r in runs if r.cores < SATURATED]
+    if len(fitted) < len(runs):
+        print(
+            f"left out of the model (cores >= {SATURATED}): "
+            + ", ".join(f"{r.mode} {r.nodes}" for r in runs if r not in fitted)
+        )
+    model = fit(fitted, groups_per_round)
+    model_table(model, fitted, groups_per_round)
+    simulated_table(model, fitted, groups_wanted(j))
+    path = out / "scale.png"
+    plot(model, fitted, path)
+    print(f"\nfigure: {path}")
+    return 0
