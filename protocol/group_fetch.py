@@ -69,13 +69,17 @@ STREAM_TIMEOUT_SECONDS = 5.0
 SERVE_BURST = 4
 SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
+# A request for which we have nothing newer is held this long, so that the asker gets our next
+# group as we publish it, as a gossip subscriber would; at most MAX_HELD at once, one per peer.
+HOLD_SECONDS = 3.0
+MAX_HELD = 32
 # We ask one author at most this often, so that an honest node never meets the limit above
 # however fast its rounds are (a tiny model's take a fraction of a second).
 ASK_INTERVAL_SECONDS = 2 * SERVE_INTERVAL_SECONDS
 # Peers whose request budgets we remember; the least recent make way.
 MAX_TRACKED_ASKERS = 4096
-# Fetches in flight at once.
-FETCH_CONCURRENCY = 4
+# Fetches in flight at once (a held one waits on its author, not on us).
+FETCH_CONCURRENCY = 16
 # Links dialled only to fetch that stay open (a later round may draw the author again); beyond
 # this the oldest is closed, so a node's connections do not grow with the swarm.
 FETCH_LINGER = 8
@@ -107,6 +111,7 @@ class GroupServer:
         self.clock = clock
         self._budgets: OrderedDict[ID, tuple[float, float]] = OrderedDict()  # peer -> (tokens, at)
         self._serving = 0
+        self._held: set[ID] = set()  # peers with a request waiting for our next group
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
@@ -119,8 +124,7 @@ class GroupServer:
         try:
             with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
                 request = decode_request(await read_frame(stream, MAX_REQUEST_BYTES))
-                ours = request.swarm == self.swarm
-                await stream.write(encode_response(self.outbox.newer_than(request) if ours else []))
+                await stream.write(encode_response(await self._answer(peer, request)))
                 self.count("fetch_served")
             with trio.move_on_after(1.0):
                 await stream.close()
@@ -130,6 +134,21 @@ class GroupServer:
             await _reset(stream)
         finally:
             self._serving -= 1
+
+    async def _answer(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
+        if request.swarm != self.swarm:
+            return []
+        groups = self.outbox.newer_than(request)
+        if groups or peer in self._held or len(self._held) >= MAX_HELD:
+            return groups
+        # Held outside the serving slots: a wait costs us a stream, not a place in the queue.
+        self._held.add(peer)
+        self._serving -= 1
+        try:
+            return await self.outbox.newer_within(request, HOLD_SECONDS)
+        finally:
+            self._serving += 1
+            self._held.discard(peer)
 
     def _take(self, peer: ID) -> bool:
         """One token from `peer`'s bucket (SERVE_BURST deep, one back per SERVE_INTERVAL)."""

@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import msgpack
+import trio
 
 PROTOCOL_ID = "/sapo/groups/1"
 WIRE_VERSION = 1
@@ -58,12 +59,23 @@ class Outbox:
 
     def __init__(self, capacity: int = OUTBOX_GROUPS) -> None:
         self._groups: deque[ServedGroup] = deque(maxlen=capacity)
+        self._added = trio.Event()  # set by the next `put`, then replaced
 
     def __len__(self) -> int:
         return len(self._groups)
 
     def put(self, round_index: int, frame: bytes) -> None:
         self._groups.append(ServedGroup(round_index, frame))
+        self._added.set()
+        self._added = trio.Event()
+
+    async def newer_within(self, request: GroupRequest, seconds: float) -> list[ServedGroup]:
+        """`newer_than`, waiting up to `seconds` for a group to arrive if there is none yet: an
+        asker that comes just before we publish gets the group as we publish it."""
+        with trio.move_on_after(seconds):
+            while not self.newer_than(request):
+                await self._added.wait()
+        return self.newer_than(request)
 
     def newer_than(self, request: GroupRequest) -> list[ServedGroup]:
         """At most `request.max_groups` of our groups from rounds after `request.after`, newest first."""

@@ -52,9 +52,11 @@ INCOMING_BUFFER = 256
 
 # How often a node that a swarm started checks that the swarm is still there.
 ORPHAN_CHECK_SECONDS = 1.0
-# How often a node asks for groups before its rounds do (fetch_until_training): a few times a
-# minute keeps fresh groups waiting without piling up more than a round uses.
-FETCH_WHILE_LOADING_SECONDS = 10.0
+# How often a node asks for groups before its rounds do (fetch_until_training). Each author is
+# asked at most once a second and answers only with groups newer than the last it gave us (a
+# request it has nothing for waits for its next one), so this piles nothing up; and a peer that
+# finishes while we load is not missed.
+FETCH_WHILE_LOADING_SECONDS = 1.0
 
 # What each signal means to the person who sent it.
 SIGNAL_MEANING = {

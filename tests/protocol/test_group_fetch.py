@@ -109,6 +109,26 @@ async def test_an_asked_for_group_arrives_once_from_its_author_and_never_on_the_
             nursery.cancel_scope.cancel()
 
 
+async def test_a_request_that_comes_before_the_group_is_answered_when_it_is_published():
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            author = await start_node(nursery)
+            asker = await start_node(nursery, peers=[author.addr])
+            with trio.fail_after(10):
+                while author.service.peer_id not in asker.service.connected_peers():
+                    await trio.sleep(0.05)
+            asker.service.want(1)
+            with trio.fail_after(5):
+                while not asker.counters.get("fetch_requests"):
+                    await trio.sleep(0.01)
+            await trio.sleep(0.3)  # the request is at the author, which has nothing yet
+            assert await author.service.share(b"just published", 0)
+            [message] = await receive_all(asker, 1)
+            assert message.data == b"just published"
+            assert asker.counters["fetch_requests"] == 1  # the held request brought it: no second ask
+            nursery.cancel_scope.cancel()
+
+
 async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
@@ -159,6 +179,7 @@ async def test_a_peer_that_asks_too_often_is_refused():
             with trio.fail_after(10):
                 while author.service.peer_id not in asker.service.connected_peers():
                     await trio.sleep(0.05)
+            assert await author.service.share(b"one group", 0)  # something to answer with at once
             host, peer = asker.service.host, author.service.my_id
             answered = 0
             for _ in range(SERVE_BURST + 4):
