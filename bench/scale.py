@@ -96,9 +96,9 @@ def git_state() -> tuple[str, bool]:
 def run_one(plan: Plan, command: str) -> ScaleRow:
     load_before = load_average()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    commit, dirty = git_state()  # the code the run imports: the tree as it starts
     budget = 120 + plan.nodes + plan.settle_s + plan.idle_s + (plan.warmup_rounds + plan.rounds + 2) * plan.round_s
     result = trio.run(_bounded, plan, budget)
-    commit, dirty = git_state()
     machine = f"{platform.machine()}, {_cpus()} CPUs, python {platform.python_version()}"
     return ScaleRow(asdict(plan), result, load_before, load_average(), commit, dirty, started, command, machine)
 

@@ -28,9 +28,10 @@ TABLE_MAX = 256  # NetworkSettings.max_tracked_peers's default: discovery's reco
 RECORDS_PER_ASK = 15  # peer_records.RECORDS_PER_RESPONSE: what one discovery ask brings
 DISCOVERY_INTERVAL_S = 10.0  # NetworkSettings.discovery_interval_seconds's default
 SIMULATED = (1_000, 10_000)
-# A run whose process used this much of its one core (the GIL) is left out of the fit: its
-# timeouts cascade (docs/bench/scale.md), so it measures the bench's limit, not a node's cost.
-SATURATED = 0.9
+# A run whose process used this much of its one core (the GIL), or whose nodes got under one
+# group a round, is left out of the fit: its timeouts cascade into retries and more dials
+# (docs/bench/scale.md, "The bench's own limit"), so it measures the bench's limit, not a node.
+SATURATED = 0.8
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,10 @@ class RunMetrics:
     rounds: int
     load: float
     cores: float  # the whole process's CPU over the rounds: near 1.0 it was saturated (one GIL)
+
+
+def melted(run: RunMetrics) -> bool:
+    return run.cores >= SATURATED or run.delivered < 1.0
 
 
 def run_metrics(row: dict, j: int) -> RunMetrics:

@@ -15,6 +15,7 @@ from scale_model import (
     Model,
     RunMetrics,
     fit,
+    melted,
     predict,
     run_metrics,
     simulate_authors,
@@ -60,7 +61,7 @@ def real_table(runs: list[RunMetrics], j: int) -> None:
 
 
 def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int) -> None:
-    print("\nModel, fitted on every real run (scale_model.py):")
+    print("\nModel, fitted on the runs below (scale_model.py):")
     print(f"  idle per node: {1e3 * model.idle_cpu[0]:.3f} + {1e3 * model.idle_cpu[1]:.3f} x links ms CPU/s, "
           f"{model.idle_rx[0]:.0f} + {model.idle_rx[1]:.0f} x links B/s")  # fmt: skip
     print(f"  gossip: {1e3 * model.gossip_cpu:.2f} ms CPU and {model.gossip_rx / 1e3:.1f} KB in per delivered group")
@@ -159,12 +160,10 @@ def report(out: Path, j: int = 4, smoke: bool = False) -> int:
     groups_per_round = rows[0]["plan"]["groups_per_round"]
     print(f"scale benchmark: {len(rows)} runs from {out / 'rows.jsonl'}; {rows[-1]['machine']}")
     real_table(runs, j)
-    fitted = [r for r in runs if r.cores < SATURATED]
+    fitted = [r for r in runs if not melted(r)]
     if len(fitted) < len(runs):
-        print(
-            f"left out of the model (cores >= {SATURATED}): "
-            + ", ".join(f"{r.mode} {r.nodes}" for r in runs if r not in fitted)
-        )
+        left = ", ".join(f"{r.mode} {r.nodes}" for r in runs if melted(r))
+        print(f"left out of the model (cores >= {SATURATED}, or under one group a round): {left}")
     model = fit(fitted, groups_per_round)
     model_table(model, fitted, groups_per_round)
     simulated_table(model, fitted, groups_wanted(j))
