@@ -9,7 +9,9 @@ How: every node holds a libp2p *signed peer record* of itself (an Envelope seale
 identity key: peer id + listen addresses). Every `interval` seconds (every second while it
 has fewer than `target` peers and its asks still teach it new ones) it opens one stream to a
 random connected peer and sends its own record; the peer answers with its own record and up
-to 15 records of peers *it is connected to* (so what we learn was alive a moment ago). We check every record (signature,
+to 15 records: 8 of peers *it is connected to* (alive a moment ago), the rest drawn from its
+whole table, so that records cross between parts of a swarm that bootstrapped apart (a fetch
+draws its authors from what discovery knows). We check every record (signature,
 signer = the record's peer id, address shapes; see `check_record`), keep at most
 `max_tracked`, and dial random unconnected ones until we have `target` peers. Dials respect
 the caller's `may_dial` (allow list, bans); a peer that fails to answer is retried with
@@ -119,6 +121,18 @@ class PeerTable:
         chosen = random.sample(held, min(len(held), RECORDS_PER_RESPONSE))
         return [(entry.envelope, entry.observed_ip) for entry in chosen]
 
+    def records_to_share(self, connected: list[ID]) -> list[tuple[bytes, str | None]]:
+        """One response's worth: about half of it records of peers we are connected to (alive a
+        moment ago), the rest drawn from the whole table. Only connected peers' records kept
+        swarms that bootstrapped through different seeds apart (docs/bench/scale.md: three
+        clusters at 64 nodes), and a fetcher's draw "uniform over the peers it knows" uniform
+        over one cluster; a stale record costs a failed dial, and is dropped after a few."""
+        linked = self.records_of(connected)[: RECORDS_PER_RESPONSE // 2 + 1]
+        skip = set(connected)
+        others = [e for e in self._peers.values() if e.peer_id not in skip]
+        rest = random.sample(others, min(len(others), RECORDS_PER_RESPONSE - len(linked)))
+        return linked + [(entry.envelope, entry.observed_ip) for entry in rest]
+
     def entries(self) -> list[KnownPeer]:
         return list(self._peers.values())
 
@@ -215,7 +229,7 @@ class PeerDiscovery:
                 theirs = decode_request(await read_frame(stream))
                 self._learn(theirs, _remote_ip(stream), expect_peer=peer)
                 connected = [p for p in open_peers(self._host) if p != peer]
-                await stream.write(encode_response(self._own, self.table.records_of(connected)))
+                await stream.write(encode_response(self._own, self.table.records_to_share(connected)))
                 self.count("discovery_served")
             with trio.move_on_after(1.0):
                 await stream.close()

@@ -222,17 +222,26 @@ class GroupFetcher:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         wanted, retries = 0, 0  # groups still owed from the last want, and tries left for them
+        dials = 0  # dials left to the current want
+        delay = RETRY_SECONDS
         while True:
-            with trio.move_on_after(RETRY_SECONDS if wanted > 0 and retries > 0 else math.inf) as waiting:
-                wanted, retries = await self._wants.receive(), RETRIES
+            with trio.move_on_after(delay if wanted > 0 and retries > 0 else math.inf) as waiting:
+                wanted = await self._wants.receive()
+                retries, dials, delay = RETRIES, wanted, RETRY_SECONDS
             if waiting.cancelled_caught:
                 retries -= 1
+                delay *= 2  # a node too busy to get its groups should not answer with more work
             if wanted > 0:
-                wanted -= await self.fetch(wanted)
+                got, dialled = await self.fetch(wanted, dials)
+                wanted, dials = wanted - got, dials - dialled
 
-    async def fetch(self, count: int) -> int:
-        """Up to `count` groups from distinct authors drawn uniformly; how many came."""
+    async def fetch(self, count: int, dials: int) -> tuple[int, int]:
+        """Up to `count` groups from distinct authors drawn uniformly, dialling at most `dials`
+        of them; how many groups came and how many authors were dialled. A want's dials are
+        bounded by its groups: a short fetch is retried, and were each retry to dial afresh, a
+        node whose dials time out (its loop busy) would only dial more."""
         now = self.clock()
+        connected = set(open_peers(self.host))
         pool = [
             a
             for a in self.authors()
@@ -240,12 +249,21 @@ class GroupFetcher:
             and not self.lacks(a.peer_id, PROTOCOL_ID)
         ]
         random.shuffle(pool)
-        got = 0
+        got = dialled = 0
         for _ in range(PASSES):
             if got >= count or not pool:
                 break
             need = count - got
-            chosen, pool = pool[:need], pool[need:]
+            chosen: list[Author] = []
+            while pool and len(chosen) < need:
+                author = pool.pop()
+                if author.peer_id not in connected:
+                    if dialled >= dials:
+                        continue  # past the want's dials: the draw goes on among open links
+                    dialled += 1
+                chosen.append(author)
+            if not chosen:
+                break
             per_author = min(MAX_GROUPS_PER_RESPONSE, math.ceil(need / len(chosen)))
             results: list[int] = []
             limiter = trio.CapacityLimiter(FETCH_CONCURRENCY)
@@ -253,7 +271,7 @@ class GroupFetcher:
                 for author in chosen:
                     nursery.start_soon(self._fetch_one, author, per_author, limiter, results)
             got += sum(results)
-        return got
+        return got, dialled
 
     async def _fetch_one(self, author: Author, max_groups: int, limiter: trio.CapacityLimiter, out: list[int]) -> None:
         async with limiter:

@@ -157,6 +157,8 @@ def test_peer_table_is_bounded_and_backs_off():
     assert len(table) == 3 and ids[0] not in table and ids[4] in table
     assert not table.add(KnownPeer(ids[4], [], 0, b"older", None))
     assert table.records_of([ids[4]]) == [(b"e", None)]  # an older record does not replace a newer one
+    shared = table.records_to_share([ids[4]])  # the connected one, and the others from the table
+    assert shared[0] == (b"e", None) and len(shared) == 3
     table.dial_failed(ids[4], now=0.0)
     assert ids[4] not in {e.peer_id for e in table.candidates(1.0, skip=lambda p: False)}
     assert ids[4] in {e.peer_id for e in table.candidates(10.0, skip=lambda p: False)}
