@@ -46,7 +46,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.hosts import is_relayed, open_peers
+from sapo.protocol.hosts import close_stream, is_relayed, open_peers, reset_stream
 from sapo.protocol.peer_records import (
     PROTOCOL_ID,
     RECORDS_PER_RESPONSE,
@@ -220,7 +220,7 @@ class PeerDiscovery:
         )
         if busy or not self.may_dial(peer):
             self.count("discovery_refused")
-            await _reset(stream)
+            await reset_stream(stream)
             return
         self._remember_served(peer, now)
         self._serving += 1
@@ -236,7 +236,7 @@ class PeerDiscovery:
         except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
             self.count("discovery_bad_request")
             logger.debug("discovery request from %s refused: %s", peer, error)
-            await _reset(stream)
+            await reset_stream(stream)
         finally:
             self._serving -= 1
 
@@ -282,7 +282,7 @@ class PeerDiscovery:
         finally:
             if stream is not None:
                 with trio.move_on_after(1.0):
-                    await _close(stream)
+                    await close_stream(stream)
 
     async def dial_some(self) -> None:
         """Dial random known, unconnected, dialable peers until `target` are connected."""
@@ -348,18 +348,3 @@ def _remote_ip(stream: Any) -> str | None:
     except Exception:  # noqa: BLE001 - not every transport knows
         return None
     return remote[0] if remote else None
-
-
-async def _reset(stream: Any) -> None:
-    with trio.move_on_after(1.0):
-        try:
-            await stream.reset()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-async def _close(stream: Any) -> None:
-    try:
-        await stream.close()
-    except Exception:  # noqa: BLE001
-        pass

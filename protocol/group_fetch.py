@@ -57,7 +57,7 @@ from sapo.protocol.group_wire import (
     encode_response,
     response_limit,
 )
-from sapo.protocol.hosts import open_peers
+from sapo.protocol.hosts import close_stream, open_peers, reset_stream
 from sapo.protocol.peer_records import BadRecord, read_frame
 
 logger = logging.getLogger("sapo.fetch")
@@ -118,7 +118,7 @@ class GroupServer:
         peer = stream.muxed_conn.peer_id
         if self._serving >= MAX_CONCURRENT_SERVES or not self.may_serve(peer) or not self._take(peer):
             self.count("fetch_refused")
-            await _reset(stream)
+            await reset_stream(stream)
             return
         self._serving += 1
         try:
@@ -131,7 +131,7 @@ class GroupServer:
         except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
             self.count("fetch_bad_request")
             logger.debug("group request from %s refused: %s", peer, error)
-            await _reset(stream)
+            await reset_stream(stream)
         finally:
             self._serving -= 1
 
@@ -343,7 +343,7 @@ class GroupFetcher:
         finally:
             if stream is not None:
                 with trio.move_on_after(1.0):
-                    await _close(stream)
+                    await close_stream(stream)
         return []
 
     def _remember(self, peer: ID, round_index: int) -> None:
@@ -362,18 +362,3 @@ class GroupFetcher:
 
 def is_relayed_addr(address: multiaddr.Multiaddr) -> bool:
     return "/p2p-circuit" in str(address)
-
-
-async def _reset(stream: Any) -> None:
-    with trio.move_on_after(1.0):
-        try:
-            await stream.reset()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-async def _close(stream: Any) -> None:
-    try:
-        await stream.close()
-    except Exception:  # noqa: BLE001
-        pass

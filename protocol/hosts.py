@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import multiaddr
+import trio
 from libp2p import new_swarm
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.host.basic_host import BasicHost
@@ -168,3 +169,20 @@ def peer_str(peer_id_bytes: bytes) -> str:
         return ID(peer_id_bytes).to_base58()
     except Exception:  # noqa: BLE001 - any bytes may arrive here
         return peer_id_bytes.hex()
+
+
+async def reset_stream(stream: Any) -> None:
+    """Reset a stream we refuse, within a second, whatever state the peer left it in."""
+    with trio.move_on_after(1.0):
+        try:
+            await stream.reset()
+        except Exception:  # noqa: BLE001 - already gone is fine
+            pass
+
+
+async def close_stream(stream: Any) -> None:
+    """Close a stream we are done with; a peer that reset it first is no error."""
+    try:
+        await stream.close()
+    except Exception:  # noqa: BLE001 - already gone is fine
+        pass

@@ -80,14 +80,18 @@ def test_the_outbox_serves_the_newest_groups_after_the_askers_round():
 # --- real hosts ----------------------------------------------------------------------------------
 
 
+async def connected(node, other) -> None:
+    with trio.fail_after(10):
+        while other.service.peer_id not in node.service.connected_peers():
+            await trio.sleep(0.05)
+
+
 async def test_an_asked_for_group_arrives_once_from_its_author_and_never_on_the_topic():
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
             author = await start_node(nursery)
             asker = await start_node(nursery, peers=[author.addr])
-            with trio.fail_after(10):
-                while author.service.peer_id not in asker.service.connected_peers():
-                    await trio.sleep(0.05)
+            await connected(asker, author)
             for round_index in range(3):
                 assert await author.service.share(f"group {round_index}".encode(), round_index)
             assert author.counters.get("published", 0) == 0  # no older release connected: nothing on the topic
@@ -114,9 +118,7 @@ async def test_a_request_that_comes_before_the_group_is_answered_when_it_is_publ
         async with trio.open_nursery() as nursery:
             author = await start_node(nursery)
             asker = await start_node(nursery, peers=[author.addr])
-            with trio.fail_after(10):
-                while author.service.peer_id not in asker.service.connected_peers():
-                    await trio.sleep(0.05)
+            await connected(asker, author)
             asker.service.want(1)
             with trio.fail_after(5):
                 while not asker.counters.get("fetch_requests"):
@@ -157,9 +159,7 @@ async def test_a_node_of_another_swarm_gets_no_groups():
         async with trio.open_nursery() as nursery:
             author = await start_node(nursery)
             stranger = await start_node(nursery, peers=[author.addr], swarm="elsewhere")
-            with trio.fail_after(10):
-                while author.service.peer_id not in stranger.service.connected_peers():
-                    await trio.sleep(0.05)
+            await connected(stranger, author)
             assert await author.service.share(b"ours only", 0)
             stranger.service.want(2)
             with trio.fail_after(10):
@@ -176,9 +176,7 @@ async def test_a_peer_that_asks_too_often_is_refused():
         async with trio.open_nursery() as nursery:
             author = await start_node(nursery)
             asker = await start_node(nursery, peers=[author.addr])
-            with trio.fail_after(10):
-                while author.service.peer_id not in asker.service.connected_peers():
-                    await trio.sleep(0.05)
+            await connected(asker, author)
             assert await author.service.share(b"one group", 0)  # something to answer with at once
             host, peer = asker.service.host, author.service.my_id
             answered = 0
