@@ -42,12 +42,12 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
+from sapo.protocol.frames import FrameError, read_frame
 from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
     MAX_REQUEST_BYTES,
     PROTOCOL_ID,
-    BadFrame,
     GroupRequest,
     Outbox,
     ServedGroup,
@@ -58,7 +58,6 @@ from sapo.protocol.group_wire import (
     response_limit,
 )
 from sapo.protocol.hosts import close_stream, open_peers, reset_stream
-from sapo.protocol.peer_records import BadRecord, read_frame
 
 logger = logging.getLogger("sapo.fetch")
 
@@ -333,7 +332,7 @@ class GroupFetcher:
                 await stream.write(encode_request(request))
                 payload = await read_frame(stream, response_limit(request.max_groups, self.max_message_bytes))
             return decode_response(payload, request, self.max_message_bytes)
-        except (BadFrame, BadRecord) as error:
+        except FrameError as error:
             self.count("fetch_bad_response", 1)
             logger.info("peer %s answered a group request badly: %s", peer, error)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not heard from

@@ -16,12 +16,13 @@ answered with no groups: they would fail its intake's swarm check anyway.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass
 
 import msgpack
 import trio
+
+from sapo.protocol.frames import FrameError, length_prefixed, unpack_map
 
 PROTOCOL_ID = "/sapo/groups/1"
 WIRE_VERSION = 1
@@ -34,10 +35,9 @@ MAX_REQUEST_BYTES = 256
 MAX_FRAME_KEYS = 16
 # Rounds are counted from 0; a larger claim is garbage (and only ever hurts the peer that makes it).
 MAX_ROUND = 2**53
-_HEADER = struct.Struct(">I")
 
 
-class BadFrame(ValueError):
+class BadFrame(FrameError):
     """A `/sapo/groups/1` frame we refuse; the message is one bounded log line."""
 
 
@@ -135,24 +135,16 @@ def _is_int(value: object) -> bool:
 
 
 def _frame(obj: dict) -> bytes:
-    payload = msgpack.packb(obj, use_bin_type=True)
-    return _HEADER.pack(len(payload)) + payload
+    return length_prefixed(msgpack.packb(obj, use_bin_type=True))
 
 
 def _unpack(payload: bytes, *, max_bin: int, max_array: int) -> dict:
-    try:
-        obj = msgpack.unpackb(
-            payload,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=max_bin,
-            max_str_len=64,
-            max_array_len=max_array,
-            max_map_len=MAX_FRAME_KEYS,
-            max_ext_len=0,
-        )
-    except Exception as error:  # noqa: BLE001 - msgpack raises several types on garbage
-        raise BadFrame(f"not a bounded msgpack map ({type(error).__name__})") from None
-    if not isinstance(obj, dict) or obj.get("v") != WIRE_VERSION or isinstance(obj.get("v"), bool):
-        raise BadFrame(f"not a version {WIRE_VERSION} group map")
-    return obj
+    return unpack_map(
+        payload,
+        version=WIRE_VERSION,
+        what="group",
+        error=BadFrame,
+        max_bin=max_bin,
+        max_array=max_array,
+        max_keys=MAX_FRAME_KEYS,
+    )

@@ -16,7 +16,6 @@ skipped, at most 16 keys in all).
 from __future__ import annotations
 
 import ipaddress
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,9 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.envelope import consume_envelope, seal_record
 from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
+
+from sapo.protocol.frames import FrameError, length_prefixed, unpack_map
+from sapo.protocol.frames import read_frame as read_bounded_frame
 
 # The stream protocol discovery speaks (discovery.py); frames are `v` WIRE_VERSION inside it.
 PROTOCOL_ID = "/sapo/peers/1"
@@ -39,10 +41,9 @@ MAX_FRAME_BYTES = 64 * 1024
 # Keys a later release adds to a frame are skipped (protocol/README.md, "Compatibility"); the
 # frame's byte and string limits bound them, and so does this.
 MAX_FRAME_KEYS = 16
-_HEADER = struct.Struct(">I")
 
 
-class BadRecord(ValueError):
+class BadRecord(FrameError):
     """A peer record (or discovery frame) we refuse; the message is one bounded log line."""
 
 
@@ -197,26 +198,19 @@ def _frame(obj: dict) -> bytes:
     payload = msgpack.packb(obj, use_bin_type=True)
     if len(payload) > MAX_FRAME_BYTES:
         raise BadRecord(f"frame of {len(payload)} bytes is over {MAX_FRAME_BYTES}")
-    return _HEADER.pack(len(payload)) + payload
+    return length_prefixed(payload)
 
 
 def _unpack(payload: bytes) -> dict:
-    try:
-        obj = msgpack.unpackb(
-            payload,
-            raw=False,
-            strict_map_key=True,
-            max_bin_len=MAX_RECORD_BYTES,
-            max_str_len=64,
-            max_array_len=RECORDS_PER_RESPONSE,
-            max_map_len=MAX_FRAME_KEYS,
-            max_ext_len=0,
-        )
-    except Exception as error:  # noqa: BLE001 - msgpack raises several types on garbage
-        raise BadRecord(f"not a bounded msgpack map ({type(error).__name__})") from None
-    if not isinstance(obj, dict) or obj.get("v") != WIRE_VERSION or isinstance(obj.get("v"), bool):
-        raise BadRecord(f"not a version {WIRE_VERSION} discovery map")
-    return obj
+    return unpack_map(
+        payload,
+        version=WIRE_VERSION,
+        what="discovery",
+        error=BadRecord,
+        max_bin=MAX_RECORD_BYTES,
+        max_array=RECORDS_PER_RESPONSE,
+        max_keys=MAX_FRAME_KEYS,
+    )
 
 
 def _record_bytes(value: Any) -> bytes:
@@ -225,21 +219,6 @@ def _record_bytes(value: Any) -> bytes:
     return value
 
 
-async def read_frame(stream: Any, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
-    """One frame's payload; the length is checked before the payload is read. Callers bound time."""
-    header = await _read_exactly(stream, _HEADER.size)
-    (length,) = _HEADER.unpack(header)
-    if not 0 < length <= max_bytes:
-        raise BadRecord(f"declared frame length {length} is not 1..{max_bytes}")
-    return await _read_exactly(stream, length)
-
-
-async def _read_exactly(stream: Any, n: int) -> bytes:
-    chunks, remaining = [], n
-    while remaining:
-        chunk = await stream.read(remaining)
-        if not chunk:
-            raise BadRecord(f"stream ended after {n - remaining} of {n} bytes")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+async def read_frame(stream: Any) -> bytes:
+    """One discovery frame's payload (frames.py), at most MAX_FRAME_BYTES."""
+    return await read_bounded_frame(stream, MAX_FRAME_BYTES)
