@@ -43,9 +43,10 @@ def linked_and_punched(peers) -> bool:
     return nat.all_linked(peers) and kinds["direct"] + kinds["both"] >= 1
 
 
-def test_groups_from_every_natted_peer_reach_every_other_through_relay_or_punched_hole():
-    # the last router is a symmetric NAT: its peer's links can only be relayed circuits
-    run = nat.run_swarm(
+def natted_swarm(**more) -> nat.SwarmRun:
+    """Three NATed peers, the last behind a symmetric NAT (its links can only be relayed
+    circuits), publishing once every pair is linked and the cone pair's link is punched."""
+    return nat.run_swarm(
         nated=NATED,
         rate=RATE,
         seconds=PUBLISH_SECONDS,
@@ -53,7 +54,13 @@ def test_groups_from_every_natted_peer_reach_every_other_through_relay_or_punche
         symmetric=frozenset({NATED - 1}),
         ready=linked_and_punched,
         ready_timeout=120,
+        **more,
     )
+
+
+def test_groups_from_every_natted_peer_reach_every_other_through_relay_or_punched_hole():
+    # the last router is a symmetric NAT: its peer's links can only be relayed circuits
+    run = natted_swarm()
     print(
         f"\nNAT: ready in {run.phases['ready s']:.0f} s; links direct/relayed/both {run.after}; "
         f"{len(run.published)} groups published"
@@ -79,16 +86,7 @@ def test_groups_from_every_natted_peer_reach_every_other_through_relay_or_punche
 def test_fetched_groups_cross_relays_and_punched_holes():
     """0.4.0's way: nothing on the topic; each NATed peer asks the others for their groups over
     the same relayed circuits and punched links, and gets them from every other peer."""
-    run = nat.run_swarm(
-        nated=NATED,
-        rate=RATE,
-        seconds=PUBLISH_SECONDS,
-        drain=DRAIN_SECONDS,
-        symmetric=frozenset({NATED - 1}),
-        ready=linked_and_punched,
-        ready_timeout=120,
-        fetch=4,
-    )
+    run = natted_swarm(fetch=4)
     peers = [peer for peer, name in run.names.items() if name != "bootstrap"]
     by_author = {p: {g for g, (author, _) in run.published.items() if author == p} for p in peers}
     print(f"\nNAT fetch: links direct/relayed/both {run.after}; {len(run.published)} groups offered")
