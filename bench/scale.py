@@ -67,6 +67,7 @@ def round_seconds(mode: str, nodes: int, args: argparse.Namespace) -> float:
 
 def plan_for(mode: str, nodes: int, args: argparse.Namespace) -> Plan:
     from sapo.node.core.exchange import groups_wanted
+    from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR
 
     return Plan(
         mode=mode,
@@ -81,6 +82,7 @@ def plan_for(mode: str, nodes: int, args: argparse.Namespace) -> Plan:
         idle_s=args.idle_seconds,
         discover_peers=args.discover_peers,
         seed=args.seed,
+        groups_per_author=GROUPS_PER_AUTHOR if mode == "fetch" else 1,
     )
 
 

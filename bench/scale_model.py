@@ -9,9 +9,12 @@ A planning tool, not part of the node. A node's cost per second at make run's pa
 - gossip round = c_group x groups delivered (every other node's: G x (N - 1)), where c_group is
   one delivered group with its mesh duplicates and IHAVE/IWANT, fitted on the gossip runs;
 - fetch round = c_req x requests + c_dial x dials, fitted on the fetch runs. Requests a round
-  are the want and its retries (measured); a drawn author needs a dial unless we hold a link
-  to it, so dials = requests x (1 - links / pool), the pool being everyone we know: the other
-  N - 1 nodes up to discovery's table (max_tracked_peers) plus our links.
+  are the want's authors (each asked for GROUPS_PER_AUTHOR groups) and its retries, measured
+  on the runs in which every node got its J groups (a starved run's failed retries are the
+  bench's limit, not a node's); a drawn author needs a dial unless we hold a link to it, so
+  dials = requests x (1 - links / pool), the pool being everyone we know: the other N - 1 nodes
+  up to discovery's table (max_tracked_peers) plus our links; and a want dials at most as many
+  authors as it wants groups (group_fetch.py).
 
 CPU and inbound bytes each have their own coefficients, from the raw rows alone (least squares,
 no intercept). Validation: each real run is predicted from a fit to the other sizes of its mode
@@ -20,8 +23,11 @@ no intercept). Validation: each real run is predicted from a fit to the other si
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
+
+from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR
 
 PACE_ROUND_S = 10.0  # make run: about 2 groups per node every 10 s
 TABLE_MAX = 256  # NetworkSettings.max_tracked_peers's default: discovery's records
@@ -32,6 +38,9 @@ SIMULATED = (1_000, 10_000)
 # group a round, is left out of the fit: its timeouts cascade into retries and more dials
 # (docs/bench/scale.md, "The bench's own limit"), so it measures the bench's limit, not a node.
 SATURATED = 0.8
+# Runs whose nodes got their J groups in at least this share of rounds give the model its
+# requests a round.
+HEALTHY = 0.95
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class RunMetrics:
     coverage: float  # share of (node, round) with >= J new external groups
     authors: float  # distinct authors a node heard over the measured rounds
     groups_per_round: float
+    groups_per_author: int  # what the fetcher asked of each author (1 under gossip)
     rounds: int
     load: float
     cores: float  # the whole process's CPU over the rounds: near 1.0 it was saturated (one GIL)
@@ -99,6 +109,7 @@ def run_metrics(row: dict, j: int) -> RunMetrics:
         coverage=sum(count >= j for count in new) / max(1, len(new)),
         authors=mean(result["authors"]),
         groups_per_round=per_round,
+        groups_per_author=plan.get("groups_per_author", 1),
         rounds=plan["rounds"],
         load=max(row["load_before"], row["load_after"]),
         cores=active["cpu_s"] / active["wall"],
@@ -137,13 +148,14 @@ class Model:
     gossip_rx: float
     fetch_cpu: list[float]  # per request, per dial
     fetch_rx: list[float]
-    requests: float  # per round: the want and its retries
+    requests: float  # per round: the want's authors and its retries
+    want: int  # groups a node wants a round: also the most authors a want dials
     links_gossip: float  # a node's links, at the largest size fitted
     links_fetch: float
     groups_per_round: int
 
 
-def fit(runs: list[RunMetrics], groups_per_round: int) -> Model:
+def fit(runs: list[RunMetrics], groups_per_round: int, want: int) -> Model:
     gossip = [r for r in runs if r.mode == "gossip"]
     fetch = [r for r in runs if r.mode == "fetch"]
     idle_x = [[1.0, r.idle_links] for r in runs]
@@ -169,7 +181,8 @@ def fit(runs: list[RunMetrics], groups_per_round: int) -> Model:
         fetch_rx=least_squares([[r.requests, r.dials] for r in fetch], [r.round_rx for r in fetch])
         if fetch
         else [0.0, 0.0],
-        requests=mean([r.requests for r in fetch]),
+        requests=mean([r.requests for r in fetch if r.coverage >= HEALTHY] or [r.requests for r in fetch]),
+        want=want,
         links_gossip=largest["gossip"].links if largest["gossip"] else 0.0,
         links_fetch=largest["fetch"].links if largest["fetch"] else 0.0,
         groups_per_round=groups_per_round,
@@ -208,8 +221,8 @@ def predict(model: Model, mode: str, nodes: int, links: float | None = None) -> 
         links = model.links_fetch if links is None else links
         requests = min(model.requests, float(nodes - 1))
         pool = min(nodes - 1, TABLE_MAX + links)
-        dials = requests * max(0.0, 1.0 - min(links, nodes - 1) / pool)
-        delivered = requests  # one group an author, as the fetcher asks
+        dials = min(float(model.want), requests * max(0.0, 1.0 - min(links, nodes - 1) / pool))
+        delivered = requests * GROUPS_PER_AUTHOR
         round_cpu = model.fetch_cpu[0] * requests + model.fetch_cpu[1] * dials
         round_rx = model.fetch_rx[0] * requests + model.fetch_rx[1] * dials
     idle_cpu = model.idle_cpu[0] + model.idle_cpu[1] * links
@@ -239,7 +252,7 @@ class Validation:
         return self.model_rx / self.real_rx - 1 if self.real_rx else float("nan")
 
 
-def validate(runs: list[RunMetrics], groups_per_round: int) -> list[Validation]:
+def validate(runs: list[RunMetrics], groups_per_round: int, want: int) -> list[Validation]:
     """Each run against a model fitted without its size (its mode's other sizes, every idle
     phase but its own); links are the run's own, as a node would know them."""
     out = []
@@ -247,11 +260,16 @@ def validate(runs: list[RunMetrics], groups_per_round: int) -> list[Validation]:
         rest = [r for r in runs if r.nodes != run.nodes]
         if not any(r.mode == run.mode for r in rest):
             continue
-        p = predict(fit(rest, groups_per_round), run.mode, run.nodes, links=run.links)
+        p = predict(fit(rest, groups_per_round, want), run.mode, run.nodes, links=run.links)
         out.append(
             Validation(run.mode, run.nodes, run.pace_cpu, p.pace_cpu, run.pace_rx, p.pace_rx, run.dials, p.dials)
         )
     return out
+
+
+def authors_a_round(groups: float, groups_per_author: int) -> float:
+    """Distinct authors behind a round's `groups` when each drawn author sends that many."""
+    return math.ceil(groups / groups_per_author) if groups_per_author > 1 else groups
 
 
 def uniform_authors(nodes: int, per_round: float, rounds: int) -> float:

@@ -9,11 +9,13 @@ import json
 from pathlib import Path
 
 from scale_model import (
+    GROUPS_PER_AUTHOR,
     PACE_ROUND_S,
     SATURATED,
     SIMULATED,
     Model,
     RunMetrics,
+    authors_a_round,
     fit,
     melted,
     predict,
@@ -49,7 +51,7 @@ def real_table(runs: list[RunMetrics], j: int) -> None:
          "fetches/round", "dials/round", "links", "rounds >= J", "authors (ideal)"]
     ]  # fmt: skip
     for r in runs:
-        ideal = uniform_authors(r.nodes, r.groups_per_round, r.rounds)
+        ideal = uniform_authors(r.nodes, authors_a_round(r.groups_per_round, r.groups_per_author), r.rounds)
         rows.append(
             [LABEL[r.mode], str(r.nodes), f"{r.round_s:g}", f"{r.load:.1f}", f"{r.cores:.2f}", f"{r.pace_rx / 1e3:.1f}",
              f"{100 * r.pace_cpu:.2f}", f"{100 * r.idle_cpu:.2f}", f"{r.delivered:.1f}", f"{r.requests:.1f}",
@@ -60,7 +62,7 @@ def real_table(runs: list[RunMetrics], j: int) -> None:
     print("timeouts cascade, so such a run measures the bench's limit, not a node's.")
 
 
-def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int) -> None:
+def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int, want: int) -> None:
     print("\nModel, fitted on the runs below (scale_model.py):")
     print(f"  idle per node: {1e3 * model.idle_cpu[0]:.3f} + {1e3 * model.idle_cpu[1]:.3f} x links ms CPU/s, "
           f"{model.idle_rx[0]:.0f} + {model.idle_rx[1]:.0f} x links B/s")  # fmt: skip
@@ -70,7 +72,7 @@ def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int) -> 
           f"{model.requests:.2f} requests a round; links {model.links_fetch:.1f} (fetch), {model.links_gossip:.1f} (gossip)")  # fmt: skip
     print("\nValidation: each run against the model fitted without its size (leave one size out):")
     rows = [["mode", "N", "CPU % real", "model", "error", "KB/s real", "model", "error", "dials real", "model"]]
-    for v in validate(runs, groups_per_round):
+    for v in validate(runs, groups_per_round, want):
         rows.append(
             [LABEL[v.mode], str(v.nodes), f"{100 * v.real_cpu:.2f}", f"{100 * v.model_cpu:.2f}", f"{v.cpu_error:+.0%}",
              f"{v.real_rx / 1e3:.1f}", f"{v.model_rx / 1e3:.1f}", f"{v.rx_error:+.0%}", f"{v.real_dials:.2f}",
@@ -80,17 +82,23 @@ def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int) -> 
 
 
 def simulated_table(model: Model, runs: list[RunMetrics], want: int) -> None:
-    print(f"\nSimulated, per node at make run's pace; authors over {AUTHOR_ROUNDS} rounds of {want} groups:")
+    authors = authors_a_round(want, GROUPS_PER_AUTHOR)
+    print(
+        f"\nSimulated, per node at make run's pace; authors over {AUTHOR_ROUNDS} rounds of {want} groups"
+        f" ({authors:g} authors, {GROUPS_PER_AUTHOR} groups each):"
+    )
     rows = [["mode", "N", "KB/s in", "CPU % core", "x real at 64", "dials/round", "authors uniform", "authors (table)"]]
     for mode in ("gossip", "fetch"):
         at64 = next((r for r in runs if r.mode == mode and r.nodes == GOAL_AT), None)
         for nodes in SIMULATED:
             p = predict(model, mode, nodes)
             ratio = max(p.pace_cpu / at64.pace_cpu, p.pace_rx / at64.pace_rx) if at64 else float("nan")
-            per_round = want if mode == "fetch" else model.groups_per_round * (nodes - 1)
+            per_round = authors if mode == "fetch" else model.groups_per_round * (nodes - 1)
             uniform = uniform_authors(nodes, per_round, AUTHOR_ROUNDS)
             table = (
-                simulate_authors(nodes, want, AUTHOR_ROUNDS, round(model.links_fetch)) if mode == "fetch" else uniform
+                simulate_authors(nodes, int(authors), AUTHOR_ROUNDS, round(model.links_fetch))
+                if mode == "fetch"
+                else uniform
             )
             rows.append(
                 [LABEL[mode], f"{nodes:,}", f"{p.pace_rx / 1e3:.1f}", f"{100 * p.pace_cpu:.2f}", f"{ratio:.2f}",
@@ -164,8 +172,8 @@ def report(out: Path, j: int = 4, smoke: bool = False) -> int:
     if len(fitted) < len(runs):
         left = ", ".join(f"{r.mode} {r.nodes}" for r in runs if melted(r))
         print(f"left out of the model (cores >= {SATURATED}, or under one group a round): {left}")
-    model = fit(fitted, groups_per_round)
-    model_table(model, fitted, groups_per_round)
+    model = fit(fitted, groups_per_round, groups_wanted(j))
+    model_table(model, fitted, groups_per_round, groups_wanted(j))
     simulated_table(model, fitted, groups_wanted(j))
     path = out / "scale.png"
     plot(model, fitted, path)

@@ -81,6 +81,9 @@ class Plan:
     idle_s: float
     discover_peers: int
     seed: int = 0
+    # groups the fetcher asks of each drawn author (group_fetch.GROUPS_PER_AUTHOR when the row was
+    # made; rows from before it was 2 lack it and asked for 1)
+    groups_per_author: int = 1
 
 
 @dataclass

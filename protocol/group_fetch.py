@@ -11,10 +11,10 @@ How:
   one a SERVE_INTERVAL, and at most MAX_CONCURRENT_SERVES at once; a peer we refuse (allow list,
   bans) or one over its budget gets its stream reset. Serving costs us a tiny read and a write
   of frames we already hold; asking costs the asker a stream, and a connection if it has none.
-- `GroupFetcher.want(count)` asks for `count` groups. Authors are drawn uniformly from every peer
-  this node knows: its connections and discovery's table of signed peer records, which
-  discovery keeps refreshing from random peers, so the draw reaches past the neighbours to
-  the whole swarm. Unconnected authors are dialled (through a relay if that is what their
+- `GroupFetcher.want(count)` asks for `count` groups, GROUPS_PER_AUTHOR from each author it draws.
+  Authors are drawn uniformly from every peer this node knows: its connections and discovery's
+  table of signed peer records, which discovery keeps refreshing from random peers, so the draw
+  reaches past the neighbours to the whole swarm. Unconnected authors are dialled (through a relay if that is what their
   record says), and at most FETCH_LINGER such links are kept; older ones are closed.
   An author answers only for itself: Noise authenticated the stream's peer, and the node's
   intake refuses a group whose sender is not that peer. So no one can serve another's group.
@@ -88,6 +88,12 @@ RETRY_SECONDS = 2.0
 RETRIES = 2
 # Passes over fresh authors in one fetch before waiting for the retry.
 PASSES = 3
+# Groups asked of each drawn author. A node publishes its I local groups a round (2 in make
+# run), so two a request halves the requests and, where the author must be dialled, the new
+# connections (about 60-75 ms of CPU each against 5 ms for a request on an open link,
+# docs/bench/scale.md), which are most of a node's network cost in a large swarm. The draw of
+# authors stays uniform over the swarm; a round's groups come in pairs from an author.
+GROUPS_PER_AUTHOR = 2
 
 
 class GroupServer:
@@ -235,8 +241,8 @@ class GroupFetcher:
                 wanted, dials = wanted - got, dials - dialled
 
     async def fetch(self, count: int, dials: int) -> tuple[int, int]:
-        """Up to `count` groups from distinct authors drawn uniformly, dialling at most `dials`
-        of them; how many groups came and how many authors were dialled. A want's dials are
+        """Up to `count` groups, GROUPS_PER_AUTHOR from each of authors drawn uniformly, dialling
+        at most `dials` of them; how many groups came and how many authors were dialled. A want's dials are
         bounded by its groups: a short fetch is retried, and were each retry to dial afresh, a
         node whose dials time out (its loop busy) would only dial more."""
         now = self.clock()
@@ -254,7 +260,7 @@ class GroupFetcher:
                 break
             need = count - got
             chosen: list[Author] = []
-            while pool and len(chosen) < need:
+            while pool and len(chosen) * GROUPS_PER_AUTHOR < need:
                 author = pool.pop()
                 if author.peer_id not in connected:
                     if dialled >= dials:

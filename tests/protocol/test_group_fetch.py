@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import trio
 
-from sapo.protocol.group_fetch import SERVE_BURST
+from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
 from sapo.protocol.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
     PROTOCOL_ID,
@@ -110,6 +110,27 @@ async def test_an_asked_for_group_arrives_once_from_its_author_and_never_on_the_
             assert asker.counters["fetch_groups"] == 3 and author.counters["fetch_served"] >= 2
             with pytest.raises(trio.WouldBlock):
                 asker.inbox.receive_nowait()
+            nursery.cancel_scope.cancel()
+
+
+async def test_each_drawn_author_is_asked_for_two_groups_so_a_want_costs_half_the_requests():
+    assert GROUPS_PER_AUTHOR == 2
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            authors = [await start_node(nursery) for _ in range(4)]
+            asker = await start_node(nursery, peers=[a.addr for a in authors])
+            for index, author in enumerate(authors):
+                await connected(asker, author)
+                for round_index in range(2):
+                    assert await author.service.share(f"author {index} round {round_index}".encode(), round_index)
+
+            asker.service.want(4)
+            received = await receive_all(asker, 4)
+            by_author: dict[str, list[bytes]] = {}
+            for message in received:
+                by_author.setdefault(message.sender, []).append(message.data)
+            assert sorted(len(groups) for groups in by_author.values()) == [2, 2]  # two authors, two groups each
+            assert asker.counters["fetch_requests"] == 2
             nursery.cancel_scope.cancel()
 
 
