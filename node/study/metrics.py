@@ -210,6 +210,25 @@ def reference_arms(config: MixConfig, configs: list[MixConfig]) -> dict[str, str
     return {label: ref for label, ref in refs.items() if ref is not None and ref != config.name}
 
 
+def best_isolated(config: MixConfig, configs: list[MixConfig], runs: dict[str, list[dict]]) -> str | None:
+    """The strongest arm without sharing at the config's I+J (the highest mean cumulative
+    accuracy), when the study has more than one (T/0 and, say, T/0+ownpositive): a sharing arm
+    should beat the best a node can do alone, not only the paper's baseline. None otherwise."""
+    isolated = [c for c in configs if not c.adaptive and c.external == 0 and c.total == config.total]
+    if len(isolated) < 2:
+        return None
+    return max(isolated, key=lambda c: statistics.fmean(s["cumulative_accuracy"] for s in runs[c.name])).name
+
+
+def paired_ratios(seeds: list[dict], reference: list[dict], name: str) -> dict[str, Any]:
+    """Each RATIO_METRICS metric of an arm over the reference arm's, seed by seed, with its interval."""
+    pairs = list(zip(seeds, reference))
+    ratios = {
+        metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0]) for metric in RATIO_METRICS
+    }
+    return {"reference": name} | {metric: r for metric, r in ratios.items() if r is not None}
+
+
 def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str, Any]:
     """Per config: mean ± std over seeds of each run metric, and paired ratios to T/0 and I/0."""
     out: dict[str, Any] = {}
@@ -236,15 +255,12 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
         if heldout:
             entry["heldout_first"] = mean_std([h[0][1] for h in heldout])
             entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
-        for label, ref in reference_arms(config, configs).items():
-            pairs = list(zip(seeds, runs[ref]))
-            ratios = {
-                metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0])
-                for metric in RATIO_METRICS
-            }
-            entry[f"ratio_to_{label}"] = {"reference": ref} | {
-                metric: r for metric, r in ratios.items() if r is not None
-            }
+        references = reference_arms(config, configs)
+        best = best_isolated(config, configs, runs)
+        if best is not None and best != config.name:
+            references["best_isolated"] = best
+        for label, ref in references.items():
+            entry[f"ratio_to_{label}"] = paired_ratios(seeds, runs[ref], ref)
         if all(s.get("late_joiners") for s in seeds):
             entry["late_joiners"] = late_joiner_summary(config, configs, seeds, runs)
         entry["spread"] = {

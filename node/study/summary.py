@@ -169,6 +169,29 @@ def _accuracy_cells(r: dict[str, Any]) -> str:
     )
 
 
+def best_isolated_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:
+    """Each arm over the strongest arm without sharing at its I+J, where the study has several."""
+    compared = [c for c in configs if "ratio_to_best_isolated" in results[c.name]]
+    if not compared:
+        return []
+    lines = [
+        "",
+        "## Against the best isolated recipe",
+        "",
+        "The strongest arm without sharing at the same I+J (highest mean cumulative accuracy), paired per seed.",
+        "",
+        "| config | best isolated | cumulative accuracy ÷ | cumulative reward ÷ |",
+        "|---|---|---|---|",
+    ]
+    for config in compared:
+        r = results[config.name]
+        lines.append(
+            f"| {config.name} | {r['ratio_to_best_isolated']['reference']} | "
+            f"{_ratio(r, 'best_isolated', 'cumulative_accuracy')} | {_ratio(r, 'best_isolated', 'cumulative_reward')} |"
+        )
+    return lines
+
+
 def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
     study, results = summary["study"], summary["results"]
     settings = summary["node_settings"]
@@ -216,6 +239,7 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
             f"{_ratio(r, 'local_only', 'cumulative_reward')} | {_fmt(r['reward_peak_ma'])} | "
             f"{_fmt(r['reward_oscillation'], 5)} | {_fmt(r['reward_final_ma'])} |"
         )
+    lines += best_isolated_lines(results, configs)
     lines += [
         "",
         "## How fast the format and the accuracy spread",

@@ -9,10 +9,18 @@ import pytest
 
 from sapo.node.cli import main
 from sapo.node.core.settings import load_settings
-from sapo.node.study.metrics import curve_metrics, moving_average, per_model_results, ratio_interval, spread_metrics
+from sapo.node.study.metrics import (
+    best_isolated,
+    curve_metrics,
+    moving_average,
+    paired_ratios,
+    per_model_results,
+    ratio_interval,
+    spread_metrics,
+)
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.settings import TREATMENTS, ExperimentSettings, parse_configs
-from sapo.node.study.summary import per_model_lines
+from sapo.node.study.summary import best_isolated_lines, per_model_lines
 from sapo.training.tasks import default_task_specs
 
 STUDY = [
@@ -143,6 +151,27 @@ def test_metrics_by_hand():
     assert interval["seeds"] == 4 and interval["mean"] == pytest.approx(1.2)
     assert (interval["low"], interval["high"]) == pytest.approx((1.2 - 0.2598, 1.2 + 0.2598), abs=1e-3)
     assert ratio_interval([]) is None
+
+
+def test_sharing_arms_are_also_compared_with_the_strongest_arm_without_sharing():
+    configs = parse_configs(["4/0", "2/2", "adaptive", "4/0+ownpositive"])
+    cumulative = {"4/0": (10, 12), "2/2": (12, 18), "adaptive": (15, 15), "4/0+ownpositive": (12, 15)}
+    runs = {
+        name: [{"cumulative_accuracy": a, "cumulative_reward": a} for a in per_seed]
+        for name, per_seed in cumulative.items()
+    }
+    by_name = {c.name: c for c in configs}
+    # the own-row recipe beats plain 4/0 alone, so it is the reference (adaptive's I+J is 4 too)
+    assert best_isolated(by_name["2/2"], configs, runs) == "4/0+ownpositive"
+    assert best_isolated(by_name["adaptive"], configs, runs) == "4/0+ownpositive"
+    alone = parse_configs(["4/0", "2/2"])  # one arm without sharing: nothing more to compare with
+    assert best_isolated(alone[1], alone, runs) is None
+    ratio = paired_ratios(runs["2/2"], runs["4/0+ownpositive"], "4/0+ownpositive")
+    assert ratio["cumulative_accuracy"]["ratios"] == pytest.approx([1.0, 1.2])  # seed by seed
+    results = {"2/2": {"ratio_to_best_isolated": ratio}} | {c: {} for c in cumulative if c != "2/2"}
+    table = "\n".join(best_isolated_lines(results, configs))
+    assert "| 2/2 | 4/0+ownpositive | 1.100 [" in table
+    assert best_isolated_lines({c: {} for c in cumulative}, configs) == []
 
 
 def test_a_mixed_study_pairs_each_model_with_its_own_nodes_in_the_reference_arm():
