@@ -34,8 +34,8 @@ TABLE_MAX = 256  # NetworkSettings.max_tracked_peers's default: discovery's reco
 RECORDS_PER_ASK = 15  # peer_records.RECORDS_PER_RESPONSE: what one discovery ask brings
 DISCOVERY_INTERVAL_S = 10.0  # NetworkSettings.discovery_interval_seconds's default
 SIMULATED = (1_000, 10_000)
-# A run whose process used this much of its one core (the GIL), or whose nodes got under one
-# group a round, is left out of the fit: its timeouts cascade into retries and more dials
+# A run whose process used or waited for this much of its one core (the GIL), or whose nodes got
+# under one group a round, is left out of the fit: its timeouts cascade into retries and more dials
 # (docs/bench/scale.md, "The bench's own limit"), so it measures the bench's limit, not a node.
 SATURATED = 0.8
 # Runs whose nodes got their J groups in at least this share of rounds give the model its
@@ -69,10 +69,13 @@ class RunMetrics:
     rounds: int
     load: float
     cores: float  # the whole process's CPU over the rounds: near 1.0 it was saturated (one GIL)
+    # CPU and the time it waited for a core, over the rounds (rows from before it was recorded:
+    # CPU alone): what the swarm asked of the machine, though a busy machine gave it less
+    wanted: float
 
 
 def melted(run: RunMetrics) -> bool:
-    return run.cores >= SATURATED or run.delivered < 1.0
+    return run.wanted >= SATURATED or run.delivered < 1.0
 
 
 def run_metrics(row: dict, j: int) -> RunMetrics:
@@ -113,6 +116,7 @@ def run_metrics(row: dict, j: int) -> RunMetrics:
         rounds=plan["rounds"],
         load=max(row["load_before"], row["load_after"]),
         cores=active["cpu_s"] / active["wall"],
+        wanted=(active["cpu_s"] + active.get("waited_s", 0.0)) / active["wall"],
     )
 
 

@@ -47,19 +47,21 @@ def load_rows(out: Path) -> list[dict]:
 def real_table(runs: list[RunMetrics], j: int) -> None:
     print(f"\nReal runs, per node, at make run's pace (2 groups a node every {PACE_ROUND_S:g} s; J = {j}):")
     rows = [
-        ["mode", "N", "round s", "load", "cores", "KB/s in", "CPU % core", "idle %", "groups/round",
+        ["mode", "N", "round s", "load", "cores", "wanted", "KB/s in", "CPU % core", "idle %", "groups/round",
          "fetches/round", "dials/round", "links", "rounds >= J", "authors (ideal)"]
     ]  # fmt: skip
     for r in runs:
         ideal = uniform_authors(r.nodes, authors_a_round(r.groups_per_round, r.groups_per_author), r.rounds)
         rows.append(
-            [LABEL[r.mode], str(r.nodes), f"{r.round_s:g}", f"{r.load:.1f}", f"{r.cores:.2f}", f"{r.pace_rx / 1e3:.1f}",
+            [LABEL[r.mode], str(r.nodes), f"{r.round_s:g}", f"{r.load:.1f}", f"{r.cores:.2f}", f"{r.wanted:.2f}",
+             f"{r.pace_rx / 1e3:.1f}",
              f"{100 * r.pace_cpu:.2f}", f"{100 * r.idle_cpu:.2f}", f"{r.delivered:.1f}", f"{r.requests:.1f}",
              f"{r.dials:.2f}", f"{r.links:.1f}", f"{100 * r.coverage:.0f} %", f"{r.authors:.1f} ({ideal:.1f})"]
         )  # fmt: skip
     print_rows(rows)
-    print("cores: the swarm process's CPU over the rounds; one process cannot pass 1.0 (the GIL), and near it")
-    print("timeouts cascade, so such a run measures the bench's limit, not a node's.")
+    print("cores: the swarm process's CPU over the rounds; wanted: that and the time it waited for a core (the")
+    print("kernel's schedstat; rows before it was recorded: CPU alone). One process cannot pass 1.0 (the GIL), and")
+    print("near it timeouts cascade, so such a run measures the bench's limit, not a node's.")
 
 
 def model_table(model: Model, runs: list[RunMetrics], groups_per_round: int, want: int) -> None:
@@ -171,7 +173,7 @@ def report(out: Path, j: int = 4, smoke: bool = False) -> int:
     fitted = [r for r in runs if not melted(r)]
     if len(fitted) < len(runs):
         left = ", ".join(f"{r.mode} {r.nodes}" for r in runs if melted(r))
-        print(f"left out of the model (cores >= {SATURATED}, or under one group a round): {left}")
+        print(f"left out of the model (wanted >= {SATURATED} of a core, or under one group a round): {left}")
     model = fit(fitted, groups_per_round, groups_wanted(j))
     model_table(model, fitted, groups_per_round, groups_wanted(j))
     simulated_table(model, fitted, groups_wanted(j))

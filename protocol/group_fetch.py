@@ -88,6 +88,13 @@ RETRY_SECONDS = 2.0
 RETRIES = 2
 # Passes over fresh authors in one fetch before waiting for the retry.
 PASSES = 3
+# A request that timed out means a loop (ours, or the author's) is too busy to finish a stream's
+# negotiation. A new connection then adds about eight more negotiations and the Noise handshake,
+# and past FETCH_LINGER it hangs up a link already paid for: in a 64-node swarm starved of CPU
+# that turned a minute's overload into several (docs/bench/scale.md). So for this long after a
+# timeout a fetch asks only over open links, and a pass that brought nothing but timeouts ends
+# the fetch.
+OVERLOAD_SECONDS = 10.0
 # Groups asked of each drawn author. A node publishes its I local groups a round (2 in make
 # run), so two a request halves the requests and, where the author must be dialled, the new
 # connections (about 60-75 ms of CPU each against 5 ms for a request on an open link,
@@ -214,6 +221,8 @@ class GroupFetcher:
         self._dialled: OrderedDict[ID, None] = OrderedDict()
         self._asked: OrderedDict[ID, float] = OrderedDict()  # when we last asked each author
         self._kept: set[ID] = set()  # links we opened that `keep` says are not ours to close
+        self._timeouts = 0  # requests that timed out, ever
+        self._calm_until = -math.inf  # no dials before this (OVERLOAD_SECONDS after a timeout)
 
     def want(self, count: int) -> None:
         """Fetch `count` groups soon; a want still waiting is replaced, not added to."""
@@ -246,6 +255,8 @@ class GroupFetcher:
         bounded by its groups: a short fetch is retried, and were each retry to dial afresh, a
         node whose dials time out (its loop busy) would only dial more."""
         now = self.clock()
+        if now < self._calm_until:
+            dials = 0
         connected = set(open_peers(self.host))
         pool = [
             a
@@ -272,10 +283,15 @@ class GroupFetcher:
             per_author = min(MAX_GROUPS_PER_RESPONSE, math.ceil(need / len(chosen)))
             results: list[int] = []
             limiter = trio.CapacityLimiter(FETCH_CONCURRENCY)
+            timeouts = self._timeouts
             async with trio.open_nursery() as nursery:
                 for author in chosen:
                     nursery.start_soon(self._fetch_one, author, per_author, limiter, results)
             got += sum(results)
+            if self._timeouts > timeouts:
+                if not sum(results):
+                    break  # overloaded: more passes would only add requests
+                dials = dialled  # and no more dials in this one
         return got, dialled
 
     async def _fetch_one(self, author: Author, max_groups: int, limiter: trio.CapacityLimiter, out: list[int]) -> None:
@@ -342,6 +358,10 @@ class GroupFetcher:
             self.count("fetch_bad_response", 1)
             logger.info("peer %s answered a group request badly: %s", peer, error)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not heard from
+            if is_timeout(error):
+                self._timeouts += 1
+                self._calm_until = self.clock() + OVERLOAD_SECONDS
+                self.count("fetch_timeouts", 1)
             if not self.refused(peer, PROTOCOL_ID, error):
                 self.count("fetch_failed", 1)
                 logger.debug("fetching groups from %s failed: %s: %s", peer, type(error).__name__, error)
@@ -363,6 +383,11 @@ class GroupFetcher:
                 await self.host.disconnect(peer)
             except Exception as error:  # noqa: BLE001 - already gone is fine
                 logger.debug("closing the fetch link to %s failed: %s", peer, error)
+
+
+def is_timeout(error: BaseException) -> bool:
+    """Our own deadline, or py-libp2p's stream negotiation giving up ("... timed out after 10s")."""
+    return isinstance(error, trio.TooSlowError) or "timed out" in str(error)
 
 
 def is_relayed_addr(address: multiaddr.Multiaddr) -> bool:

@@ -8,6 +8,7 @@ import msgpack
 import pytest
 import trio
 
+from sapo.protocol import group_fetch
 from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
 from sapo.protocol.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
@@ -172,6 +173,37 @@ async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
                         got.append(await asker.inbox.receive())
             assert got[0].data == b"from afar" and got[0].sender == far.service.peer_id
             assert asker.counters["fetch_dials"] >= 1
+            nursery.cancel_scope.cancel()
+
+
+async def test_after_a_request_times_out_a_node_asks_only_over_open_links(monkeypatch):
+    """An overloaded loop times out: new connections would add work and hang up links already
+    paid for, so for a while the fetcher does not dial, and a pass of only timeouts ends."""
+    monkeypatch.setattr(group_fetch, "STREAM_TIMEOUT_SECONDS", 0.5)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            hub = await start_node(nursery)
+            far = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+            asker = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+            assert await far.service.share(b"from afar", 0)
+
+            async def stall(stream) -> None:  # a hub too busy to answer
+                await trio.sleep_forever()
+
+            hub.service.host.set_stream_handler(PROTOCOL_ID, stall)
+            with trio.fail_after(20):
+                while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
+                    await trio.sleep(0.1)
+            await connected(asker, hub)
+            fetcher = asker.service.fetcher
+            # the hub, the one author linked, times out; the far one would need a dial, and none is allowed
+            assert await fetcher.fetch(2, dials=0) == (0, 0)
+            assert asker.counters["fetch_timeouts"] == 1
+            # so the next fetch, which may dial, does not: it would have brought "from afar"
+            # (test_an_author_known_only_from_discovery_is_dialled_and_asked)
+            assert await fetcher.fetch(2, dials=2) == (0, 0)
+            assert far.service.peer_id not in asker.service.connected_peers()
+            assert "fetch_dials" not in asker.counters
             nursery.cancel_scope.cancel()
 
 
