@@ -179,12 +179,8 @@ def fit(runs: list[RunMetrics], groups_per_round: int, want: int) -> Model:
         idle_rx=idle_rx,
         gossip_cpu=least_squares([[r.delivered] for r in gossip], [r.round_cpu for r in gossip])[0] if gossip else 0.0,
         gossip_rx=least_squares([[r.delivered] for r in gossip], [r.round_rx for r in gossip])[0] if gossip else 0.0,
-        fetch_cpu=least_squares([[r.requests, r.dials] for r in fetch], [r.round_cpu for r in fetch])
-        if fetch
-        else [0.0, 0.0],
-        fetch_rx=least_squares([[r.requests, r.dials] for r in fetch], [r.round_rx for r in fetch])
-        if fetch
-        else [0.0, 0.0],
+        fetch_cpu=fit_fetch(fetch, [r.round_cpu for r in fetch]),
+        fetch_rx=fit_fetch(fetch, [r.round_rx for r in fetch]),
         requests=mean([r.requests for r in fetch if r.coverage >= HEALTHY] or [r.requests for r in fetch]),
         want=want,
         links_gossip=largest["gossip"].links if largest["gossip"] else 0.0,

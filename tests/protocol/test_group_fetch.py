@@ -153,18 +153,28 @@ async def test_a_request_that_comes_before_the_group_is_answered_when_it_is_publ
             nursery.cancel_scope.cancel()
 
 
+async def far_author(nursery, hub_handler=None):
+    """A hub, an author that shared "from afar", and an asker that knows that author from
+    discovery only: with a discovery target of one peer, both stay connected to the hub alone.
+    `hub_handler` replaces the hub's `/sapo/groups/1` handler."""
+    hub = await start_node(nursery)
+    if hub_handler is not None:
+        hub.service.host.set_stream_handler(PROTOCOL_ID, hub_handler)
+    far = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+    asker = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+    assert await far.service.share(b"from afar", 0)
+    with trio.fail_after(20):
+        while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
+            await trio.sleep(0.1)
+    await connected(asker, hub)
+    assert far.service.peer_id not in asker.service.connected_peers()
+    return hub, far, asker
+
+
 async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            hub = await start_node(nursery)
-            # discovery on, but a target of one peer: the far node and the asker stay connected to the hub only
-            far = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
-            asker = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
-            assert await far.service.share(b"from afar", 0)
-            with trio.fail_after(20):
-                while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
-                    await trio.sleep(0.1)
-            assert far.service.peer_id not in asker.service.connected_peers()
+            _, far, asker = await far_author(nursery)
             got = []
             with trio.fail_after(20):
                 while not got:
@@ -180,21 +190,13 @@ async def test_after_a_request_times_out_a_node_asks_only_over_open_links(monkey
     """An overloaded loop times out: new connections would add work and hang up links already
     paid for, so for a while the fetcher does not dial, and a pass of only timeouts ends."""
     monkeypatch.setattr(group_fetch, "STREAM_TIMEOUT_SECONDS", 0.5)
+
+    async def stall(stream) -> None:  # a hub too busy to answer
+        await trio.sleep_forever()
+
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            hub = await start_node(nursery)
-            far = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
-            asker = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
-            assert await far.service.share(b"from afar", 0)
-
-            async def stall(stream) -> None:  # a hub too busy to answer
-                await trio.sleep_forever()
-
-            hub.service.host.set_stream_handler(PROTOCOL_ID, stall)
-            with trio.fail_after(20):
-                while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
-                    await trio.sleep(0.1)
-            await connected(asker, hub)
+            _, far, asker = await far_author(nursery, hub_handler=stall)
             fetcher = asker.service.fetcher
             # the hub, the one author linked, times out; the far one would need a dial, and none is allowed
             assert await fetcher.fetch(2, dials=0) == (0, 0)
