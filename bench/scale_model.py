@@ -252,6 +252,12 @@ class Validation:
         return self.model_rx / self.real_rx - 1 if self.real_rx else float("nan")
 
 
+def predicted(model: Model, run: RunMetrics) -> Validation:
+    """A run against `model`'s prediction at its size, with the links it held."""
+    p = predict(model, run.mode, run.nodes, links=run.links)
+    return Validation(run.mode, run.nodes, run.pace_cpu, p.pace_cpu, run.pace_rx, p.pace_rx, run.dials, p.dials)
+
+
 def validate(runs: list[RunMetrics], groups_per_round: int, want: int) -> list[Validation]:
     """Each run against a model fitted without its size (its mode's other sizes, every idle
     phase but its own); links are the run's own, as a node would know them."""
@@ -260,10 +266,7 @@ def validate(runs: list[RunMetrics], groups_per_round: int, want: int) -> list[V
         rest = [r for r in runs if r.nodes != run.nodes]
         if not any(r.mode == run.mode for r in rest):
             continue
-        p = predict(fit(rest, groups_per_round, want), run.mode, run.nodes, links=run.links)
-        out.append(
-            Validation(run.mode, run.nodes, run.pace_cpu, p.pace_cpu, run.pace_rx, p.pace_rx, run.dials, p.dials)
-        )
+        out.append(predicted(fit(rest, groups_per_round, want), run))
     return out
 
 
