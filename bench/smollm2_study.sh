@@ -1,0 +1,19 @@
+#!/bin/sh
+# Issue #32's study: does sharing pay on the real default model? 4 SmolLM2-135M LoRA nodes on one
+# shared base, I+J = 4 (4/0, 2/2, adaptive, and the best isolated recipe 4/0+ownpositive), 2-digit
+# basic_arithmetic, completions of up to 64 tokens, 60 rounds, held-out greedy accuracy every 20.
+# Why these settings: bench/results/smollm2-study/README.md.
+#
+#   SEEDS=1 bench/smollm2_study.sh     # seed 0 of every arm; then SEEDS=2, SEEDS=3
+#
+# It resumes: Ctrl-C (or a crash, or the machine going away) checkpoints each run after its
+# round, and the same command continues where it stopped. A study extends by seeds, and runs go
+# arm by arm within a seed, so the seeds done so far pair. About 30 s a round on 2 free cores,
+# 35 min a run, 2.3 h a seed.
+set -eu
+cd "$(dirname "$0")/.."
+exec nice -n 19 .venv/bin/sapo-node experiment --model smollm2-135m --lora --shared-base \
+  --tasks basic_arithmetic --task-config '{"basic_arithmetic": {"max_digits": 2}}' \
+  --max-new-tokens 64 --torch-threads 2 --eval-every 20 \
+  --nodes 4 --configs 4/0,2/2,adaptive,4/0+ownpositive --rounds 60 --seeds "${SEEDS:-3}" --jobs 1 \
+  --run-checkpoint-every 5 --models-dir bench/.cache/models --out "${OUT:-bench/.cache/smollm2-study2}"
