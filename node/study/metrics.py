@@ -185,9 +185,9 @@ def mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def ratio_interval(ratios: list[float]) -> dict[str, Any] | None:
-    """Mean of paired per-seed ratios with its 95 % interval (t over the seeds); None without any
-    (a reference arm that never scored)."""
+def paired_interval(ratios: list[float]) -> dict[str, Any] | None:
+    """Mean of paired per-seed values (ratios, or differences) with its 95 % interval (t over the
+    seeds); None without any (a reference arm that never scored)."""
     if not ratios:
         return None
     mean = statistics.fmean(ratios)
@@ -224,9 +224,19 @@ def paired_ratios(seeds: list[dict], reference: list[dict], name: str) -> dict[s
     """Each RATIO_METRICS metric of an arm over the reference arm's, seed by seed, with its interval."""
     pairs = list(zip(seeds, reference))
     ratios = {
-        metric: ratio_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0]) for metric in RATIO_METRICS
+        metric: paired_interval([s[metric] / r[metric] for s, r in pairs if r[metric] > 0]) for metric in RATIO_METRICS
     }
     return {"reference": name} | {metric: r for metric, r in ratios.items() if r is not None}
+
+
+def paired_heldout(seeds: list[dict], reference: list[dict]) -> dict[str, Any]:
+    """The last held-out accuracy of an arm minus the reference arm's, seed by seed, with its
+    interval: a difference, not a ratio, since held-out accuracy can be 0. Empty without evals."""
+    differences = [
+        s["heldout"][-1][1] - r["heldout"][-1][1] for s, r in zip(seeds, reference) if s["heldout"] and r["heldout"]
+    ]
+    difference = paired_interval(differences)
+    return {"heldout_last_difference": difference} if difference is not None else {}
 
 
 def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str, Any]:
@@ -260,7 +270,7 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
         if best is not None and best != config.name:
             references["best_isolated"] = best
         for label, ref in references.items():
-            entry[f"ratio_to_{label}"] = paired_ratios(seeds, runs[ref], ref)
+            entry[f"ratio_to_{label}"] = paired_ratios(seeds, runs[ref], ref) | paired_heldout(seeds, runs[ref])
         if all(s.get("late_joiners") for s in seeds):
             entry["late_joiners"] = late_joiner_summary(config, configs, seeds, runs)
         entry["spread"] = {
@@ -317,13 +327,13 @@ def late_joiner_summary(
         for key in ("cumulative_accuracy", "founders_cumulative_accuracy", "accuracy_start", "accuracy_end")
     }
     entry |= {"nodes": late[0]["nodes"], "join_round": late[0]["join_round"], "rounds": late[0]["rounds"]}
-    entry["versus_founders"] = ratio_interval([x["versus_founders"] for x in late if x["versus_founders"] is not None])
+    entry["versus_founders"] = paired_interval([x["versus_founders"] for x in late if x["versus_founders"] is not None])
     heldout = [x["heldout"] for x in late if x["heldout"]]
     if heldout:
         entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
     for label, ref in reference_arms(config, configs).items():
         pairs = [(s["late_joiners"], r.get("late_joiners")) for s, r in zip(seeds, runs[ref])]
-        ratio = ratio_interval(
+        ratio = paired_interval(
             [
                 s["cumulative_accuracy"] / r["cumulative_accuracy"]
                 for s, r in pairs

@@ -172,11 +172,12 @@ class StudyRun:
     solvers: list[ScriptedPeer]
     generate: Generate = generate_alone
 
-    def checkpoint(self, run_dir: Path) -> None:
+    def checkpoint(self, run_dir: Path, timing: dict[str, Any] | None = None) -> None:
         """Everything later rounds depend on, as of the last round (`clock.round`): each learner's
         node checkpoint (weights or adapter, optimizer, `NodeState`) and round records, then, last
         and atomically, RUN_STATE: each learner's inbox (with its authors' standing), intake
-        memories and counters, and the scripted peers' streams. A crash at any point leaves the
+        memories and counters, the scripted peers' streams, and what the run's rounds cost so far
+        (`timing`: a resumed run adds to it). A crash at any point leaves the
         previous checkpoint whole: the nodes keep two, and RUN_STATE names the round to resume.
 
         Between rounds the lockstep hub holds nothing (every round delivers what it got) and the
@@ -192,6 +193,7 @@ class StudyRun:
             "round": round_index,
             "learners": [learner.to_json() for learner in joined],
             "solvers": [peer.to_json() for peer in self.solvers],
+            "timing": timing or {},  # what the rounds so far cost: a resumed run adds to it
         }
         partial = run_dir / f".{RUN_STATE}.partial"
         with partial.open("w") as file:

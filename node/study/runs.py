@@ -43,6 +43,7 @@ from sapo.node.core.metrics import METRICS_FILE, RoundRecord
 from sapo.node.core.round import RoundResult, run_round
 from sapo.node.core.settings import NodeSettings, SettingsError
 from sapo.node.study.nodes import RUN_STATE, Learner, StudyRun, build_run, read_run_state, remove_run_checkpoint
+from sapo.node.study.run_timing import RunTiming, SegmentClock
 from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
 from sapo.node.study.summary import node_table, read_rows, warm_start_recipe, write_outputs
 from sapo.training.tasks import reasoning_gym_version
@@ -98,24 +99,26 @@ def run_one(
     if saved is None:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-    run_started, cpu_started = time.perf_counter(), time.process_time()
+    segment = SegmentClock()
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # a bar per node checkpoint would break the study's own
     run = build_run(base, study, config, seed, run_dir)
-    first = 1
+    first, before = 1, RunTiming()
     if saved is not None:
         run.restore(saved)
         first = saved["round"] + 1
+        # a checkpoint written before runs were timed across segments has none: its rounds go untimed
+        before = RunTiming.model_validate(saved.get("timing", {}))
         keep_rows_through(run_dir / "raw.jsonl", saved["round"])
         log.info("%s seed %d: resumed after round %d", config.name, seed, saved["round"])
-    setup_seconds, setup_cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
+    segment.set_up()
     every = study.run_checkpoint_every
     with (run_dir / "raw.jsonl").open("a") as raw:
 
         def checkpoint() -> None:
             os.fsync(raw.fileno())  # the rows a checkpoint stands on are on disk before it
-            run.checkpoint(run_dir)
+            run.checkpoint(run_dir, before.plus(segment.so_far(run.clock.round - first + 1)).model_dump())
 
         def write_round(round_index: int, results: list[RoundResult | None]) -> None:
             rows = [
@@ -142,14 +145,7 @@ def run_one(
         log.warning("%s seed %d: stopped after round %d of %d", config.name, seed, done, study.rounds)
     for learner in run.learners:
         learner.records.flush()
-    seconds, cpu = time.perf_counter() - run_started, time.process_time() - cpu_started
-    # CPU time too: on a shared machine it predicts an uncontended run better than wall time
-    times = {
-        "setup": setup_seconds,
-        "total": seconds,
-        "per_node_round": (seconds - setup_seconds) / (max(1, ran) * study.nodes),
-        "cpu_per_node_round": (cpu - setup_cpu) / (max(1, ran) * study.nodes),
-    }
+    times = before.plus(segment.so_far(ran)).report(study.nodes)
     if done == study.rounds:
         (run_dir / RUN_FINISHED).write_text(json.dumps(times))
         remove_run_checkpoint(run_dir)

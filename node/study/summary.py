@@ -21,6 +21,7 @@ from sapo.node.study.metrics import (
 )
 from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.plots import plot_curves
+from sapo.node.study.run_timing import cpu_hours
 from sapo.node.study.settings import MA_WINDOW, METRIC_DEFINITIONS, ExperimentSettings, MixConfig, parse_configs
 
 
@@ -169,6 +170,61 @@ def _accuracy_cells(r: dict[str, Any]) -> str:
     )
 
 
+def _difference(entry: dict[str, Any], label: str) -> str:
+    r = (entry.get(f"ratio_to_{label}") or {}).get("heldout_last_difference")
+    if not r:
+        return "–"
+    if r["low"] is None:
+        return f"{r['mean']:+.3f}"
+    return f"{r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"
+
+
+def heldout_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:
+    """Held-out accuracy at the last evaluation, against the reference arms as paired differences."""
+    if not any("heldout_first" in results[c.name] for c in configs):
+        return []
+    lines = [
+        "",
+        "## Held-out accuracy, paired",
+        "",
+        "Greedy full-credit accuracy on the held-out set at the first and last evaluation; the last one minus the "
+        "reference arm's, paired per seed (95 % interval).",
+        "",
+        "| config | held-out, first → last | − T/0 | − I/0 | − best isolated |",
+        "|---|---|---|---|---|",
+    ]
+    for config in configs:
+        r = results[config.name]
+        first_last = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}"
+        lines.append(
+            f"| {config.name} | {first_last} | {_difference(r, 'baseline')} | {_difference(r, 'local_only')} | "
+            f"{_difference(r, 'best_isolated')} |"
+        )
+    return lines
+
+
+def cost_lines(summary: dict[str, Any], configs: list[MixConfig]) -> list[str]:
+    """Each arm's CPU hours, from the runs' timings (which the summary keeps)."""
+    study, runs = summary["study"], summary["timing"].get("runs", {})
+    hours = {
+        c.name: cpu_hours(runs, c.name, study["seeds"], study["nodes"], summary["rounds_compared"]) for c in configs
+    }
+    if all(h is None for h in hours.values()):
+        return []
+    lines = [
+        "",
+        "## Cost",
+        "",
+        "CPU hours of each arm's rounds over all its seeds (set-ups left out; a run's untimed rounds, from before "
+        "runs were timed across resumptions, counted at its timed rate).",
+        "",
+        "| config | CPU hours |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {'–' if h is None else f'{h:.2f}'} |" for name, h in hours.items()]
+    return lines + [f"| all | {sum(h for h in hours.values() if h is not None):.2f} |"]
+
+
 def best_isolated_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:
     """Each arm over the strongest arm without sharing at its I+J, where the study has several."""
     compared = [c for c in configs if "ratio_to_best_isolated" in results[c.name]]
@@ -240,6 +296,8 @@ def render_markdown(summary: dict[str, Any], configs: list[MixConfig]) -> str:
             f"{_fmt(r['reward_oscillation'], 5)} | {_fmt(r['reward_final_ma'])} |"
         )
     lines += best_isolated_lines(results, configs)
+    lines += heldout_lines(results, configs)
+    lines += cost_lines(summary, configs)
     lines += [
         "",
         "## How fast the format and the accuracy spread",

@@ -111,6 +111,14 @@ def test_a_crashed_run_resumes_to_the_same_rows(never_stopped, tmp_path, monkeyp
     assert main(_study(out, TINY)) == 0
     _assert_same_run(never_stopped, out)
     assert not (_run_dir(out) / RUN_STATE).exists() and not (_run_dir(out) / "node-0" / "checkpoints").exists()
+    # timed over both segments: rounds 1-2 before the crash (round 3's time went with it), 3-5 after
+    _assert_timed_over(out, segments=2)
+
+
+def _assert_timed_over(out: Path, segments: int) -> None:
+    timing = json.loads((_run_dir(out) / runs.RUN_FINISHED).read_text())
+    assert (timing["rounds_timed"], timing["segments"]) == (5, segments)
+    assert timing["total"] > timing["setup"] > 0 and timing["cpu_per_node_round"] > 0
 
 
 def test_a_stopped_run_checkpoints_its_round_and_resumes_to_the_same_rows(never_stopped, tmp_path, monkeypatch):
@@ -123,10 +131,12 @@ def test_a_stopped_run_checkpoints_its_round_and_resumes_to_the_same_rows(never_
     monkeypatch.undo()
     assert main(_study(out, TINY)) == 0
     _assert_same_run(never_stopped, out)
+    _assert_timed_over(out, segments=2)
 
 
 def test_a_finished_run_is_not_run_again(never_stopped, monkeypatch):
     raw = (_run_dir(never_stopped) / "raw.jsonl").read_text()
+    _assert_timed_over(never_stopped, segments=1)
 
     def build_run(*args):
         raise AssertionError("a finished run was built again")

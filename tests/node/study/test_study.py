@@ -13,14 +13,16 @@ from sapo.node.study.metrics import (
     best_isolated,
     curve_metrics,
     moving_average,
+    paired_heldout,
+    paired_interval,
     paired_ratios,
     per_model_results,
-    ratio_interval,
     spread_metrics,
 )
 from sapo.node.study.nodes import node_model, specialist_tasks
+from sapo.node.study.run_timing import cpu_hours
 from sapo.node.study.settings import TREATMENTS, ExperimentSettings, parse_configs
-from sapo.node.study.summary import best_isolated_lines, per_model_lines
+from sapo.node.study.summary import best_isolated_lines, heldout_lines, per_model_lines
 from sapo.training.tasks import default_task_specs
 
 STUDY = [
@@ -78,6 +80,7 @@ def test_outputs_are_written(two_studies):
     assert set(summary["results"]) == {"8/0", "4/4"}
     assert summary["study"]["scripted_solvers"] == 1 and "definitions" in summary
     assert "| 4/4 |" in (out / "summary.md").read_text()
+    assert "## Cost" in (out / "summary.md").read_text()  # the runs' CPU hours
     assert len(_raw(out)) == 2 * 2 * 4  # configs x nodes x rounds; solvers are not learners
     assert (out / "runs" / "4-4" / "seed-0" / "node-1" / "metrics.jsonl").is_file()
 
@@ -147,10 +150,10 @@ def test_metrics_by_hand():
     assert m["cumulative"] == 1.5 and m["peak_ma"] == 0.375 and m["peak_round"] == 4  # the window shrinks to 4
     m = curve_metrics([[0.0] * 99 + [1.0, 0.0, 0.0]], window=100)  # MA 0.01, 0.01, 0.01
     assert m["peak_round"] == 100 and m["oscillation"] == 0.0
-    interval = ratio_interval([1.0, 1.2, 1.4, 1.2])  # sd 0.1633, t(3) = 3.182: half-width 0.2598
+    interval = paired_interval([1.0, 1.2, 1.4, 1.2])  # sd 0.1633, t(3) = 3.182: half-width 0.2598
     assert interval["seeds"] == 4 and interval["mean"] == pytest.approx(1.2)
     assert (interval["low"], interval["high"]) == pytest.approx((1.2 - 0.2598, 1.2 + 0.2598), abs=1e-3)
-    assert ratio_interval([]) is None
+    assert paired_interval([]) is None
 
 
 def test_sharing_arms_are_also_compared_with_the_strongest_arm_without_sharing():
@@ -172,6 +175,30 @@ def test_sharing_arms_are_also_compared_with_the_strongest_arm_without_sharing()
     table = "\n".join(best_isolated_lines(results, configs))
     assert "| 2/2 | 4/0+ownpositive | 1.100 [" in table
     assert best_isolated_lines({c: {} for c in cumulative}, configs) == []
+
+
+def test_held_out_accuracy_is_paired_as_a_difference_and_each_arm_costs_its_runs_cpu_hours():
+    shared = [{"heldout": [(20, 0.4), (60, 0.6)]}, {"heldout": [(20, 0.5), (60, 0.7)]}]
+    alone = [{"heldout": [(20, 0.4), (60, 0.5)]}, {"heldout": [(20, 0.4), (60, 0.5)]}]
+    difference = paired_heldout(shared, alone)["heldout_last_difference"]
+    assert difference["ratios"] == pytest.approx([0.1, 0.2])  # seed by seed; t(1) = 12.706, sd 0.0707
+    assert (difference["low"], difference["high"]) == pytest.approx((0.15 - 0.635, 0.15 + 0.635), abs=1e-3)
+    assert paired_heldout(shared, [{"heldout": []}, {"heldout": []}]) == {}  # no evals, nothing to pair
+    configs = parse_configs(["4/0", "2/2"])
+    results = {
+        "4/0": {"heldout_first": {"mean": 0.4, "std": 0.0}, "heldout_last": {"mean": 0.5, "std": 0.0}},
+        "2/2": {
+            "heldout_first": {"mean": 0.45, "std": 0.07},
+            "heldout_last": {"mean": 0.65, "std": 0.07},
+            "ratio_to_baseline": {"heldout_last_difference": difference},
+        },
+    }
+    table = "\n".join(heldout_lines(results, configs))
+    assert "| 2/2 | 0.45 ± 0.07 → 0.65 ± 0.07 | +0.150 [-0.485, +0.785] | – | – |" in table
+    # 9 CPU s a node-round, 4 nodes, 60 rounds, 2 seeds: 1.2 hours; a run without CPU timing: unknown
+    timing = {f"4/0 seed {s}": {"cpu_per_node_round": 9.0} for s in (0, 1)}
+    assert cpu_hours(timing, "4/0", seeds=2, nodes=4, rounds=60) == pytest.approx(1.2)
+    assert cpu_hours(timing | {"4/0 seed 1": {"cpu_per_node_round": None}}, "4/0", 2, 4, 60) is None
 
 
 def test_a_mixed_study_pairs_each_model_with_its_own_nodes_in_the_reference_arm():
