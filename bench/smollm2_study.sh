@@ -5,6 +5,7 @@
 # Why these settings: bench/results/smollm2-study/README.md.
 #
 #   SEEDS=1 bench/smollm2_study.sh     # seed 0 of every arm; then SEEDS=2, SEEDS=3
+#   START=bench/results/smollm2-study/start-heldout.jsonl bench/smollm2_study.sh   # round 0's held-out
 #
 # It resumes: Ctrl-C (or a crash, or the machine going away) checkpoints each run after its
 # round, and the same command continues where it stopped. A study extends by seeds, and runs go
@@ -12,8 +13,12 @@
 # 35 min a run, 2.3 h a seed.
 set -eu
 cd "$(dirname "$0")/.."
-exec nice -n 19 .venv/bin/sapo-node experiment --model smollm2-135m --lora --shared-base \
+set -- --model smollm2-135m --lora --shared-base \
   --tasks basic_arithmetic --task-config '{"basic_arithmetic": {"max_digits": 2}}' \
   --max-new-tokens 64 --torch-threads 2 --eval-every 20 \
-  --nodes 4 --configs 4/0,2/2,adaptive,4/0+ownpositive --rounds 60 --seeds "${SEEDS:-3}" --jobs 1 \
-  --run-checkpoint-every 5 --models-dir bench/.cache/models --out "${OUT:-bench/.cache/smollm2-study2}"
+  --nodes 4 --configs 4/0,2/2,adaptive,4/0+ownpositive --rounds 60 \
+  --run-checkpoint-every 5 --models-dir bench/.cache/models
+if [ -n "${START:-}" ]; then  # START=FILE: held-out accuracy at round 0, every run's start, into FILE
+  exec nice -n 19 .venv/bin/python bench/study_start.py "$@" --json "$START"
+fi
+exec nice -n 19 .venv/bin/sapo-node experiment "$@" --seeds "${SEEDS:-3}" --jobs 1 --out "${OUT:-bench/.cache/smollm2-study2}"

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sapo.node.core.flags import configure_logging, flag, node_settings_from_flags
 from sapo.node.core.settings import NodeSettings
+
+if TYPE_CHECKING:
+    from sapo.node.study.settings import ExperimentSettings
 
 
 def experiment_node_flags(node_args: list[str]) -> list[str]:
@@ -33,17 +37,11 @@ def experiment_node_settings(node_args: list[str]) -> NodeSettings:
     return node_settings_from_flags(experiment_node_flags(node_args))
 
 
-def cmd_experiment(args: argparse.Namespace) -> int:
+def study_settings(args: argparse.Namespace) -> tuple[ExperimentSettings, NodeSettings, list[str]]:
+    """`sapo-node experiment`'s settings from its parsed flags, checked before any model loads: the
+    study's, every node's, and the node flags they came from (libp2p runs pass them on)."""
     from sapo.node.study.settings import ExperimentSettings
 
-    if getattr(args, "resummarize", None):
-        from sapo.node.study.summary import resummarize
-
-        summary = resummarize(Path(args.resummarize), int(args.ma_window) if getattr(args, "ma_window", None) else None)
-        print(
-            f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds"
-        )
-        return 0
     node_flags = experiment_node_flags(args.node_args)
     base = node_settings_from_flags(node_flags)
     study = ExperimentSettings(
@@ -53,6 +51,19 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         from sapo.node.core.settings import SettingsError
 
         raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
+    return study, base, node_flags
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    if getattr(args, "resummarize", None):
+        from sapo.node.study.summary import resummarize
+
+        summary = resummarize(Path(args.resummarize), int(args.ma_window) if getattr(args, "ma_window", None) else None)
+        print(
+            f"rewrote {args.resummarize}/summary.md, summary.json, curves.png over {summary['rounds_compared']} rounds"
+        )
+        return 0
+    study, base, node_flags = study_settings(args)
     from sapo.node.study.runs import StudyStopped, run_experiment
     from sapo.training.devices import configure_torch_threads
 
