@@ -103,7 +103,7 @@ def save_checkpoint(
         (partial / MANIFEST).write_text(json.dumps({"round": round_index, "files": files}, indent=1))
         _fsync_tree(partial)
         if final.exists():
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         os.rename(partial, final)
         _fsync_dir(root)
     except Exception as exc:  # not only OSError: safetensors reports a full disk as SafetensorError
@@ -119,7 +119,18 @@ def save_checkpoint(
 
 def _prune(root: Path, keep: int) -> None:
     for old in _round_dirs(root)[keep:]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_checkpoint(old)
+
+
+def remove_checkpoint(checkpoint: Path) -> None:
+    """Delete a checkpoint so that a crash part-way leaves a partial (cleared at the next start),
+    never a checkpoint with its manifest but not all its files: rmtree goes file by file."""
+    doomed = checkpoint.with_name(f"{PARTIAL_PREFIX}{checkpoint.name}-removed-{os.getpid()}")
+    try:
+        os.rename(checkpoint, doomed)
+    except OSError:
+        return  # gone already, or not ours to remove: the next prune tries again
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _round_dirs(root: Path) -> list[Path]:

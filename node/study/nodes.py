@@ -22,7 +22,7 @@ from sapo.node.core.round import Generate, generate_alone
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState, RngState, TaskCursor
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
-from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint
+from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
 from sapo.training.scripted import ScriptedSolver
 from sapo.training.tasks import TaskSampler, TaskSpec, reasoning_gym_version
 
@@ -231,7 +231,7 @@ def read_run_state(run_dir: Path) -> dict[str, Any] | None:
     for node_dir in run_dir.glob("node-*"):
         for checkpoint in (node_dir / "checkpoints").glob(f"{PREFIX}*"):
             if checkpoint.name[len(PREFIX) :].isdigit() and int(checkpoint.name[len(PREFIX) :]) > saved["round"]:
-                shutil.rmtree(checkpoint)
+                remove_checkpoint(checkpoint)
     return saved
 
 

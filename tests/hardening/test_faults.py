@@ -88,6 +88,47 @@ def test_crash_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     assert [p.name for p in round_dirs(root)] == ["round-00000002"]
 
 
+CRASH_IN_PRUNE = textwrap.dedent("""
+    import os, shutil, signal, sys
+    from pathlib import Path
+    from sapo.training.checkpoints import save_checkpoint
+
+    def model(path):
+        path.mkdir()
+        for name in ("model.safetensors", "tokenizer.json", "config.json"):
+            (path / name).write_bytes(name.encode() * 100)
+
+    root = Path(sys.argv[1])
+    for r in (2, 4, 6):
+        save_checkpoint(root, r, model, {"step": r}, {"round": r}, keep=3)
+
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, ignore_errors=False):  # a deletion gets one file in, then the node dies
+        files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else []
+        if not files:
+            return real_rmtree(path, ignore_errors=ignore_errors)
+        files[0].unlink()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    shutil.rmtree = rmtree
+    save_checkpoint(root, 8, model, {"step": 8}, {"round": 8}, keep=3)   # prunes round 2
+""")
+
+
+def test_a_kill_while_pruning_leaves_no_checkpoint_half_deleted(tmp_path):
+    # kill -9 can land while the oldest checkpoint is being deleted (a node checkpoints, then
+    # prunes): what is left must be whole checkpoints and a partial, never round-2 missing a file
+    root = tmp_path / "checkpoints"
+    child = subprocess.run([sys.executable, "-c", CRASH_IN_PRUNE, str(root)], capture_output=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()[-2000:]
+    for path in round_dirs(root):
+        verify_checkpoint(path)
+    assert [p.name for p in round_dirs(root)] == ["round-00000004", "round-00000006", "round-00000008"]
+    assert latest_checkpoint(root).round == 8
+    assert not any(p.name.startswith(PARTIAL_PREFIX) for p in root.iterdir())  # the start clears it
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     mount_point = tmp_path / "small"
