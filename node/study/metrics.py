@@ -185,16 +185,17 @@ def mean_std(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
-def paired_interval(ratios: list[float]) -> dict[str, Any] | None:
+def paired_interval(values: list[float]) -> dict[str, Any] | None:
     """Mean of paired per-seed values (ratios, or differences) with its 95 % interval (t over the
-    seeds); None without any (a reference arm that never scored)."""
-    if not ratios:
+    seeds), the values under "ratios" whichever they are; None without any (a reference arm that
+    never scored)."""
+    if not values:
         return None
-    mean = statistics.fmean(ratios)
-    if len(ratios) < 2:
-        return {"mean": mean, "low": None, "high": None, "seeds": len(ratios), "ratios": ratios}
-    half = T_975[min(len(ratios) - 1, len(T_975)) - 1] * statistics.stdev(ratios) / len(ratios) ** 0.5
-    return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": len(ratios), "ratios": ratios}
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "low": None, "high": None, "seeds": len(values), "ratios": values}
+    half = T_975[min(len(values) - 1, len(T_975)) - 1] * statistics.stdev(values) / len(values) ** 0.5
+    return {"mean": mean, "low": mean - half, "high": mean + half, "seeds": len(values), "ratios": values}
 
 
 def reference_arms(config: MixConfig, configs: list[MixConfig]) -> dict[str, str]:

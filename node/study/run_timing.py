@@ -45,15 +45,16 @@ class SegmentClock:
 
     def __init__(self) -> None:
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
-        self.setup: tuple[float, float] | None = None
+        self.setup = (0.0, 0.0)
 
     def set_up(self) -> None:
+        """The set-up is done: the time so far is its."""
         self.setup = (time.perf_counter() - self.started, time.process_time() - self.cpu_started)
 
     def so_far(self, rounds: int) -> RunTiming:
-        """This segment's timing after `rounds` rounds of it."""
+        """This segment's timing after its set-up and `rounds` rounds."""
         seconds, cpu = time.perf_counter() - self.started, time.process_time() - self.cpu_started
-        setup_seconds, setup_cpu = self.setup if self.setup is not None else (seconds, cpu)
+        setup_seconds, setup_cpu = self.setup
         return RunTiming(
             setup_seconds=setup_seconds,
             setup_cpu=setup_cpu,

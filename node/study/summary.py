@@ -151,18 +151,23 @@ def _ratio(entry: dict[str, Any], label: str, metric: str) -> str:
     return _interval(ratio[metric])
 
 
-def _interval(r: dict[str, Any] | None) -> str:
+def _interval(r: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """A paired mean with its interval; spec "+.3f" signs a difference."""
     if not r:
         return "–"
     if r["low"] is None:
-        return f"{r['mean']:.3f}"
-    return f"{r['mean']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+        return f"{r['mean']:{spec}}"
+    return f"{r['mean']:{spec}} [{r['low']:{spec}}, {r['high']:{spec}}]"
+
+
+def _heldout_cell(r: dict[str, Any]) -> str:
+    return f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}"
 
 
 def _accuracy_cells(r: dict[str, Any]) -> str:
     """An arm's accuracy cells, the same in the swarm's table and in each model's: cumulative
     accuracy, its ratios to T/0 and I/0, sampled accuracy first -> last tenth, held-out."""
-    heldout = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}" if "heldout_first" in r else "–"
+    heldout = _heldout_cell(r) if "heldout_first" in r else "–"
     return (
         f"{_fmt(r['cumulative_accuracy'], 2)} | {_ratio(r, 'baseline', 'cumulative_accuracy')} | "
         f"{_ratio(r, 'local_only', 'cumulative_accuracy')} | {_fmt(r['accuracy_start'], 2)} → {_fmt(r['accuracy_end'], 2)} | "
@@ -171,12 +176,7 @@ def _accuracy_cells(r: dict[str, Any]) -> str:
 
 
 def _difference(entry: dict[str, Any], label: str) -> str:
-    r = (entry.get(f"ratio_to_{label}") or {}).get("heldout_last_difference")
-    if not r:
-        return "–"
-    if r["low"] is None:
-        return f"{r['mean']:+.3f}"
-    return f"{r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}]"
+    return _interval((entry.get(f"ratio_to_{label}") or {}).get("heldout_last_difference"), "+.3f")
 
 
 def heldout_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:
@@ -195,9 +195,8 @@ def heldout_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str
     ]
     for config in configs:
         r = results[config.name]
-        first_last = f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}"
         lines.append(
-            f"| {config.name} | {first_last} | {_difference(r, 'baseline')} | {_difference(r, 'local_only')} | "
+            f"| {config.name} | {_heldout_cell(r)} | {_difference(r, 'baseline')} | {_difference(r, 'local_only')} | "
             f"{_difference(r, 'best_isolated')} |"
         )
     return lines
