@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.plots import plot_curves
 from sapo.node.study.run_timing import cpu_hours
 from sapo.node.study.settings import MA_WINDOW, METRIC_DEFINITIONS, ExperimentSettings, MixConfig, parse_configs
+
+log = logging.getLogger("sapo.experiment")
 
 
 def write_outputs(
@@ -102,7 +105,18 @@ def resummarize(out: Path, ma_window_override: int | None = None) -> dict[str, A
         **(study_fields | {"out": out} | ({"ma_window": ma_window_override} if ma_window_override else {}))
     )
     meta = {k: old[k] for k in ("round_visibility", "node_settings", "nodes", "warm_start", "reasoning_gym", "timing")}
-    return write_outputs(study, parse_configs(study.configs), read_rows(out), meta)
+    configs = parse_configs(study.configs)
+    rows = read_rows(out)
+    # A study extended by seeds keeps the rows of runs its recorded settings do not name (a later
+    # seed under way, or raw rows copied in beside an older summary.json): say which are left out.
+    named = {(c.name, s) for c in configs for s in range(study.seeds)}
+    unnamed = sorted({(r["config"], r["seed"]) for r in rows} - named)
+    if unnamed:
+        runs = ", ".join(f"{config} seed {seed}" for config, seed in unnamed)
+        log.warning(
+            "%s/summary.json records %d seed(s) of %s; left out the rows of %s", out, study.seeds, study.configs, runs
+        )
+    return write_outputs(study, configs, rows, meta)
 
 
 def node_table(base: NodeSettings, study: ExperimentSettings) -> list[dict[str, Any]]:

@@ -326,6 +326,23 @@ def test_resummarize_recomputes_the_same_results_from_raw(two_studies, tmp_path)
     assert (copy / "summary.md").read_text().startswith("# SAPO I/J study")
 
 
+def test_resummarize_says_which_rows_its_recorded_settings_leave_out(two_studies, tmp_path, caplog):
+    """Raw rows of a later seed beside a summary.json that records fewer seeds are named, not
+    silently dropped (a study extended by seeds, whose new summary.json was not copied in)."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(two_studies[0], copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    later_seed = [r | {"seed": summary["study"]["seeds"]} for r in _raw(copy) if r["config"] == "4/4"]
+    with (copy / "raw.jsonl").open("a") as raw:
+        raw.writelines(json.dumps(r) + "\n" for r in later_seed)
+    with caplog.at_level("WARNING", logger="sapo.experiment"):
+        assert main(["experiment", "--resummarize", str(copy)]) == 0
+    assert f"left out the rows of 4/4 seed {summary['study']['seeds']}" in caplog.text
+    assert json.loads((copy / "summary.json").read_text())["results"] == summary["results"]
+
+
 def test_workers_end_with_a_killed_study(tmp_path):
     """kill -9 of `sapo-node experiment --jobs 2` leaves no worker training on (Linux)."""
     import signal
