@@ -14,7 +14,8 @@ round. All 8 nodes live in one process on the GPU and take turns (the study's to
     .venv/bin/python bench/paper_scale.py --max-minutes 600         # stop starting rounds after 10 h
 
 Not run by this project yet: no GPU was lent to it. On a CPU it refuses to start (a SmolLM2 node
-takes minutes per round there; use `sapo-node experiment` with the tiny stand-in instead).
+takes minutes per round there at the paper's batch; bench/smollm2_study.sh is the CPU-sized
+study on SmolLM2, and `sapo-node experiment` with the tiny stand-in the quick one).
 """
 
 from __future__ import annotations
