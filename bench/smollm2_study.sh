@@ -9,7 +9,7 @@
 #
 # It resumes: Ctrl-C (or a crash, or the machine going away) checkpoints each run after its
 # round, and the same command continues where it stopped. A study extends by seeds, and runs go
-# arm by arm within a seed, so the seeds done so far pair. About 26 s a round on 2 free cores
+# arm by arm within a seed, so the seeds done so far pair. About 26 s a round on 2 cores
 # (18 s for 4/0+ownpositive), 26 min a run, 1.75 h a seed: 5.3 h for the 3 seeds.
 set -eu
 cd "$(dirname "$0")/.."
