@@ -39,11 +39,21 @@ def write_outputs(
     per_run: dict[tuple[str, int], dict[int, list[dict]]] = {}
     for row in rows:
         per_run.setdefault((row["config"], row["seed"]), {}).setdefault(row["node"], []).append(row)
-    missing = [(c.name, s) for c in configs for s in range(study.seeds) if (c.name, s) not in per_run]
+    named = [(c.name, s) for c in configs for s in range(study.seeds)]
+    # A study extended by seeds keeps the rows of runs its settings do not name (a later seed under
+    # way, or raw rows copied in beside an older summary.json): say which are left out.
+    unnamed = sorted(set(per_run) - set(named))
+    if unnamed:
+        left_out = ", ".join(f"{config} seed {seed}" for config, seed in unnamed)
+        log.warning(
+            "%s: %d seed(s) of %s summarized; left out the rows of %s", study.out, study.seeds, study.configs, left_out
+        )
+    missing = [key for key in named if key not in per_run]
     if missing:
         raise RuntimeError(f"no rows for {missing}: --max-minutes ended the study before any run completed a round")
+    # only the named runs: a later seed's few rounds must not shorten the rounds compared
     node_rows = {
-        key: [sorted(nodes[k], key=lambda r: r["round"]) for k in sorted(nodes)] for key, nodes in per_run.items()
+        key: [sorted(per_run[key][k], key=lambda r: r["round"]) for k in sorted(per_run[key])] for key in named
     }
     # The run's founders (who start at round 1) give the swarm's metrics; late joiners their own.
     founders = {key: [r for r in runs_ if r[0].get("joined", 1) == 1] for key, runs_ in node_rows.items()}
@@ -105,18 +115,7 @@ def resummarize(out: Path, ma_window_override: int | None = None) -> dict[str, A
         **(study_fields | {"out": out} | ({"ma_window": ma_window_override} if ma_window_override else {}))
     )
     meta = {k: old[k] for k in ("round_visibility", "node_settings", "nodes", "warm_start", "reasoning_gym", "timing")}
-    configs = parse_configs(study.configs)
-    rows = read_rows(out)
-    # A study extended by seeds keeps the rows of runs its recorded settings do not name (a later
-    # seed under way, or raw rows copied in beside an older summary.json): say which are left out.
-    named = {(c.name, s) for c in configs for s in range(study.seeds)}
-    unnamed = sorted({(r["config"], r["seed"]) for r in rows} - named)
-    if unnamed:
-        runs = ", ".join(f"{config} seed {seed}" for config, seed in unnamed)
-        log.warning(
-            "%s/summary.json records %d seed(s) of %s; left out the rows of %s", out, study.seeds, study.configs, runs
-        )
-    return write_outputs(study, configs, rows, meta)
+    return write_outputs(study, parse_configs(study.configs), read_rows(out), meta)
 
 
 def node_table(base: NodeSettings, study: ExperimentSettings) -> list[dict[str, Any]]:

@@ -334,13 +334,17 @@ def test_resummarize_says_which_rows_its_recorded_settings_leave_out(two_studies
     copy = tmp_path / "copy"
     shutil.copytree(two_studies[0], copy)
     summary = json.loads((copy / "summary.json").read_text())
-    later_seed = [r | {"seed": summary["study"]["seeds"]} for r in _raw(copy) if r["config"] == "4/4"]
+    # a later seed under way: one round in, which must not shorten the rounds compared either
+    later_seed = [
+        r | {"seed": summary["study"]["seeds"]} for r in _raw(copy) if r["config"] == "4/4" and r["round"] == 1
+    ]
     with (copy / "raw.jsonl").open("a") as raw:
         raw.writelines(json.dumps(r) + "\n" for r in later_seed)
     with caplog.at_level("WARNING", logger="sapo.experiment"):
         assert main(["experiment", "--resummarize", str(copy)]) == 0
     assert f"left out the rows of 4/4 seed {summary['study']['seeds']}" in caplog.text
-    assert json.loads((copy / "summary.json").read_text())["results"] == summary["results"]
+    after = json.loads((copy / "summary.json").read_text())
+    assert after["results"] == summary["results"] and after["rounds_compared"] == summary["rounds_compared"] > 1
 
 
 def test_workers_end_with_a_killed_study(tmp_path):
