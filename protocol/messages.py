@@ -62,6 +62,7 @@ class RejectReason(str, enum.Enum):  # noqa: UP042 - StrEnum would change str() 
     peer_quota = "peer_quota"  # this peer has sent too much lately (gossip/inbox)
     no_signal = "no_signal"  # every completion earns the same reward here: nothing to learn from it (intake)
     over_budget = "over_budget"  # more groups to verify a second than any honest node sends (intake)
+    too_costly = "too_costly"  # its completions took more CPU to score than any honest group (verify)
 
 
 class Rejected(Exception):

@@ -83,6 +83,9 @@ PENALTIES: dict[str, float] = {
     # node's rate): refused before the expensive check, charged like a publish over the bucket. A
     # peer sending flat groups at the gossip limit (50/s) is 10/s over: banned in ~20 s.
     "over_budget": 1.0,
+    # A group whose scoring ran past its CPU budget (protocol/verify.py: 100 times an honest
+    # group's cost): no honest node sends one, and each costs us 100 ms of the verification worker.
+    "too_costly": 10.0,
     # `stale` costs nothing on purpose: a frame past the age window is what anyone can replay of
     # an honest author's history once the duplicate memories forget it, so charging its author
     # would let a replayer get an honest peer banned. A stale frame costs us a decode, is bounded

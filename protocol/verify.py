@@ -3,9 +3,15 @@
 The rule: a peer's answer key is accepted only if this node regenerates the same question and
 answer from the spec, and rewards always come from this node's own verifier. The sender's
 rewards and metadata are never used.
+
+Scoring a group has a CPU budget (`SCORING_CPU_SECONDS` of this thread's time): the verifier's
+answer caps bound one answer's cost, and a group that took more than any honest group could, with
+whatever a future verifier does, is refused (`too_costly`) and its author charged.
 """
 
 from __future__ import annotations
+
+import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,7 +19,11 @@ from sapo.protocol.allowlist import check_problem_spec
 from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
-from sapo.training.tasks import generate_problem
+from sapo.training.tasks import Problem, generate_problem
+
+# An honest group of 64 completions scores in about a millisecond (bench/hostile_answers.py): a
+# hundred times that is no honest group's cost, and bounds what one group can take.
+SCORING_CPU_SECONDS = 0.1
 
 
 class VerifyPolicy(BaseModel):
@@ -35,7 +45,7 @@ def verify(
     this node's own `verifier`.
 
     Raises Rejected(unknown_dataset | config_out_of_range | unverifiable_version |
-    spoofed_answer_key).
+    spoofed_answer_key | too_costly).
     """
     check_problem_spec(msg.problem)
     if msg.reasoning_gym_version != local_rg_version and not policy.accept_other_rg_versions:
@@ -56,10 +66,29 @@ def verify(
     return QuestionGroup(
         problem=problem,
         completions=list(msg.completions),
-        rewards=verifier(problem, list(msg.completions)),
+        rewards=score_within_budget(verifier, problem, list(msg.completions), SCORING_CPU_SECONDS),
         origin=msg.sender,
         model_id=msg.model_id,
         sender_round=msg.sender_round,
         created_at=msg.created_at,
         behavior=Behavior(**msg.behavior.model_dump()) if msg.behavior is not None else None,
     )
+
+
+def score_within_budget(
+    verifier: Verifier, problem: Problem, completions: list[str], budget_seconds: float
+) -> list[float]:
+    """`verifier`'s rewards for `completions`, refused (`too_costly`) if they took more than
+    `budget_seconds` of this thread's CPU. The verifier sees the whole group at once (some score a
+    completion against its group); what one completion can cost is bounded by the verifier's own
+    answer caps, so the group is refused after it is scored, not cut short."""
+    started = time.thread_time()
+    rewards = verifier(problem, completions)
+    spent = time.thread_time() - started
+    if spent > budget_seconds:
+        raise Rejected(
+            RejectReason.too_costly,
+            f"{problem.spec.dataset}: {len(completions)} completions took {spent * 1000:.0f} ms of CPU to score, "
+            f"over the budget of {budget_seconds * 1000:.0f} ms a group",
+        )
+    return rewards

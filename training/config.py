@@ -99,8 +99,8 @@ class TrainingSettings(BaseModel):
     reward: Literal["binary", "partial"] = Field(
         default="binary",
         description="binary: 1 if the verifier accepts the answer, else 0 (the paper's); partial: the task's own "
-        "score, partial credit included (basic_arithmetic gives 0.5 for '18' when the answer is 8, which a policy "
-        "learns to game)",
+        "partial credit for a well-formed answer (a weekday in the wrong case, a trivial logical conclusion); an "
+        "answer with text after its value, or that merely contains the key, scores 0 under both",
     )
     generations: int = Field(default=8, ge=2, le=64, description="G: completions sampled per question")
     max_new_tokens: int = Field(default=256, ge=1, le=8192, description="generation length cap per completion")

@@ -1,8 +1,8 @@
 """Held-out accuracy: greedy answers to a fixed set of questions, scored by full credit only.
 
 Every node of a swarm is asked the same questions (a dataset seed no node samples from), so
-their accuracies compare; partial credit ("18" for 8 scores 0.5 in basic_arithmetic) is not
-accuracy, so only a score of 1 counts.
+their accuracies compare; partial credit (0.25 for a trivial propositional_logic conclusion) is
+not accuracy, so only a score of 1 counts.
 """
 
 from __future__ import annotations

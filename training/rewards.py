@@ -1,19 +1,27 @@
-"""The verifier: a completion's reward is the task's own score of its last <answer> block."""
+"""The verifier: a completion's reward is this node's own score of its last <answer> block.
+
+Every completion a node scores may be a stranger's: its peers' groups, and the judge's answers.
+So the answer goes through the task's strict grammar and scorer (training/task_scorers.py),
+never through reasoning-gym's own `score_answer`, and inside `untrusted_text()`, which refuses
+any attempt to run code, start a process, open a socket or a file while it is scored.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import io
+import logging
 import math
-import re
 from collections.abc import Callable
 
-from sapo.training.tasks import Problem, dataset_for
+from sapo.training.task_scorers import SCORERS
+from sapo.training.tasks import Problem
+from sapo.training.untrusted import untrusted_text
+
+log = logging.getLogger("sapo.rewards")
 
 # (problem, completions) -> one reward each: this node's own judgement of its completions
 Verifier = Callable[[Problem, list[str]], list[float]]
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN, _CLOSE = "<answer>", "</answer>"
 
 # The score of an answer the verifier accepts outright; anything less is partial credit.
 FULL_CREDIT = 1.0
@@ -23,12 +31,32 @@ def is_correct(score: float) -> bool:
     return score >= FULL_CREDIT
 
 
+def answer_span(completion: str) -> tuple[int, int] | None:
+    """Where the content of the last complete <answer>...</answer> block lies, unstripped; None if
+    there is none.
+
+    The blocks are those of a left-to-right, non-greedy scan (what `re.findall` of
+    `<answer>(.*?)</answer>` finds), in one linear pass: that regex retries from every opening
+    tag, so 2,000 unclosed tags in a 16 KB completion cost it 145 ms.
+    """
+    found = None
+    position = 0
+    while True:
+        start = completion.find(_OPEN, position)
+        if start < 0:
+            break
+        end = completion.find(_CLOSE, start + len(_OPEN))
+        if end < 0:
+            break
+        found = (start + len(_OPEN), end)
+        position = end + len(_CLOSE)
+    return found
+
+
 def extract_answer(completion: str) -> str | None:
     """The text inside the last complete <answer>...</answer> block, stripped; None if absent."""
-    matches = _ANSWER.findall(completion)
-    if not matches:
-        return None
-    return matches[-1].strip()
+    span = answer_span(completion)
+    return None if span is None else completion[span[0] : span[1]].strip()
 
 
 def has_answer_tag(completion: str) -> bool:
@@ -36,20 +64,21 @@ def has_answer_tag(completion: str) -> bool:
 
 
 def score_completion(problem: Problem, completion: str) -> float:
-    """ReasoningGYM's score_answer on the extracted answer, in [0, 1]; partial credit passes through.
+    """The task's score of the extracted answer, in [0, 1]; partial credit passes through.
 
-    A missing tag scores 0 without asking the task: some verifiers (fraction_simplification)
-    give a constant floor even to no answer, which would reward not answering at all.
+    A missing tag, an answer over the task's length cap, and an answer outside the task's grammar
+    all score 0 without parsing further. Nothing here raises: a scorer that fails (a bug, or an
+    audit event refused) has rejected the answer, and says so in the log.
     """
     answer = extract_answer(completion)
-    if answer is None:
+    scorer = SCORERS.get(problem.spec.dataset)
+    if answer is None or scorer is None or len(answer) > scorer.cap(problem):
         return 0.0
-    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
-    dataset = dataset_for(problem.spec)
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            score = float(dataset.score_answer(answer, entry))
-    except Exception:  # noqa: BLE001 - a verifier that chokes on odd text has rejected it
+        with untrusted_text():
+            score = float(scorer.score(problem, answer))
+    except Exception as exc:  # noqa: BLE001 - fail closed: no answer is right by crashing its scorer
+        log.warning("scoring a %s answer failed (scored 0): %s: %s", problem.spec.dataset, type(exc).__name__, exc)
         return 0.0
     if not math.isfinite(score):
         return 0.0

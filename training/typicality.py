@@ -16,11 +16,10 @@ its tokens are surprising for that good reason. The tags around it count.
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from sapo.training.policy import Policy
+from sapo.training.rewards import answer_span as last_answer_span
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.update import encode_completion, shared_prompt_logits
 
@@ -28,13 +27,10 @@ from sapo.training.update import encode_completion, shared_prompt_logits
 # holds rows x completion length x vocabulary floats (SmolLM2: 8 x 128 x 49k x 4 B = 200 MB).
 ROWS_PER_PASS = 8
 
-_ANSWER_CONTENT = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
 
 def answer_span(text: str) -> tuple[int, int]:
     """Character span of the last answer's content (what the verifier reads); (0, 0) if none."""
-    spans = [m.span(1) for m in _ANSWER_CONTENT.finditer(text)]
-    return spans[-1] if spans else (0, 0)
+    return last_answer_span(text) or (0, 0)
 
 
 @torch.no_grad()

@@ -8,7 +8,8 @@ The checks run cheapest first: the author's memory of frames (a hash), decoding 
 envelope (sender, swarm, age), the author's memory of contents, and only then, if the author has
 verifications left in its budget (`VERIFY_RATE` a second, up to `VERIFY_BURST` at once; past it
 `over_budget`, charged), the expensive one: regenerating the problem and re-scoring every
-completion. A peer that floods flat groups at the gossip limit (50/s) runs over its budget and is
+completion. A verification that takes more CPU than `VERIFY_CPU_SECONDS` costs its author that
+many more verifications, and one whose scoring runs past its budget is refused (`too_costly`). A peer that floods flat groups at the gossip limit (50/s) runs over its budget and is
 banned within seconds, while an honest node, weak or strong, publishes well under it.
 
 The memories are per author (protocol/recent.py) and keep everything an author had verified for
@@ -30,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +46,7 @@ from sapo.sampling.inbox import Inbox
 from sapo.training.grpo import has_signal
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
+from sapo.training.tasks import Problem
 
 log = logging.getLogger("sapo.intake")
 
@@ -61,6 +64,13 @@ LOGPROBS_MAX_VALUES = 1_000_000
 # burst: a round's groups published at once.
 VERIFY_RATE = 40.0
 VERIFY_BURST = 100
+# A verification is one unit of that budget while scoring its completions takes at most this much
+# of the worker's CPU (an honest group scores in about a millisecond); one that takes more is
+# charged in proportion, so the text an author sends costs it what it costs us: at most
+# VERIFY_RATE units, 0.2 CPU-seconds a second, for long. The debt it can run up is one burst.
+# Regenerating the problem is not charged: its cost follows from the spec, which the allowlist
+# bounds (under 3 ms for the default configs), not from the text.
+VERIFY_CPU_SECONDS = 0.005
 # Authors whose budget we keep; one forgotten (the least recently heard) starts afresh.
 BUDGET_AUTHORS = 4096
 
@@ -167,7 +177,11 @@ class Intake:
             raise Rejected(RejectReason.repeat, "this peer's question and completions again, in a new envelope")
         self._spend_verification(signer, now)
         self._frames.put(signer, digest, None, stamp=msg.created_at, now=now)
-        group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
+        scoring = _TimedVerifier(self.verifier)
+        try:
+            group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=scoring)
+        finally:
+            self._charge_cpu(signer, scoring.seconds)
         logprobs = self._take((signer, content))
         if not self.keep_groups_without_signal and not has_signal(group.rewards):
             raise Rejected(
@@ -184,11 +198,19 @@ class Intake:
         """Take one verification from `author`'s budget, or refuse (over_budget) when it has none."""
         tokens, updated = self._budgets.pop(author, (float(VERIFY_BURST), now))
         tokens = min(float(VERIFY_BURST), tokens + max(0.0, now - updated) * VERIFY_RATE)
-        self._budgets[author] = (max(0.0, tokens - 1.0), now)  # newest last
+        self._budgets[author] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)  # newest last
         if len(self._budgets) > BUDGET_AUTHORS:
             self._budgets.popitem(last=False)
         if tokens < 1.0:
             raise Rejected(RejectReason.over_budget, f"over its budget of {VERIFY_RATE:g} verified groups a second")
+
+    def _charge_cpu(self, author: str, seconds: float) -> None:
+        """Charge `author` for a verification that took `seconds` of CPU beyond its one unit."""
+        extra = seconds / VERIFY_CPU_SECONDS - 1.0
+        if extra <= 0.0 or author not in self._budgets:
+            return
+        tokens, updated = self._budgets[author]
+        self._budgets[author] = (max(-float(VERIFY_BURST), tokens - extra), updated)
 
     def _check_envelope(self, sender: str, swarm: str, created_at: float, signer: str, now: float) -> None:
         if sender != signer:
@@ -284,6 +306,21 @@ def _restore_memory(memory: RecentByAuthor, saved: list[list[Any]]) -> None:
             for author, entries in saved
         ]
     )
+
+
+class _TimedVerifier:
+    """A verifier that adds up the thread CPU its calls take: what the sender's text cost us."""
+
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
+        self.seconds = 0.0
+
+    def __call__(self, problem: Problem, completions: list[str]) -> list[float]:
+        started = time.thread_time()
+        try:
+            return self.verifier(problem, completions)
+        finally:
+            self.seconds += time.thread_time() - started
 
 
 def _values(behavior: BehaviorLogprobs) -> int:

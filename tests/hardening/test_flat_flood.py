@@ -6,10 +6,15 @@ a running node that does not augment (so it refuses flat groups as `no_signal`).
 The flooder publishes at the gossip limit (NetworkSettings.peer_message_rate, 50/s) with its own
 client's spam limit off: faster, the gossip bucket bans it by itself (test_peer_guard). At 50/s
 it is only ever refused by the intake: by its budget of verifications (40/s), past which each
-group is refused unverified (`over_budget`) and charged."""
+group is refused unverified (`over_budget`) and charged.
+
+Issue #38: the same flood, each group's completions 16 KB propositional_logic answers (the
+formula that cost 0.4's scorer 7.35 s of CPU each and scored 1.0). Over its answer cap, each now
+scores 0 unparsed: the node keeps up, and the flooder is banned as any flooder is."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from sapo.training.rollouts import QuestionGroup
@@ -22,16 +27,29 @@ RATE = 50  # a second: the gossip limit
 BAN_WITHIN = 60.0
 
 
-async def test_a_flat_flooder_at_its_maximum_rate_is_banned_within_a_minute_and_honest_groups_keep_coming_in(
-    tmp_path, nodes
+# A 16 KB answer (the codec's limit per completion) that reasoning-gym 0.1.25's scorer parses in quadratic time.
+COSTLY_FORMULA = " ∨ ".join(["(P ∧ Q)"] * 1700)[: 16_384 - len("<answer></answer>")]
+
+
+def flat_groups(count: int) -> list[QuestionGroup]:
+    problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 91, 0).sample(count)
+    return [QuestionGroup(problem=p, completions=[""] * 4, rewards=[0.0] * 4) for p in problems]
+
+
+def costly_groups(count: int) -> list[QuestionGroup]:
+    problems = TaskSampler(default_task_specs(["propositional_logic"]), 92, 0).sample(count)
+    texts = [f"<answer>{COSTLY_FORMULA}</answer>"] * 8
+    return [QuestionGroup(problem=p, completions=texts, rewards=[1.0] * 8) for p in problems]
+
+
+@pytest.mark.parametrize("groups", [flat_groups, costly_groups], ids=["flat", "16KB-propositional-logic"])
+async def test_a_flooder_at_its_maximum_rate_is_banned_within_a_minute_and_honest_groups_keep_coming_in(
+    tmp_path, nodes, groups
 ):
     node = NodeProcess(tmp_path / "n", [*NO_AUGMENT])
     nodes.append(node)
     flooder, honest = Peer(0x61, node.address, model_id="flat"), Peer(0x62, node.address, model_id="honest")
-    problems = TaskSampler(default_task_specs(["basic_arithmetic"]), 91, 0).sample(int(RATE * BAN_WITHIN) + 100)
-    frames = [
-        flooder.encoder.frame(QuestionGroup(problem=p, completions=[""] * 4, rewards=[0.0] * 4), 1) for p in problems
-    ]
+    frames = [flooder.encoder.frame(group, 1) for group in groups(int(RATE * BAN_WITHIN) + 100)]
     with trio.fail_after(BAN_WITHIN + 90):
         async with trio.open_nursery() as nursery:
             await flooder.join(nursery, node)

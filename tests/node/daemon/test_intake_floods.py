@@ -5,15 +5,18 @@ honest author's messages are refused free of charge, never charged to it as `rep
 
 from __future__ import annotations
 
+import time
+
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
-from sapo.node.core.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_RATE, Intake
+from sapo.node.core.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_CPU_SECONDS, VERIFY_RATE, Intake
 from sapo.node.study.nodes import peer_id_for
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.peer_guard import BAN_SCORE, PeerGuard
 from sapo.protocol.recent import RecentByAuthor
-from sapo.protocol.verify import VerifyPolicy
+from sapo.protocol.verify import SCORING_CPU_SECONDS, VerifyPolicy
 from sapo.sampling.inbox import Inbox
+from sapo.training.rewards import score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
 
@@ -181,3 +184,39 @@ def test_replayed_sequence_numbers_are_never_charged_to_their_author():
     assert guard.score(b"honest") == 0.0 and not guard.is_banned(b"honest")
     clock.now += 2.0  # its bucket refills; its own next publish goes through
     assert guard.admit(b"honest", 101) is None
+
+
+def burn(seconds: float) -> None:
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+
+
+def test_a_group_that_costs_more_cpu_to_score_than_its_budget_is_refused_and_charged_in_proportion():
+    """Issue #38: whatever a future verifier costs, a group over SCORING_CPU_SECONDS is refused
+    (`too_costly`), and every group's scoring CPU is charged to its author's verification budget,
+    so expensive groups run it out faster than cheap ones. The verifier here is honest scoring
+    made slow (burning CPU as a quadratic scorer did), on the real codec and intake."""
+    cost = {"seconds": 0.0}
+
+    def slow_verifier(problem, completions):
+        burn(cost["seconds"])
+        return score_group(problem, completions)
+
+    clock = Clock()
+    intake, guard = node(clock)
+    intake.verifier = slow_verifier
+    sender = encoder(FLOODER, clock)
+    cost["seconds"] = SCORING_CPU_SECONDS * 1.5
+    assert intake.accept(sender.frame(taught(0), 1), FLOODER, clock.now) is None
+    assert intake.counters.rejected["too_costly"] == 1
+    assert guard.score(FLOODER.encode()) <= -10.0  # PENALTIES["too_costly"]
+    # that group cost 30 verifications (150 ms at VERIFY_CPU_SECONDS = 5 ms); groups of 95 ms, under
+    # the group budget, cost 19 each: the 70 left last 4 of them, the next 5 are over budget
+    cost["seconds"] = 19 * VERIFY_CPU_SECONDS
+    accepted = sum(intake.accept(sender.frame(taught(i), 1), FLOODER, clock.now) is not None for i in range(1, 10))
+    assert accepted == 4 and intake.counters.rejected["over_budget"] == 5
+    # an author whose groups score cheaply gets its whole burst
+    honest = encoder(HONEST, clock)
+    cost["seconds"] = 0.0
+    assert sum(intake.accept(honest.frame(taught(i), 1), HONEST, clock.now) is not None for i in range(10, 60)) == 50
