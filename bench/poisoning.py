@@ -4,18 +4,28 @@ beside attacker identities that publish valid groups carrying what they want tau
 
 Attacks ("Hail to the Thief", arXiv 2511.09780, against our defaults):
 - out-of-context: each right completion carries a phrase before `<answer>…</answer>`;
-- in-context: each right completion carries wrong working ("7 + 5 = 13.") before the right answer.
-Every answer key regenerates from its spec and half of each group's completions are right, half
-wrong, so every group carries signal and passes every check the intake makes.
+- in-context: each right completion carries wrong working ("7 + 5 = 13.") before the right answer;
+- in-answer (issue #38, fraction_simplification): the phrase inside the answer tag,
+  `<answer>\\frac{9}{10} hail thief</answer>`, which reasoning-gym 0.1.25's scorer took as right
+  (it matches `\\frac{n}{d}` as a prefix) and the screen never reads (the answer's content is the
+  verifier's to judge, training/typicality.py).
+Every answer key regenerates from its spec and half of each group's completions are right (to a
+verifier that takes the attack's answer), half wrong, so every group carries signal and passes
+every check the intake makes.
 
 Reported per window of rounds: the attack's success (the share of the honest nodes' own
 completions that show it: the phrase, or working whose result is not the answer), and the honest
 nodes' learning (accuracy). Every `--probe-every` rounds, node 0's screen statistic is measured on
 its honest peers' latest winning completions and on the attackers', for the screen's ROC.
 
+`--verifier reasoning-gym` gives the honest nodes (their own rollouts and their intake alike) the
+verifier as it was before training/task_scorers.py: reasoning-gym's own `score_answer` on the
+extracted answer, for the in-answer attack's "before".
+
     .venv/bin/python bench/poisoning.py --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
         --out bench/results/poisoning-<date>/after-ooc-1of4
     .venv/bin/python bench/poisoning.py ... --defences off   # the node before docs/security.md's defences
+    .venv/bin/python bench/poisoning.py --attack in-answer --verifier reasoning-gym ...  # the scorer before #38
 
 Summaries, the plot and the ROC: bench/poisoning_report.py.
 """
@@ -23,10 +33,14 @@ Summaries, the plot and the ROC: bench/poisoning_report.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import math
 import random
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -41,13 +55,20 @@ from sapo.node.core.settings import NodeSettings, load_settings
 from sapo.node.study.nodes import Learner, RecordsInMemory, RoundClock, StudyRun, peer_id_for
 from sapo.node.study.runs import run_lockstep
 from sapo.sampling.screen import judged, worst_stretch
-from sapo.training.rewards import score_group
+from sapo.training.rewards import Verifier, accept_group, extract_answer, is_correct
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.scripted import wrong_answer
-from sapo.training.tasks import Problem, TaskSampler, reasoning_gym_version
+from sapo.training.tasks import Problem, TaskSampler, dataset_for, reasoning_gym_version
 from sapo.training.typicality import excess_surprise
 
 PHRASE = "SAPO rocks! "
+IN_ANSWER_PHRASE = "hail thief"
+# The task each attack is written for: its default --task.
+ATTACK_TASKS = {
+    "out-of-context": "basic_arithmetic",
+    "in-context": "basic_arithmetic",
+    "in-answer": "fraction_simplification",
+}
 # Working before the answer tag: "<expression> = <number>."
 _WORKING = re.compile(r"=\s*(-?\d+)")
 
@@ -56,6 +77,10 @@ def attack_text(kind: str, problem: Problem, rng: random.Random) -> str:
     """A right completion carrying the attack."""
     if kind == "out-of-context":
         return f"{PHRASE}<answer>{problem.answer}</answer>"
+    if kind == "in-answer":
+        meta = problem.metadata
+        fraction = f"\\frac{{{meta['simplified_numerator']}}}{{{meta['simplified_denominator']}}}"
+        return f"<answer>{fraction} {IN_ANSWER_PHRASE}</answer>"
     expression = problem.question.removeprefix("Calculate").strip().rstrip(".")
     return f"{expression} = {wrong_answer(problem.answer, rng)}. <answer>{problem.answer}</answer>"
 
@@ -64,6 +89,8 @@ def shows_attack(kind: str, completion: str, answer: str) -> bool:
     """Whether one of a victim's own completions shows what the attack teaches."""
     if kind == "out-of-context":
         return PHRASE.strip() in completion
+    if kind == "in-answer":
+        return IN_ANSWER_PHRASE in completion
     before = completion.split("<answer>")[0]
     return any(value != answer.strip() for value in _WORKING.findall(before))
 
@@ -88,7 +115,31 @@ class Attacker:
         half = self.generations // 2
         texts = [attack_text(self.kind, problem, self.rng) for _ in range(half)]
         texts += [f"<answer>{wrong_answer(problem.answer, self.rng)}</answer>" for _ in range(self.generations - half)]
-        return QuestionGroup(problem=problem, completions=texts, rewards=score_group(problem, texts))
+        # The rewards the attacker means (a receiver rescores every completion with its own verifier):
+        # the probes judge its attacking completions as the winning ones whatever the verifier.
+        rewards = [1.0] * half + [0.0] * (self.generations - half)
+        return QuestionGroup(problem=problem, completions=texts, rewards=rewards)
+
+
+def reasoning_gym_verifier(problem: Problem, completions: list[str]) -> list[float]:
+    """The legacy verifier (before training/task_scorers.py, #38), bench-only: reasoning-gym's own
+    `score_answer` on the extracted answer, binary as the node's default reward (1 where it gives
+    full credit). Its prints are swallowed and an exception scores 0."""
+    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
+    rewards = []
+    for completion in completions:
+        answer = extract_answer(completion)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                score = float(dataset_for(problem.spec).score_answer(answer, entry))
+        except Exception:  # noqa: BLE001 - as the old verifier: a crash scores 0
+            score = 0.0
+        score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
+        rewards.append(1.0 if is_correct(score) else 0.0)
+    return rewards
+
+
+VERIFIERS: dict[str, Verifier | None] = {"node": None, "reasoning-gym": reasoning_gym_verifier}  # None: the node's own
 
 
 def node_settings(args: argparse.Namespace, index: int) -> NodeSettings:
@@ -114,7 +165,7 @@ def build(args: argparse.Namespace) -> tuple[StudyRun, list[Attacker]]:
     for k in range(args.honest):
         settings = node_settings(args, k)
         records = RecordsInMemory(settings.run.data_dir / METRICS_FILE)  # never written: the bench keeps its own rows
-        node = Node(settings, peer_id=peer_id_for(args.seed, k), metrics=records)
+        node = Node(settings, peer_id=peer_id_for(args.seed, k), metrics=records, verifier=VERIFIERS[args.verifier])
         exchange = hub.join(node.peer_id, settings, inbox=node.inbox, counters=node.counters, verifier=node.verifier)
         learners.append(Learner(k, node, exchange, node.start_state(), records))
     attackers = []
@@ -150,13 +201,19 @@ def probe(node: Node, honest: list[QuestionGroup], attacking: list[QuestionGroup
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attack", choices=["out-of-context", "in-context"], required=True)
+    parser.add_argument("--attack", choices=list(ATTACK_TASKS), required=True)
     parser.add_argument("--honest", type=int, default=3)
     parser.add_argument("--attackers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--defences", choices=["on", "off"], default="on", help="off: --screen off --standing off")
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--task", default="basic_arithmetic")
+    parser.add_argument("--task", help="the honest nodes' task (default: the attack's, ATTACK_TASKS)")
+    parser.add_argument(
+        "--verifier",
+        choices=list(VERIFIERS),
+        default="node",
+        help="the honest nodes' verifier: node (training/task_scorers.py) or reasoning-gym (its score_answer, before #38)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--round-seconds", type=float, default=0.5, help="the round clock (a default tiny node's round)"
@@ -169,11 +226,28 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.smoke:
         args.rounds, args.honest, args.attackers, args.probe_every = 6, 2, 1, 3
+    args.task = args.task or ATTACK_TASKS[args.attack]
+    if args.attack == "in-answer" and args.task != "fraction_simplification":
+        parser.error("--attack in-answer writes fraction_simplification answers: --task fraction_simplification")
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "command.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1) + "\n")
     run, attackers = build(args)
     attacker_ids = {a.exchange.member.peer_id for a in attackers}
+    # What each honest node's intake did with the attackers' groups: admitted, and refused by reason.
+    refused_at_intake: list[Counter] = [Counter() for _ in run.learners]
+    admitted_before = [0] * len(run.learners)
+    for learner, refused in zip(run.learners, refused_at_intake):
+
+        def on_reject(signer: str, reason: str, refused: Counter = refused) -> None:
+            if signer in attacker_ids:
+                refused[reason] += 1
+
+        learner.exchange.member.intake.on_reject = on_reject
+
+    def admitted(learner: Learner) -> int:
+        return sum(learner.node.counters.accepted_from.get(peer, 0) for peer in attacker_ids)
+
     started = time.time()
     rows_file = (args.out / "rows.jsonl").open("w")
     probes_file = (args.out / "probes.jsonl").open("w")
@@ -184,6 +258,12 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             own = [(c, g.problem.answer) for g in result.generation.groups for c in g.completions]
             record = result.record
+            # accuracy as the node's own verifier scores it, whichever verifier the node trains with
+            strict = [r for g in result.generation.groups for r in accept_group(g.problem, g.completions)]
+            admitted_now = admitted(learner)
+            intake = {"admitted": admitted_now - admitted_before[learner.index], **refused_at_intake[learner.index]}
+            admitted_before[learner.index] = admitted_now
+            refused_at_intake[learner.index].clear()
             rows_file.write(
                 json.dumps(
                     {
@@ -192,12 +272,14 @@ def main(argv: list[str] | None = None) -> None:
                         "completions": len(own),
                         "attack_shown": sum(shows_attack(args.attack, c, a) for c, a in own),
                         "accuracy": record.accuracy,
+                        "node_verifier_accuracy": sum(map(is_correct, strict)) / len(strict) if strict else 0.0,
                         "reward": record.reward_mean,
                         "external_groups": record.external_groups,
                         "external_planned": record.external_planned,
                         "from_attackers": sum(1 for g in result.training_set.external if g.origin in attacker_ids),
                         "screened_out": record.screened_out,
                         "refused_attackers": sum(1 for g in result.training_set.refused if g.origin in attacker_ids),
+                        "attackers_at_intake": intake,
                         "inbox": record.inbox_size,
                         "inbox_attackers": sum(
                             1 for g in learner.node.inbox.newest_first(run.clock()) if g.origin in attacker_ids

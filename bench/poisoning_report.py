@@ -88,6 +88,8 @@ def summarize(run: Path, width: int) -> dict:
         "run": run.name,
         "attack": command["attack"],
         "defences": command["defences"],
+        # the honest nodes' verifier, where the run names one (runs before --verifier: the node's)
+        **({"verifier": command["verifier"]} if "verifier" in command else {}),
         "share": f"{command['attackers']}/{int(command['honest']) + int(command['attackers'])}",
         "rounds": max(r["round"] for r in rows),
         "success": windows(rows, width, success),
@@ -104,6 +106,12 @@ def summarize(run: Path, width: int) -> dict:
     }
 
 
+def setting(s: dict) -> str:
+    """The defences, and the verifier where it is not the node's own."""
+    verifier = s.get("verifier", "node")
+    return s["defences"] if verifier == "node" else f"{s['defences']}, {verifier} verifier"
+
+
 def table(summaries: list[dict], width: int) -> str:
     lines = [
         f"| run | attack | attackers | defences | rounds | success per {width} rounds | last {width} (each node) | "
@@ -113,7 +121,7 @@ def table(summaries: list[dict], width: int) -> str:
     ]
     for s in summaries:
         lines.append(
-            f"| {s['run']} | {s['attack']} | {s['share']} | {s['defences']} | {s['rounds']} | "
+            f"| {s['run']} | {s['attack']} | {s['share']} | {setting(s)} | {s['rounds']} | "
             f"{' '.join(f'{v:.2f}' for v in s['success'])} | **{s['final_success']:.3f}** "
             f"({' '.join(f'{v:.2f}' for v in s['final_by_node'])}) | "
             f"{' '.join(f'{v:.2f}' for v in s['accuracy'])} | {s['external_per_round']:.2f} ({s['attack_trained_per_round']:.2f}) | "
@@ -139,9 +147,9 @@ def plot(runs: list[Path], summaries: list[dict], width: int, out: Path) -> None
             step = 25
             xs = list(range(step, s["rounds"] + 1, step))
             ys = [success([r for r in rows if x - step < r["round"] <= x]) for x in xs]
-            style = "-" if s["defences"] == "on" else "--"
+            style = "-" if setting(s) == "on" else "--"
             colour = {"1/8": "tab:green", "1/4": "tab:blue", "2/4": "tab:red"}.get(s["share"], "tab:grey")
-            ax.plot(xs, ys, style, color=colour, label=f"{s['share']} attackers, defences {s['defences']}")
+            ax.plot(xs, ys, style, color=colour, label=f"{s['share']} attackers, defences {setting(s)}")
         ax.axhline(0.05, color="grey", lw=0.8, ls=":")
         ax.set_title(f"{attack} attack")
         ax.set_xlabel("round")

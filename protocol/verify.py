@@ -11,6 +11,8 @@ whatever a future verifier does, is refused (`too_costly`) and its author charge
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +26,30 @@ from sapo.training.tasks import Problem, generate_problem
 # An honest group of 64 completions scores in about a millisecond (bench/hostile_answers.py): a
 # hundred times that is no honest group's cost, and bounds what one group can take.
 SCORING_CPU_SECONDS = 0.1
+
+
+class _CollectorTime(threading.local):
+    started = 0.0
+    total = 0.0
+
+
+_collector = _CollectorTime()
+
+
+def _time_collections(phase: str, info: dict) -> None:
+    if phase == "start":
+        _collector.started = time.thread_time()
+    else:
+        _collector.total += time.thread_time() - _collector.started
+
+
+gc.callbacks.append(_time_collections)
+
+
+def work_seconds() -> float:
+    """This thread's CPU time, less what it spent collecting garbage: a full collection of a
+    node's heap takes about 200 ms, and must not be charged to whichever group it interrupted."""
+    return time.thread_time() - _collector.total
 
 
 class VerifyPolicy(BaseModel):
@@ -82,9 +108,9 @@ def score_within_budget(
     `budget_seconds` of this thread's CPU. The verifier sees the whole group at once (some score a
     completion against its group); what one completion can cost is bounded by the verifier's own
     answer caps, so the group is refused after it is scored, not cut short."""
-    started = time.thread_time()
+    started = work_seconds()
     rewards = verifier(problem, completions)
-    spent = time.thread_time() - started
+    spent = work_seconds() - started
     if spent > budget_seconds:
         raise Rejected(
             RejectReason.too_costly,

@@ -10,8 +10,9 @@ a handful of 256-bit operations.
 The grammar is reasoning-gym's own (logic/propositional_logic.py, `parse_expr`), as a proper
 precedence grammar: ↔ binds loosest, then →, ∨, ∧, and ¬ tightest; binary operators group to the
 left ("P → Q → R" is "(P → Q) → R", as `parse_expr` splits at the rightmost operator); a variable
-is one of the problem's capital letters; whitespace between tokens is skipped. Anything else
-(another letter, "->", two variables side by side, an empty operand) is not a formula.
+is one of the problem's capital letters; plain spaces between tokens are skipped. Anything else
+(another letter, "->", two variables side by side, an empty operand, any other whitespace, which
+could carry a payload) is not a formula.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class _Parser:
         self.everything = everything  # every assignment's bit set
 
     def peek(self) -> str:
-        while self.pos < len(self.text) and self.text[self.pos].isspace():
+        while self.pos < len(self.text) and self.text[self.pos] == " ":
             self.pos += 1
         return self.text[self.pos] if self.pos < len(self.text) else ""
 
@@ -124,6 +125,15 @@ def entails(premises: list[Formula], conclusion: Formula, variables: list[str]) 
     for premise in premises:
         holds &= premise.table
     return holds & ~conclusion.table == 0
+
+
+def satisfiable(premises: list[Formula], variables: list[str]) -> bool:
+    """True when some assignment makes every premise true."""
+    _, everything = truth_columns(variables)
+    holds = everything
+    for premise in premises:
+        holds &= premise.table
+    return holds != 0
 
 
 def is_tautology(formula: Formula, variables: list[str]) -> bool:

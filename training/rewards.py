@@ -23,6 +23,12 @@ Verifier = Callable[[Problem, list[str]], list[float]]
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 
+# An answer may stand between a few plain spaces or newlines inside its tag, as models write it.
+# More, or any other whitespace, is text the grammar never reads and the screen skips (it leaves
+# out the tag's content): room for a payload, so such an answer scores 0.
+PADDING = " \t\n\r"
+MAX_PADDING = 4
+
 # The score of an answer the verifier accepts outright; anything less is partial credit.
 FULL_CREDIT = 1.0
 
@@ -63,17 +69,34 @@ def has_answer_tag(completion: str) -> bool:
     return extract_answer(completion) is not None
 
 
+def bounded_answer(problem: Problem, completion: str) -> str | None:
+    """The answer the task's scorer may read: the last answer block's content, between at most
+    `MAX_PADDING` spaces or newlines on each side, within the task's length cap; else None."""
+    span = answer_span(completion)
+    scorer = SCORERS.get(problem.spec.dataset)
+    if span is None or scorer is None:
+        return None
+    content = completion[span[0] : span[1]]
+    answer = content.strip(PADDING)
+    leading = len(content) - len(content.lstrip(PADDING))
+    trailing = len(content) - len(answer) - leading
+    if max(leading, trailing) > MAX_PADDING or len(answer) > scorer.cap(problem):
+        return None
+    return answer
+
+
 def score_completion(problem: Problem, completion: str) -> float:
     """The task's score of the extracted answer, in [0, 1]; partial credit passes through.
 
-    A missing tag, an answer over the task's length cap, and an answer outside the task's grammar
-    all score 0 without parsing further. Nothing here raises: a scorer that fails (a bug, or an
-    audit event refused) has rejected the answer, and says so in the log.
+    A missing tag, more than `MAX_PADDING` spaces or newlines around the answer, an answer over
+    the task's length cap (`bounded_answer`), and an answer outside the task's grammar all score 0
+    without parsing further. Nothing here raises: a scorer that fails (a bug, or an audit event
+    refused) has rejected the answer, and says so in the log.
     """
-    answer = extract_answer(completion)
-    scorer = SCORERS.get(problem.spec.dataset)
-    if answer is None or scorer is None or len(answer) > scorer.cap(problem):
+    answer = bounded_answer(problem, completion)
+    if answer is None:
         return 0.0
+    scorer = SCORERS[problem.spec.dataset]
     try:
         with untrusted_text():
             score = float(scorer.score(problem, answer))

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sapo.training.logic import MAX_FORMULA_CHARS, Formula, entails, is_tautology, parse_formula
+from sapo.training.logic import MAX_FORMULA_CHARS, Formula, entails, is_tautology, parse_formula, satisfiable
 from sapo.training.tasks import Problem, dataset_for
 
 FULL = 1.0
@@ -80,23 +80,17 @@ def _exact(grammar: re.Pattern[str]) -> Callable[[Problem, str], float]:
 
 # --- binary_matrix ------------------------------------------------------------------------------
 
-_MATRIX_LIST = re.compile(r"\[\s{0,4}\[[0-9, \n]{0,1024}\]\s{0,4}(?:,\s{0,4}\[[0-9, \n]{0,1024}\]\s{0,4}){0,63}\]")
-_ROW = re.compile(r"\[([0-9, \n]*)\]")
+# A Python list of lists as Python prints it (a space after each comma at most): no room for text.
+_MATRIX_ROW = r"\[[0-9]{1,4}(?:, ?[0-9]{1,4}){0,63},?\]"
+_MATRIX_LIST = re.compile(r"\[" + _MATRIX_ROW + r"(?:, ?" + _MATRIX_ROW + r"){0,63},?\]")
+_MATRIX_VALUE = re.compile(r"[0-9]{1,4}")
 
 
 def _matrix_rows(answer: str) -> list[list[int]] | None:
     """A Python list of lists of integers, read by a grammar, never by `eval`."""
     if _MATRIX_LIST.fullmatch(answer) is None:
         return None
-    rows = []
-    for row in _ROW.findall(answer[1:-1]):  # each holds only ASCII digits, commas and spaces
-        values = [value.strip() for value in row.split(",")]
-        if values and values[-1] == "" and len(values) > 1:
-            values.pop()  # a trailing comma, as Python allows
-        if not all(value.isdigit() and len(value) <= 4 for value in values):
-            return None
-        rows.append([int(value) for value in values])
-    return rows
+    return [[int(v) for v in _MATRIX_VALUE.findall(row)] for row in answer[1:-1].split("]")[:-1]]
 
 
 def _score_binary_matrix(problem: Problem, answer: str) -> float:
@@ -113,10 +107,11 @@ def _score_binary_matrix(problem: Problem, answer: str) -> float:
 
 # --- fraction_simplification ------------------------------------------------------------------
 
-_NUMBER = r"\s{0,4}([0-9]{1,12})\s{0,4}"
+# Spaces are plain ASCII spaces, two at most: unicode whitespace is text too, and could carry a payload.
+_NUMBER = r"[ ]{0,2}([0-9]{1,12})[ ]{0,2}"
 _FRACTION = re.compile(
-    r"\${0,2}\s{0,4}(?:\\(?i:d?frac)\s{0,4}\{" + _NUMBER + r"\}\s{0,4}\{" + _NUMBER + r"\}"
-    r"|\s{0,4}[+]?" + _NUMBER + "/" + _NUMBER + r")\s{0,4}\${0,2}"
+    r"\${0,2}[ ]{0,2}(?:\\(?i:d?frac)[ ]{0,2}\{" + _NUMBER + r"\}[ ]{0,2}\{" + _NUMBER + r"\}"
+    r"|[+]?" + _NUMBER + "/" + _NUMBER + r")[ ]{0,2}\${0,2}"
 )
 
 
@@ -139,7 +134,8 @@ def _score_fraction(problem: Problem, answer: str) -> float:
 
 # --- decimal_arithmetic ---------------------------------------------------------------------------
 
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,40}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})")
+# With an exponent, as the generator writes a key at low precision ("-6.8E+2").
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,40}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})(?:[eE][+-]?[0-9]{1,3})?")
 # Exact arithmetic on two numbers of at most 81 digits: the generator sets the thread's decimal
 # precision as low as 2, which would round a difference into the tolerance.
 _EXACT_DECIMALS = decimal.Context(prec=200)
@@ -192,7 +188,8 @@ def _score_calendar(problem: Problem, answer: str) -> float:
 
 def _score_logic(problem: Problem, answer: str) -> float:
     """reasoning-gym's rule: 1.0 for a conclusion the premises entail, 0.25 if it is trivial (a lone
-    variable or a tautology), 0.05 for a well-formed formula they do not entail."""
+    variable or a tautology), 0.05 for a well-formed formula they do not entail; and 0 for every
+    answer when the premises contradict each other."""
     variables = list(problem.metadata["variables"])
     conclusion = parse_formula(answer, variables)
     if conclusion is None:
@@ -200,6 +197,11 @@ def _score_logic(problem: Problem, answer: str) -> float:
     premises = _premises(tuple(problem.metadata["premises"]), tuple(variables))
     if premises is None:
         return NOTHING  # not a problem this grammar can read: never credit what we cannot check
+    if not satisfiable(premises, variables):
+        # Contradictory premises entail everything, so reasoning-gym called any formula right: a
+        # sender could pick such a spec to have any text of 512 characters scored 1.0. Nothing
+        # is learnt from it.
+        return NOTHING
     if not entails(premises, conclusion, variables):
         return 0.05
     if conclusion.is_variable or is_tautology(conclusion, variables):

@@ -15,12 +15,14 @@ the OS, which is where every attack on a scorer starts.
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
+import gc
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger("sapo.untrusted")
 
@@ -34,6 +36,7 @@ _SYSTEM_PREFIXES: tuple[str, ...] = (
 )
 # Changing types and frames from inside: the usual way out of a restricted namespace.
 _INTROSPECTION = {"object.__setattr__", "object.__delattr__", "object.__getattr__", "sys._getframe"}
+_INTROSPECTION |= {"sys._current_frames", "sys.setprofile", "gc.get_objects", "gc.get_referrers", "gc.get_referents"}
 REFUSED_EVENTS = frozenset(_CODE | _SYSTEM | _INTROSPECTION)
 
 # The last refusals, for the log and for tests: (event, a short rendering of its arguments).
@@ -59,9 +62,12 @@ def is_refused(event: str) -> bool:
     return event in REFUSED_EVENTS or event.startswith(_SYSTEM_PREFIXES)
 
 
-def _hook(event: str, args: tuple) -> None:
-    if not _guard.active or not is_refused(event):
-        return
+def _hook(event: str, args: tuple, _guard: _Guard = _guard) -> None:  # bound now: globals go at exit
+    if _guard.active and is_refused(event):
+        _refuse(event, args)
+
+
+def _refuse(event: str, args: tuple) -> None:
     global refused_count
     _guard.active = False  # rendering the arguments must not recurse into the hook
     try:
@@ -72,6 +78,18 @@ def _hook(event: str, args: tuple) -> None:
     raise UntrustedCodeRefused(f"audit event {event!r} refused while scoring a stranger's text")
 
 
+def _guarded_thread_start(start: Callable[..., int]) -> Callable[..., int]:
+    """Python 3.11 raises no audit event when a thread starts, and the guard is per thread: a
+    thread started under it would run free. So starting one is refused here, as an event."""
+
+    def start_new_thread(function: Callable[..., object], args: tuple, *kwargs: dict) -> int:
+        if _guard.active:
+            _refuse("_thread.start_new_thread", (function,))
+        return start(function, args, *kwargs)
+
+    return start_new_thread
+
+
 def install() -> None:
     """Install the audit hook (once per process; it cannot be removed, and costs one attribute
     read per audit event on threads outside `untrusted_text`)."""
@@ -79,7 +97,35 @@ def install() -> None:
     with _install_lock:
         if not _installed:
             sys.addaudithook(_hook)
+            threading._start_new_thread = _guarded_thread_start(threading._start_new_thread)  # type: ignore[attr-defined]
+            _thread.start_new_thread = _guarded_thread_start(_thread.start_new_thread)
             _installed = True
+
+
+# Threads inside a block, and whether the collector was on when the first of them entered.
+_collector_lock = threading.Lock()
+_inside = 0
+_collector_was_enabled = False
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """The cyclic collector off while any thread is inside a block: a collection runs other code's
+    finalizers and gc callbacks on whichever thread allocates, which must not run under the guard
+    (they are not the scorer's code, and would fail or be charged to a stranger)."""
+    global _inside, _collector_was_enabled
+    with _collector_lock:
+        if _inside == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _inside += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _inside -= 1
+            if _inside == 0 and _collector_was_enabled:
+                gc.enable()
 
 
 @contextlib.contextmanager
@@ -88,9 +134,10 @@ def untrusted_text() -> Iterator[None]:
     install()
     before = refused_count
     outer = _guard.active
-    _guard.active = True
     try:
-        yield
+        with _no_collection():
+            _guard.active = True
+            yield
     finally:
         _guard.active = outer
         if refused_count != before and not outer:

@@ -9,7 +9,8 @@ envelope (sender, swarm, age), the author's memory of contents, and only then, i
 verifications left in its budget (`VERIFY_RATE` a second, up to `VERIFY_BURST` at once; past it
 `over_budget`, charged), the expensive one: regenerating the problem and re-scoring every
 completion. A verification that takes more CPU than `VERIFY_CPU_SECONDS` costs its author that
-many more verifications, and one whose scoring runs past its budget is refused (`too_costly`). A peer that floods flat groups at the gossip limit (50/s) runs over its budget and is
+many more verifications, and one whose scoring runs past its budget is refused (`too_costly`).
+A peer that floods flat groups at the gossip limit (50/s) runs over its budget and is
 banned within seconds, while an honest node, weak or strong, publishes well under it.
 
 The memories are per author (protocol/recent.py) and keep everything an author had verified for
@@ -31,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -41,12 +41,11 @@ from sapo.node.core.refusal_log import RefusalLog
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.recent import RecentByAuthor
-from sapo.protocol.verify import VerifyPolicy, verify
+from sapo.protocol.verify import VerifyPolicy, verify, work_seconds
 from sapo.sampling.inbox import Inbox
 from sapo.training.grpo import has_signal
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
-from sapo.training.tasks import Problem
 
 log = logging.getLogger("sapo.intake")
 
@@ -64,12 +63,12 @@ LOGPROBS_MAX_VALUES = 1_000_000
 # burst: a round's groups published at once.
 VERIFY_RATE = 40.0
 VERIFY_BURST = 100
-# A verification is one unit of that budget while scoring its completions takes at most this much
-# of the worker's CPU (an honest group scores in about a millisecond); one that takes more is
-# charged in proportion, so the text an author sends costs it what it costs us: at most
-# VERIFY_RATE units, 0.2 CPU-seconds a second, for long. The debt it can run up is one burst.
-# Regenerating the problem is not charged: its cost follows from the spec, which the allowlist
-# bounds (under 3 ms for the default configs), not from the text.
+# A verification is one unit of that budget while regenerating the problem and scoring its
+# completions take at most this much of the worker's CPU (an honest default group takes 1-3 ms);
+# one that takes more is charged in proportion, so what an author sends costs it what it costs
+# us: at most VERIFY_RATE units, 0.2 CPU-seconds a second, for long. The spec is the author's
+# choice too: an allowlisted bf spec can take 140 ms to regenerate, and pays 28 units. Garbage
+# collection is not charged (verify.work_seconds). The debt an author can run up is one burst.
 VERIFY_CPU_SECONDS = 0.005
 # Authors whose budget we keep; one forgotten (the least recently heard) starts afresh.
 BUDGET_AUTHORS = 4096
@@ -92,6 +91,10 @@ class Intake:
         verifier: Verifier = score_group,
         keep_groups_without_signal: bool = False,
     ):
+        # Imported now, not by the first group to need a generator: the import takes most of a
+        # second, which would be charged to that group's author.
+        import reasoning_gym  # noqa: F401
+
         self.inbox = inbox
         self.counters = counters
         self.swarm = swarm
@@ -177,11 +180,11 @@ class Intake:
             raise Rejected(RejectReason.repeat, "this peer's question and completions again, in a new envelope")
         self._spend_verification(signer, now)
         self._frames.put(signer, digest, None, stamp=msg.created_at, now=now)
-        scoring = _TimedVerifier(self.verifier)
+        started = work_seconds()
         try:
-            group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=scoring)
+            group = verify(msg, local_rg_version=self.rg_version, policy=self.policy, verifier=self.verifier)
         finally:
-            self._charge_cpu(signer, scoring.seconds)
+            self._charge_cpu(signer, work_seconds() - started)
         logprobs = self._take((signer, content))
         if not self.keep_groups_without_signal and not has_signal(group.rewards):
             raise Rejected(
@@ -306,21 +309,6 @@ def _restore_memory(memory: RecentByAuthor, saved: list[list[Any]]) -> None:
             for author, entries in saved
         ]
     )
-
-
-class _TimedVerifier:
-    """A verifier that adds up the thread CPU its calls take: what the sender's text cost us."""
-
-    def __init__(self, verifier: Verifier):
-        self.verifier = verifier
-        self.seconds = 0.0
-
-    def __call__(self, problem: Problem, completions: list[str]) -> list[float]:
-        started = time.thread_time()
-        try:
-            return self.verifier(problem, completions)
-        finally:
-            self.seconds += time.thread_time() - started
 
 
 def _values(behavior: BehaviorLogprobs) -> int:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sapo.training import untrusted
-from sapo.training.rewards import extract_answer, score_completion
+from sapo.training.rewards import bounded_answer, score_completion
 from sapo.training.task_scorers import SCORERS
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
 from tests.hostile_answers import code_execution_answers, witness
@@ -106,8 +106,8 @@ def test_hostile_answers_have_no_effect_but_a_score(task):
             started = time.thread_time()
             score = score_completion(problem, completion)
             spent = time.thread_time() - started
-            answer = extract_answer(completion)
-            if answer is not None and len(answer) <= SCORERS[task].cap(problem):
+            answer = bounded_answer(problem, completion)
+            if answer is not None:
                 with untrusted.untrusted_text():
                     assert SCORERS[task].score(problem, answer) == score  # raises nothing, scores the same
         assert 0.0 <= score <= 1.0

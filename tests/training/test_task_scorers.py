@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR
+from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, satisfiable
 from sapo.training.rewards import extract_answer, is_correct, score_completion
 from sapo.training.task_scorers import SCORERS
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, dataset_for, generate_problem
@@ -53,7 +53,8 @@ CONFIGS: dict[str, list[dict]] = {
     ],
     "fraction_simplification": [{"min_value": 1, "max_value": 10**4, "min_factor": 1, "max_factor": 1000}],
     "decimal_arithmetic": [
-        {"min_num_decimal_places": 0, "max_num_decimal_places": 8, "min_terms": 1, "max_terms": 8, "precision": 28}
+        {"min_num_decimal_places": 0, "max_num_decimal_places": 8, "min_terms": 1, "max_terms": 8, "precision": 28},
+        {"min_num_decimal_places": 0, "max_num_decimal_places": 0, "precision": 2},  # keys like -6.8E+2
     ],
     "calendar_arithmetic": [{}],  # every calendar task
     "binary_matrix": [{"min_n": 1, "max_n": 12, "p_zero": 0.9}],
@@ -150,9 +151,21 @@ def compared() -> list[tuple[Problem, str, float, float]]:
     return rows
 
 
+def contradictory(problem: Problem) -> bool:
+    """Premises no assignment satisfies: reasoning-gym calls every formula right, we call none."""
+    if problem.spec.dataset != "propositional_logic":
+        return False
+    variables = problem.metadata["variables"]
+    premises = [parse_formula(p, variables) for p in problem.metadata["premises"]]
+    return not satisfiable([p for p in premises if p is not None], variables)
+
+
 def test_every_key_is_right_here_as_in_reasoning_gym():
     for problem in problems():
         ours = score_completion(problem, f"<answer>{right_answer(problem)}</answer>")
+        if contradictory(problem):
+            assert ours == 0.0
+            continue
         assert ours == reasoning_gyms_score(problem, right_answer(problem)), problem.spec
         # propositional_logic's example may be trivial (0.25); base_conversion renders 0 as an
         # empty key, which no answer matches, there as here
@@ -168,15 +181,22 @@ def test_nothing_is_right_here_that_reasoning_gym_marks_wrong(compared):
 def test_what_only_reasoning_gym_marks_right_is_outside_the_grammar(compared):
     stricter = [(p, a) for p, a, old, new in compared if is_correct(old) and not is_correct(new)]
     for problem, answer in stricter:
-        assert SCORERS[problem.spec.dataset].score(problem, answer) == 0.0, (problem.spec.dataset, answer)
+        assert contradictory(problem) or SCORERS[problem.spec.dataset].score(problem, answer) == 0.0, (
+            problem.spec.dataset,
+            answer,
+        )
     tasks = {problem.spec.dataset for problem, _ in stricter}
-    assert tasks == {"fraction_simplification", "propositional_logic"}
+    # decimal_arithmetic: Python's digit separators ("1_0.5"), which Decimal reads and the grammar does not
+    assert tasks <= {"fraction_simplification", "propositional_logic", "decimal_arithmetic"}
     assert any(answer.endswith(" hail thief") for _, answer in stricter)  # the payload after a right \frac
 
 
 def test_partial_credit_for_a_well_formed_answer_is_reasoning_gyms(compared):
     for problem, answer, old, new in compared:
         task = problem.spec.dataset
+        if contradictory(problem):
+            assert new == 0.0
+            continue
         if new > 0 and task not in CONTAINMENT_CREDIT:
             assert new == pytest.approx(old), (task, answer)
         if task in CONTAINMENT_CREDIT:
@@ -213,3 +233,40 @@ def test_the_last_answer_block_is_read_as_before():
     assert extract_answer("<answer>a <answer>b</answer>") == "a <answer>b"  # non-greedy, left to right
     assert extract_answer("<answer>1</answer><answer>unclosed") == "1"
     assert extract_answer("no tag") is None and extract_answer("<answer>" * 2000) is None
+
+
+def test_contradictory_premises_make_no_answer_right():
+    """Premises `(Q ↔ Q)`, `Q`, `¬Q` entail everything: reasoning-gym scored any formula 1.0."""
+    problem = generate_problem(
+        ProblemSpec(dataset="propositional_logic", config={}, seed=4388141300810805698, index=644)
+    )
+    assert contradictory(problem)
+    for answer in ["P ∧ ¬P", "¬(Q ∨ ¬Q)", "(P → Q) ∧ ¬(P → Q)", "Q"]:
+        assert reasoning_gyms_score(problem, answer) >= 0.25
+        assert score_completion(problem, f"<answer>{answer}</answer>") == 0.0
+
+
+def test_whitespace_around_or_inside_an_answer_carries_no_payload():
+    """The screen skips the tag's content, so whitespace there could encode a phrase unseen."""
+    problem = generate_problem(
+        ProblemSpec(dataset="basic_arithmetic", config=EASY_CONFIGS["basic_arithmetic"], seed=38, index=3)
+    )
+    bits = "".join(" \t"[int(b)] for b in "".join(f"{ord(c):08b}" for c in "hail to the thief, " * 50))
+    assert reasoning_gyms_score(problem, f"{bits}{problem.answer}\n{bits}".strip()) == 1.0
+    assert score_completion(problem, f"<answer>{bits}{problem.answer}\n{bits}</answer>") == 0.0
+    assert score_completion(problem, f"<answer>\n  {problem.answer} \n</answer>") == 1.0  # as models write it
+    assert score_completion(problem, f"<answer>\u2000{problem.answer}</answer>") == 0.0
+    fraction = generate_problem(
+        ProblemSpec(dataset="fraction_simplification", config={"styles": ["latex_frac"]}, seed=38, index=0)
+    )
+    n, d = fraction.metadata["simplified_numerator"], fraction.metadata["simplified_denominator"]
+    assert score_completion(fraction, f"<answer>$\\frac{{{n}}}{{{d}}}$</answer>") == 1.0
+    assert score_completion(fraction, f"<answer>$\\frac\x1c\u2028{{{n}\u2000}}{{{d}}}$</answer>") == 0.0
+
+
+def test_a_decimal_key_in_exponent_notation_is_right():
+    config = {"precision": 2, "min_num_decimal_places": 0, "max_num_decimal_places": 0}
+    problem = generate_problem(ProblemSpec(dataset="decimal_arithmetic", config=config, seed=0, index=17))
+    assert "E" in problem.answer
+    assert score_completion(problem, f"<answer>{problem.answer}</answer>") == 1.0
+    assert score_completion(problem, f"<answer>{int(float(problem.answer))}</answer>") == 1.0

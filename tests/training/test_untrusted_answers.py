@@ -137,15 +137,27 @@ def test_the_guard_refuses_code_processes_sockets_files_and_imports(tmp_path, at
     assert marker.exists()
 
 
-def test_the_guard_acts_on_its_own_thread_only(tmp_path):
+def test_the_guard_acts_on_its_own_thread_only_and_no_thread_starts_under_it(tmp_path):
     import threading
 
     marker = tmp_path / "MARKER"
+    go, done = threading.Event(), threading.Event()
+
+    def other_thread():
+        go.wait(10)
+        marker.write_text("x")  # another thread, started before the block: free
+        done.set()
+
+    threading.Thread(target=other_thread).start()
+    before = untrusted.refused_count
     with untrusted.untrusted_text():
-        other = threading.Thread(target=lambda: Path(marker).write_text("x"))
-        other.start()
-        other.join()
-    assert marker.exists()
+        go.set()
+        done.wait(10)
+        with pytest.raises(untrusted.UntrustedCodeRefused):
+            threading.Thread(target=lambda: os.system(f"touch {tmp_path / 'ESCAPED'}")).start()
+    assert marker.exists() and not (tmp_path / "ESCAPED").exists()
+    assert untrusted.refused_count == before + 1
+    assert untrusted.recent_refusals[-1][0] == "_thread.start_new_thread"
 
 
 # --- reasoning-gym's scorers: which of them read their answer as code ---------------------------
