@@ -149,7 +149,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--old", action="store_true", help="also time 0.4's verifier (minutes: 7 s a formula)")
+    parser.add_argument("--smoke", action="store_true", help="one run of each case, for the test suite")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
     cpu_model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
     print("# Hostile answers: CPU to score, 0.4's verifier against the strict grammars\n")
     print(f"`.venv/bin/python bench/hostile_answers.py{' --old' if args.old else ''}` on {cpu_model}, one thread.\n")

@@ -388,3 +388,14 @@ def test_screen_roc_smoke(tmp_path):
     assert set(result["statistics"]) == {"excess, worst 4", "excess, worst 16", "excess, whole", "NLL, worst 16"}
     assert result["counts"]["out-of-context"] > 0 and result["refused_at_bar"]["out-of-context"] == 1.0
     assert result["refused_at_bar"]["honest peer"] == 0.0
+
+
+def test_hostile_answers_benchmark_smoke():
+    # Every task's worst known answers through the scorer and the real intake, and the worker process's round trip.
+    done = run_script("hostile_answers.py", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "ms" in line]
+    assert len(rows) == 9, done.stdout
+    assert all("(1)" in row.split("|")[2] for row in rows)  # the key is right
+    assert all("(0)" in cell for row in rows for cell in row.split("|")[3:9])  # every hostile answer is not
+    assert "in a limited worker process" in done.stdout
