@@ -16,13 +16,8 @@ from pathlib import Path
 import pytest
 import reasoning_gym
 
-from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
-from sapo.node.core.intake import Intake
 from sapo.node.study.nodes import peer_id_for
-from sapo.protocol.codec import DecodeLimits
-from sapo.protocol.verify import VerifyPolicy
-from sapo.sampling.inbox import Inbox
 from sapo.training import untrusted
 from sapo.training.rewards import accept_group, score_completion, score_group
 from sapo.training.rollouts import QuestionGroup
@@ -35,34 +30,21 @@ from sapo.training.tasks import (
     reasoning_gym_version,
 )
 from tests.hostile_answers import code_execution_answers, witness
+from tests.node.core.test_intake import intake
 
-NOW = 1_700_000_000.0
-ME, ATTACKER = peer_id_for(0, 0), peer_id_for(0, 9)
+NOW = 1_700_000_000.0  # tests.node.core.test_intake's
+ATTACKER = peer_id_for(0, 9)
 
 
 def problem_for(task: str, index: int = 0):
     return generate_problem(ProblemSpec(dataset=task, config=EASY_CONFIGS[task], seed=38, index=index))
 
 
-def intake(verifier=accept_group) -> Intake:
-    return Intake(
-        Inbox(10_000, 2**28, 600.0),
-        NodeCounters(),
-        swarm="t",
-        local_peer_id=ME,
-        rg_version=reasoning_gym_version(),
-        limits=DecodeLimits(),
-        policy=VerifyPolicy(),
-        max_age_seconds=600.0,
-        verifier=verifier,
-    )
-
-
 @pytest.mark.parametrize("verifier", [accept_group, score_group], ids=["binary", "partial"])
 def test_no_code_execution_string_does_anything_through_the_real_intake(tmp_path, verifier):
     marker = tmp_path / "MARKER"
     answers = code_execution_answers(str(marker))
-    node = intake(verifier)
+    node, _ = intake(verifier=verifier)
     encoder = GroupEncoder(
         peer_id=ATTACKER, swarm="t", model_id="m", rg_version=reasoning_gym_version(), clock=lambda: NOW
     )

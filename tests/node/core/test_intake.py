@@ -13,6 +13,7 @@ from sapo.node.study.nodes import peer_id_for
 from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
+from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import reasoning_gym_version
 from tests.node.daemon.test_hostile_peer import honest_group
@@ -21,7 +22,7 @@ NOW = 1_700_000_000.0
 ME, ALICE, MALLORY = peer_id_for(0, 0), peer_id_for(0, 1), peer_id_for(0, 2)
 
 
-def intake(keep: bool = False) -> tuple[Intake, list[tuple[str, str]]]:
+def intake(keep: bool = False, verifier: Verifier = score_group) -> tuple[Intake, list[tuple[str, str]]]:
     charged: list[tuple[str, str]] = []
     return Intake(
         Inbox(64, 2**22, 600),
@@ -34,6 +35,7 @@ def intake(keep: bool = False) -> tuple[Intake, list[tuple[str, str]]]:
         max_age_seconds=600,
         on_reject=lambda signer, reason: charged.append((signer, reason)),
         keep_groups_without_signal=keep,
+        verifier=verifier,
     ), charged
 
 
