@@ -1,4 +1,4 @@
-"""What a hostile answer costs to score, before (reasoning-gym 0.1.25's own scorer, the 0.4 node's
+"""What a hostile answer costs to score, before (reasoning-gym 0.1.25's own scorer, the 0.3.0 node's
 verifier) and now (training/task_scorers.py), on this CPU, in one run.
 
 For each of the nine tasks: the right key, and the worst answers we know of, each in a 16 KB
@@ -69,7 +69,7 @@ def cpu(call, repeats: int) -> float:
 
 
 def old_score(problem: Problem, completion: str) -> float:
-    """The 0.4 verifier: the regex's last block, reasoning-gym's scorer."""
+    """The 0.3.0 verifier: the regex's last block, reasoning-gym's scorer."""
     matches = _OLD_ANSWER.findall(completion)
     if not matches:
         return 0.0
@@ -148,13 +148,13 @@ def worker_cost(repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--old", action="store_true", help="also time 0.4's verifier (minutes: 7 s a formula)")
+    parser.add_argument("--old", action="store_true", help="also time 0.3.0's verifier (minutes: 7 s a formula)")
     parser.add_argument("--smoke", action="store_true", help="one run of each case, for the test suite")
     args = parser.parse_args()
     if args.smoke:
         args.repeats = 1
     cpu_model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
-    print("# Hostile answers: CPU to score, 0.4's verifier against the strict grammars\n")
+    print("# Hostile answers: CPU to score, 0.3.0's verifier against the strict grammars\n")
     print(f"`.venv/bin/python bench/hostile_answers.py{' --old' if args.old else ''}` on {cpu_model}, one thread.\n")
     print("CPU milliseconds for one completion (the slowest of", args.repeats, "runs; old: one run), with its")
     print("score now (and old's); then the slowest whole group of one such completion repeated, through the real")

@@ -210,13 +210,13 @@ def test_a_payload_after_a_right_fraction_scores_nothing():
     n, d = problem.metadata["simplified_numerator"], problem.metadata["simplified_denominator"]
     assert score_completion(problem, f"<answer>\\frac{{{n}}}{{{d}}}</answer>") == 1.0
     assert score_completion(problem, f"<answer>\\frac{{{n}}}{{{d}}} hail thief</answer>") == 0.0
-    assert reasoning_gyms_score(problem, f"\\frac{{{n}}}{{{d}}} hail thief") == 1.0  # what 0.4 rewarded
+    assert reasoning_gyms_score(problem, f"\\frac{{{n}}}{{{d}}} hail thief") == 1.0  # what 0.3.0 rewarded
 
 
 @pytest.mark.parametrize("task", ["basic_arithmetic", "bf", "base_conversion", "arc_1d"])
 def test_partial_reward_gives_no_credit_for_a_phrase_after_the_key(task):
     problem = generate_problem(ProblemSpec(dataset=task, config=EASY_CONFIGS[task], seed=38, index=1))
-    assert reasoning_gyms_score(problem, f"{problem.answer} hail thief") > 0.05  # 0.4's partial credit
+    assert reasoning_gyms_score(problem, f"{problem.answer} hail thief") > 0.05  # 0.3.0's partial credit
     assert score_completion(problem, f"<answer>{problem.answer} hail thief</answer>") == 0.0
 
 

@@ -1,6 +1,6 @@
 """Issue #38: a peer's text is never code. A stranger's answer, through the real intake (a real
 frame, decoded, regenerated and re-scored), cannot run code on the node: the binary_matrix answer
-that made a 0.4 node run a shell command, and 100 other code-execution strings on each of the nine
+that made a 0.3.0 node run a shell command, and 100 other code-execution strings on each of the nine
 tasks, leave no file, no process, no socket and no module loaded, and every group is refused or
 scored 0. The guard under the grammars refuses what reasoning-gym's own scorer would have run."""
 
