@@ -9,7 +9,7 @@ it is only ever refused by the intake: by its budget of verifications (40/s), pa
 group is refused unverified (`over_budget`) and charged.
 
 Issue #38: the same flood, each group's completions 16 KB propositional_logic answers (the
-formula that cost 0.4's scorer 7.35 s of CPU each and scored 1.0). Over its answer cap, each now
+formula that cost 0.3.0's scorer 7.35 s of CPU each and scored 1.0). Over its answer cap, each now
 scores 0 unparsed: the node keeps up, and the flooder is banned as any flooder is."""
 
 from __future__ import annotations
