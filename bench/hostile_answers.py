@@ -14,10 +14,9 @@ The old scorer runs once per case and only where it is safe to run (never on the
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import re
 import time
+
+import verifier_030
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
@@ -34,14 +33,12 @@ from sapo.training.tasks import (
     PAPER_TASKS,
     Problem,
     ProblemSpec,
-    dataset_for,
     generate_problem,
     reasoning_gym_version,
 )
 
 LIMIT = 16_384 - len("<answer></answer>")
 FORMULA = " ∨ ".join(["(P ∧ Q)"] * 1700)[:LIMIT]
-_OLD_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def hostile_completions(problem: Problem) -> dict[str, str]:
@@ -66,19 +63,6 @@ def cpu(call, repeats: int) -> float:
         call()
         worst = max(worst, time.thread_time() - started)
     return worst
-
-
-def old_score(problem: Problem, completion: str) -> float:
-    """The 0.3.0 verifier: the regex's last block, reasoning-gym's scorer."""
-    matches = _OLD_ANSWER.findall(completion)
-    if not matches:
-        return 0.0
-    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return float(dataset_for(problem.spec).score_answer(matches[-1].strip(), entry))
-    except Exception:  # noqa: BLE001
-        return 0.0
 
 
 def group_through_intake(problem: Problem, completion: str) -> tuple[float, int]:
@@ -171,7 +155,7 @@ def main() -> None:
             cell = f"{now * 1000:.3f} ({score_completion(problem, completion):g}"
             if args.old and name != "eval string":
                 started = time.thread_time()
-                old = old_score(problem, completion)
+                old = verifier_030.completion_score(problem, completion)
                 cell += f"; old {(time.thread_time() - started) * 1000:.1f} ms, {old:g}"
             cells.append(cell + ")")
             slowest_group = max(slowest_group, group_through_intake(problem, completion))

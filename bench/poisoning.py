@@ -33,10 +33,7 @@ Summaries, the plot and the ROC: bench/poisoning_report.py.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import math
 import random
 import re
 import time
@@ -45,6 +42,7 @@ from pathlib import Path
 
 import torch
 import trio
+import verifier_030
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
@@ -55,10 +53,10 @@ from sapo.node.core.settings import NodeSettings, load_settings
 from sapo.node.study.nodes import Learner, RecordsInMemory, RoundClock, StudyRun, peer_id_for
 from sapo.node.study.runs import run_lockstep
 from sapo.sampling.screen import judged, worst_stretch
-from sapo.training.rewards import Verifier, accept_group, extract_answer, is_correct
+from sapo.training.rewards import Verifier, accept_group, is_correct
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.scripted import wrong_answer
-from sapo.training.tasks import Problem, TaskSampler, dataset_for, reasoning_gym_version
+from sapo.training.tasks import Problem, TaskSampler, reasoning_gym_version
 from sapo.training.typicality import excess_surprise
 
 PHRASE = "SAPO rocks! "
@@ -122,21 +120,9 @@ class Attacker:
 
 
 def reasoning_gym_verifier(problem: Problem, completions: list[str]) -> list[float]:
-    """The legacy verifier (before training/task_scorers.py, #38), bench-only: reasoning-gym's own
-    `score_answer` on the extracted answer, binary as the node's default reward (1 where it gives
-    full credit). Its prints are swallowed and an exception scores 0."""
-    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
-    rewards = []
-    for completion in completions:
-        answer = extract_answer(completion)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                score = float(dataset_for(problem.spec).score_answer(answer, entry))
-        except Exception:  # noqa: BLE001 - as the old verifier: a crash scores 0
-            score = 0.0
-        score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
-        rewards.append(1.0 if is_correct(score) else 0.0)
-    return rewards
+    """The 0.3.0 verifier (bench/verifier_030.py), binary as the node's default reward (1 where it
+    gives full credit). The attackers' and the honest nodes' text here is the bench's own."""
+    return [1.0 if is_correct(verifier_030.completion_score(problem, c)) else 0.0 for c in completions]
 
 
 VERIFIERS: dict[str, Verifier | None] = {"node": None, "reasoning-gym": reasoning_gym_verifier}  # None: the node's own

@@ -5,9 +5,9 @@ per-task grammar (training/task_scorers.py) and never calls reasoning-gym's `sco
 bench samples honest completions from a node's own policy, through the node's own generation path
 (`generate_groups`, the node's G and temperature), and scores every one twice:
 - new: `sapo.training.rewards.score_completion`, the node's verifier;
-- old: the verifier before the rewrite, kept here only: the last <answer> block's text
-  (`extract_answer`, unchanged) scored by reasoning-gym's `score_answer` with stdout redirected,
-  any exception 0, a non-finite score 0, clamped to [0, 1]. It runs inside `untrusted_text()`
+- old: the verifier before the rewrite (bench/verifier_030.py): the last <answer> block's text
+  scored by reasoning-gym's `score_answer` with stdout redirected, any exception 0, a
+  non-finite score 0, clamped to [0, 1]. It runs inside `untrusted_text()`
   (binary_matrix's scorer calls `eval` on an answer that is not the key); refusals are counted.
 The binary reward (the paper's, the node's default) is 1 where the score is full credit.
 
@@ -30,16 +30,15 @@ which `--summarize` rebuilds from the rows and run files alone.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
-import io
 import json
-import math
 import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import verifier_030
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "scoring-equivalence"
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
@@ -49,26 +48,14 @@ DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 
 
 def old_score(problem, completion: str) -> tuple[float, int]:
-    """The verifier before issue #38: reasoning-gym's own scorer on the extracted answer.
-    Returns the score and the audit events `untrusted_text()` refused while it ran."""
+    """The verifier before issue #38 (bench/verifier_030.py) on a model's completion, under
+    `untrusted_text()`: its score, and the audit events the guard refused while it ran."""
     from sapo.training import untrusted
-    from sapo.training.rewards import extract_answer
-    from sapo.training.tasks import dataset_for
 
-    answer = extract_answer(completion)
-    if answer is None:
-        return 0.0, 0
-    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
     before = untrusted.refused_count
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), untrusted.untrusted_text():
-            score = float(dataset_for(problem.spec).score_answer(answer, entry))
-    except Exception:  # noqa: BLE001 - the old verifier scored a crash 0
-        score = 0.0
-    refused = untrusted.refused_count - before
-    if not math.isfinite(score):
-        return 0.0, refused
-    return min(1.0, max(0.0, score)), refused
+    with untrusted.untrusted_text():
+        score = verifier_030.completion_score(problem, completion)
+    return score, untrusted.refused_count - before
 
 
 def new_score(problem, completion: str) -> float:

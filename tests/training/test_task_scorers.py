@@ -13,16 +13,19 @@ spacing and case, signs, fraction and matrix styles, random formulas, payloads a
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
-from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, satisfiable
+from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, premises_hold
 from sapo.training.rewards import extract_answer, is_correct, score_completion
 from sapo.training.task_scorers import SCORERS
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, dataset_for, generate_problem
+from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import verifier_030  # noqa: E402 - bench/verifier_030.py: the verifier before #38, one copy
 
 # The easiest settings, and the far corners of what the allowlist lets a peer ask for.
 CONFIGS: dict[str, list[dict]] = {
@@ -73,14 +76,8 @@ def problems() -> list[Problem]:
     return found
 
 
-def reasoning_gyms_score(problem: Problem, answer: str) -> float:
-    """The old verifier, on text this test wrote (binary_matrix's scorer may `eval` it)."""
-    entry = {"question": problem.question, "answer": problem.answer, "metadata": problem.metadata}
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            return min(1.0, max(0.0, float(dataset_for(problem.spec).score_answer(answer, entry))))
-    except Exception:  # noqa: BLE001 - as the old verifier did
-        return 0.0
+# The old verifier, on text this test wrote (binary_matrix's scorer may `eval` it).
+reasoning_gyms_score = verifier_030.answer_score
 
 
 def right_answer(problem: Problem) -> str:
@@ -157,7 +154,7 @@ def contradictory(problem: Problem) -> bool:
         return False
     variables = problem.metadata["variables"]
     premises = [parse_formula(p, variables) for p in problem.metadata["premises"]]
-    return not satisfiable([p for p in premises if p is not None], variables)
+    return premises_hold([p for p in premises if p is not None], variables) == 0
 
 
 def test_every_key_is_right_here_as_in_reasoning_gym():
