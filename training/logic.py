@@ -118,22 +118,14 @@ def parse_formula(text: str, variables: list[str]) -> Formula | None:
     return formula
 
 
-def entails(premises: list[Formula], conclusion: Formula, variables: list[str]) -> bool:
-    """True when every assignment that makes all premises true makes the conclusion true."""
+def premises_hold(premises: list[Formula], variables: list[str]) -> int:
+    """The assignments under which every premise is true, as a truth table: 0 when the premises
+    contradict each other; a conclusion follows from them when it is true wherever they hold."""
     _, everything = truth_columns(variables)
     holds = everything
     for premise in premises:
         holds &= premise.table
-    return holds & ~conclusion.table == 0
-
-
-def satisfiable(premises: list[Formula], variables: list[str]) -> bool:
-    """True when some assignment makes every premise true."""
-    _, everything = truth_columns(variables)
-    holds = everything
-    for premise in premises:
-        holds &= premise.table
-    return holds != 0
+    return holds
 
 
 def is_tautology(formula: Formula, variables: list[str]) -> bool:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sapo.training.logic import MAX_FORMULA_CHARS, Formula, entails, is_tautology, parse_formula, satisfiable
+from sapo.training.logic import MAX_FORMULA_CHARS, Formula, is_tautology, parse_formula, premises_hold
 from sapo.training.tasks import Problem, dataset_for
 
 FULL = 1.0
@@ -197,12 +197,13 @@ def _score_logic(problem: Problem, answer: str) -> float:
     premises = _premises(tuple(problem.metadata["premises"]), tuple(variables))
     if premises is None:
         return NOTHING  # not a problem this grammar can read: never credit what we cannot check
-    if not satisfiable(premises, variables):
+    holds = premises_hold(premises, variables)
+    if holds == 0:
         # Contradictory premises entail everything, so reasoning-gym called any formula right: a
         # sender could pick such a spec to have any text of 512 characters scored 1.0. Nothing
         # is learnt from it.
         return NOTHING
-    if not entails(premises, conclusion, variables):
+    if holds & ~conclusion.table:  # an assignment where the premises hold and the conclusion does not
         return 0.05
     if conclusion.is_variable or is_tautology(conclusion, variables):
         return 0.25

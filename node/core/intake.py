@@ -210,7 +210,7 @@ class Intake:
     def _charge_cpu(self, author: str, seconds: float) -> None:
         """Charge `author` for a verification that took `seconds` of CPU beyond its one unit."""
         extra = seconds / VERIFY_CPU_SECONDS - 1.0
-        if extra <= 0.0 or author not in self._budgets:
+        if extra <= 0.0:
             return
         tokens, updated = self._budgets[author]
         self._budgets[author] = (max(-float(VERIFY_BURST), tokens - extra), updated)

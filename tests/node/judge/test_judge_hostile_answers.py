@@ -9,7 +9,7 @@ from __future__ import annotations
 from sapo.node.judge import server
 from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.training import untrusted
-from sapo.training.tasks import PAPER_TASKS, generate_problem
+from sapo.training.tasks import PAPER_TASKS
 from tests.hostile_answers import code_execution_answers, witness
 from tests.node.judge.test_judge_service import ask, client, reply, start_judge
 
@@ -21,7 +21,6 @@ async def test_no_answer_runs_code_in_the_judge(nursery, tmp_path, monkeypatch):
     scoring = server.score_completion
 
     def watched(problem, text):  # the judge's own scorer, on its worker thread, under the witness
-        generate_problem(problem.spec)  # (cached: the judge generated it)
         with seen.watching():
             return scoring(problem, text)
 
