@@ -48,19 +48,27 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         run = build_run(base, study, config, 0, Path(tmp))
-        per_node = [learner.node.evaluate() for learner in run.learners]
+        scores = [learner.node.evaluate() for learner in run.learners]
+    per_node = [s.greedy for s in scores]
     row = {
         "model": base.model.model,
         "config": config.name,
         "seed": 0,
         "round": 0,
         "heldout": per_node,  # per node, per task
+        "heldout_sampled": [s.sampled for s in scores],  # per node, per task (None without --eval-samples)
+        "samples_per_question": base.run.eval_samples,
         "questions_per_task": base.run.eval_questions,
         "seconds": time.perf_counter() - started,
         "command": "bench/study_start.py " + shlex.join(argv),
     }
     for k, accuracy in enumerate(per_node):
-        print(f"node {k}: " + ", ".join(f"{task} {value:.3f}" for task, value in accuracy.items()))
+        sampled = scores[k].sampled or {}
+        print(
+            f"node {k}: "
+            + ", ".join(f"{task} {value:.3f}" + (f" (sampled {sampled[task]:.3f})" if task in sampled else "")
+            for task, value in accuracy.items())
+        )
     if json_out is not None:
         with json_out.open("a") as out:
             out.write(json.dumps(row) + "\n")

@@ -197,6 +197,13 @@ class TaskSampler:
             problems.append(generate_problem(spec))
         return problems
 
+    def skip(self, count: int) -> None:
+        """Move past `count` problems as `sample` would, without generating them."""
+        weights = [t.weight for t in self.tasks]
+        for _ in range(count):
+            self._rng.choices(self.tasks, weights=weights, k=1)
+            self.next_index += 1
+
     def state_dict(self) -> dict[str, Any]:
         return {"next_index": self.next_index, "rng": self._rng.getstate()}
 

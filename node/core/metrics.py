@@ -47,7 +47,17 @@ class RoundRecord(BaseModel):
     heldout: dict[str, float] | None = Field(
         default=None, description="greedy full-credit accuracy per task on the held-out set, on --eval-every rounds"
     )
+    heldout_sampled: dict[str, float] | None = Field(
+        default=None,
+        description="sampled pass@1 per task on the held-out set: the full-credit fraction of --eval-samples "
+        "answers per question, on --eval-every rounds",
+    )
     per_task: dict[str, float]
+    asked: list[str] = Field(
+        default_factory=list,
+        description="this round's local questions, each as task#index in the node's task stream (its dataset seed "
+        "is the node's --seed)",
+    )
     local_groups: int
     external_groups: int
     external_planned: int = Field(default=0, description="J this round asked for (an adaptive balance moves it)")

@@ -31,7 +31,7 @@ from sapo.sampling.strategies import SamplerState, choose_external
 from sapo.sampling.training_set import TrainingSet, training_set
 from sapo.training.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
 from sapo.training.config import default_learning_rate
-from sapo.training.evaluation import heldout_accuracy, heldout_problems
+from sapo.training.evaluation import HeldOutScores, heldout_problems, heldout_scores
 from sapo.training.generation import GenerationRequest, GenerationResult, generate_groups
 from sapo.training.policy import Policy
 from sapo.training.rewards import Verifier, has_answer_tag, is_correct, verifier_for
@@ -169,10 +169,15 @@ class Node:
 
     def questions(self, plan: RoundPlan, cursor: TaskCursor) -> tuple[list[Problem], TaskCursor]:
         """This round's I questions, the next ones from the node's task stream at `cursor`, and
-        where the stream goes on after them."""
+        where the stream goes on after them. With --draw-questions N the round draws N and asks
+        the first I, so the stream stands at the same place every round whatever I is."""
+        drawn = self.settings.run.draw_questions or plan.local
+        if plan.local > drawn:  # the settings refuse this; an adaptive balance must not reach it
+            raise ValueError(f"round {plan.index} asks {plan.local} questions of the {drawn} it draws")
         tasks = TaskSampler(self.task_specs, dataset_seed=self.settings.run.seed, rng_seed=0)
         tasks.load_state_dict(cursor.model_dump())  # the stream's state is the cursor's, whatever the seed
         problems = tasks.sample(plan.local)
+        tasks.skip(drawn - plan.local)
         return problems, TaskCursor.model_validate(tasks.state_dict())
 
     def generation_request(self, plan: RoundPlan, questions: list[Problem]) -> GenerationRequest:
@@ -274,9 +279,17 @@ class Node:
         every = self.settings.run.eval_every
         return every > 0 and round_index % every == 0
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy full-credit accuracy per task on the held-out questions."""
-        return heldout_accuracy(self.policy, self.heldout or {}, self.training.max_new_tokens)
+    def evaluate(self, round_index: int = 0) -> HeldOutScores:
+        """Full-credit accuracy per task on the held-out questions: greedy, and sampled with
+        --eval-samples (each node and round its own seed, so a run repeats exactly)."""
+        return heldout_scores(
+            self.policy,
+            self.heldout or {},
+            self.training.max_new_tokens,
+            samples=self.settings.run.eval_samples,
+            temperature=self.training.temperature,
+            seed=self.settings.run.seed * 100_003 + round_index,
+        )
 
     def summarize(
         self,
@@ -287,7 +300,7 @@ class Node:
         update: UpdateStats | None,
         round_seconds: float,
         peers: list[str],
-        heldout: dict[str, float] | None = None,
+        heldout: HeldOutScores | None = None,
     ) -> RoundRecord:
         """What the round did, as one metrics record; changes nothing."""
         rewards = [r for g in generation.groups for r in g.rewards]
@@ -305,8 +318,10 @@ class Node:
             cumulative_reward=state.cumulative_reward + reward_mean,
             format_rate=sum(map(has_answer_tag, completions)) / len(completions) if completions else 0.0,
             accuracy=sum(map(is_correct, rewards)) / len(rewards) if rewards else 0.0,
-            heldout=heldout,
+            heldout=heldout.greedy if heldout else None,
+            heldout_sampled=heldout.sampled if heldout else None,
             per_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
+            asked=[f"{g.problem.spec.dataset}#{g.problem.spec.index}" for g in generation.groups],
             local_groups=len(training.local),
             external_planned=plan.external,
             external_groups=len(training.external),

@@ -87,7 +87,7 @@ async def run_round(
     heldout = None
     if node.evaluation_due(plan.index):
         async with torch_lock:
-            heldout = await trio.to_thread.run_sync(node.evaluate)
+            heldout = await trio.to_thread.run_sync(node.evaluate, plan.index)
     seconds = time.perf_counter() - started
     record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
     await trio.to_thread.run_sync(node.metrics.append, record)  # fsyncs, and now and then compacts the history

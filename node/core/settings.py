@@ -58,6 +58,20 @@ class RunSettings(BaseModel):
         "per task (`heldout` in metrics.jsonl; 0 = never)",
     )
     eval_questions: int = Field(default=32, ge=1, le=4096, description="held-out questions per task (--eval-every)")
+    eval_samples: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="also sample each held-out question K times at --temperature and record the full-credit "
+        "fraction (sampled pass@1, `heldout_sampled` in metrics.jsonl; 0 = greedy only)",
+    )
+    draw_questions: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="draw this many questions from the task stream each round and ask the first I of them, so "
+        "that runs with different I ask the same questions (a study's arms); 0 = draw exactly I",
+    )
     log_level: str = Field(default="INFO", description="logging level")
     metrics_port: int | None = Field(
         default=None,
@@ -180,6 +194,12 @@ class NodeSettings(BaseModel):
             raise ValueError(
                 "--generate-only with --balance adaptive: a node that never trains has no reward gain "
                 "to balance by; drop --balance or give --balance fixed"
+            )
+        most_local = self.sampling.local + (self.sampling.external if self.sampling.balance != "fixed" else 0)
+        if self.run.draw_questions and most_local > self.run.draw_questions:
+            raise ValueError(
+                f"--draw-questions {self.run.draw_questions} is fewer than the {most_local} local questions a round "
+                "may ask (I, or I + J with an adaptive balance); give at least that many, or 0"
             )
         for spec in self.tasks.specs():
             try:

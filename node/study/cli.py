@@ -47,10 +47,17 @@ def study_settings(args: argparse.Namespace) -> tuple[ExperimentSettings, NodeSe
     study = ExperimentSettings(
         **{name: getattr(args, name) for name in ExperimentSettings.model_fields if name in vars(args)}
     )
-    if study.shared_base and not base.model.lora:
-        from sapo.node.core.settings import SettingsError
+    from sapo.node.core.settings import SettingsError
 
+    if study.shared_base and not base.model.lora:
         raise SettingsError("invalid settings:\n  --shared-base puts LoRA adapters on one base model; add --lora")
+    if study.slices:
+        if len(base.tasks.tasks) != 1:
+            raise SettingsError(f"invalid settings:\n  --slices splits one task; --tasks names {base.tasks.tasks}")
+        from sapo.node.study.nodes import slice_tasks
+
+        for (task,) in slice_tasks(base, study):  # each slice's config must be one peers accept
+            base.updated({"task_config": {task.name: task.config}})
     return study, base, node_flags
 
 

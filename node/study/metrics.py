@@ -111,13 +111,14 @@ def spread_metrics(per_node: list[list[float]], threshold: float = SPREAD_FORMAT
     }
 
 
-def heldout_curve(per_node_rows: list[list[dict]]) -> list[tuple[int, float]]:
-    """(round, held-out accuracy averaged over tasks and nodes) at every round with an evaluation."""
+def heldout_curve(per_node_rows: list[list[dict]], key: str = "heldout") -> list[tuple[int, float]]:
+    """(round, held-out accuracy averaged over tasks and nodes) at every round with an evaluation:
+    greedy pass@1 (`heldout`), or sampled pass@1 (`heldout_sampled`, with --eval-samples)."""
     by_round: dict[int, list[float]] = {}
     for rows in per_node_rows:
         for row in rows:
-            if row.get("heldout"):
-                by_round.setdefault(row["round"], []).append(statistics.fmean(row["heldout"].values()))
+            if row.get(key):
+                by_round.setdefault(row["round"], []).append(statistics.fmean(row[key].values()))
     return [(r, statistics.fmean(v)) for r, v in sorted(by_round.items())]
 
 
@@ -142,6 +143,7 @@ def run_metrics(per_node_rows: list[list[dict]], rounds: int, window: int) -> di
         "format_curve": format_curve,
         "format_end": statistics.fmean(format_curve[-tenth:]),
         "heldout": heldout_curve(rows),
+        "heldout_sampled": heldout_curve(rows, "heldout_sampled"),
         "format_spread": spread_metrics(formats, SPREAD_FORMAT),
         "accuracy_spread": spread_metrics(accuracy, SPREAD_ACCURACY),
         "external_groups": per_round("external_groups"),
@@ -232,12 +234,15 @@ def paired_ratios(seeds: list[dict], reference: list[dict], name: str) -> dict[s
 
 def paired_heldout(seeds: list[dict], reference: list[dict]) -> dict[str, Any]:
     """The last held-out accuracy of an arm minus the reference arm's, seed by seed, with its
-    interval: a difference, not a ratio, since held-out accuracy can be 0. Empty without evals."""
-    differences = [
-        s["heldout"][-1][1] - r["heldout"][-1][1] for s, r in zip(seeds, reference) if s["heldout"] and r["heldout"]
-    ]
-    difference = paired_interval(differences)
-    return {"heldout_last_difference": difference} if difference is not None else {}
+    interval: a difference, not a ratio, since held-out accuracy can be 0. Greedy, and sampled
+    where the study sampled; empty without evals."""
+    out = {}
+    for key, label in (("heldout", "heldout_last_difference"), ("heldout_sampled", "heldout_sampled_last_difference")):
+        differences = [s[key][-1][1] - r[key][-1][1] for s, r in zip(seeds, reference) if s.get(key) and r.get(key)]
+        difference = paired_interval(differences)
+        if difference is not None:
+            out[label] = difference
+    return out
 
 
 def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str, Any]:
@@ -262,10 +267,11 @@ def summarize(configs: list[MixConfig], runs: dict[str, list[dict]]) -> dict[str
             entry[f"{curve}_peak_ma"] = mean_std([s[curve]["peak_ma"] for s in seeds])
             entry[f"{curve}_final_ma"] = mean_std([s[curve]["final_ma"] for s in seeds])
             entry[f"{curve}_oscillation"] = mean_std([s[curve]["oscillation"] for s in seeds])
-        heldout = [s["heldout"] for s in seeds if s["heldout"]]
-        if heldout:
-            entry["heldout_first"] = mean_std([h[0][1] for h in heldout])
-            entry["heldout_last"] = mean_std([h[-1][1] for h in heldout])
+        for key in ("heldout", "heldout_sampled"):
+            curves = [s[key] for s in seeds if s.get(key)]
+            if curves:
+                entry[f"{key}_first"] = mean_std([h[0][1] for h in curves])
+                entry[f"{key}_last"] = mean_std([h[-1][1] for h in curves])
         references = reference_arms(config, configs)
         best = best_isolated(config, configs, runs)
         if best is not None and best != config.name:

@@ -24,7 +24,8 @@ from sapo.node.core.state import NodeState, RngState, TaskCursor
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
 from sapo.training.scripted import ScriptedSolver
-from sapo.training.tasks import TaskSampler, TaskSpec, reasoning_gym_version
+from sapo.training.evaluation import heldout_problems
+from sapo.training.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
 
 RUN_STATE = "run-state.json"  # in the run's dir: the round its checkpoint is at, and all but the nodes' own
 SIZE_CYCLE = ("tiny-micro", "tiny-small", "tiny")  # 0.13M, 0.45M, 1M: 8x apart, all CPU-friendly
@@ -67,13 +68,31 @@ def node_settings(
         "checkpoint_every": 0,
         "keep_checkpoints": 2,
         "swarm": "experiment",
+        "draw_questions": study.questions_per_round,
         **config.node_overrides(),
     }
+    if study.slices:
+        values["task_config"] = {task.name: task.config for task in slice_tasks(base, study)[index % len(study.slices)]}
     if study.format_discovery is not None:
         values["warm_start_tag_rate"] = study.format_discovery
     if study.specialists == "questions":
         values["warm_start_share"] = f"{index}/{study.nodes}"
     return base.updated(values)
+
+
+def slice_tasks(base: NodeSettings, study: ExperimentSettings) -> list[list[TaskSpec]]:
+    """--slices: each slice's task list, the one task with the slice's config laid over its own."""
+    (task,) = base.tasks.specs()
+    return [[task.model_copy(update={"config": task.config | part})] for part in study.slices]
+
+
+def slice_heldout(base: NodeSettings, study: ExperimentSettings) -> dict[str, list[Problem]]:
+    """--slices: every node's held-out set, --eval-questions of each slice, keyed by the slice."""
+    heldout: dict[str, list[Problem]] = {}
+    for part, (task,) in zip(study.slices, slice_tasks(base, study)):
+        label = f"{task.name} {json.dumps(part, sort_keys=True, separators=(',', ':'))}"
+        heldout[label] = heldout_problems([task], base.run.eval_questions)[task.name]
+    return heldout
 
 
 class RecordsInMemory:
@@ -261,6 +280,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
     # nodes on a shared base are handed their policy: its adapters load from their checkpoints here
     resumed = [latest_checkpoint(s.run.data_dir / "checkpoints") if study.shared_base else None for s in every]
     shared = shared_base(every, resumed) if study.shared_base else None
+    heldout = slice_heldout(base, study) if study.slices and base.run.eval_every else None
     for k, settings in enumerate(every):
         tasks = specialist_tasks(settings.tasks.specs(), study.nodes, k) if study.specialists == "tasks" else None
         policy = shared.policy(k) if shared is not None else None
@@ -274,6 +294,8 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             checkpoint=resumed[k],
             fresh_completions_on_resume=False,  # its peers resume with it: the run goes on as if never stopped
         )
+        if heldout is not None:  # a slice's specialist is asked every slice
+            node.heldout = heldout
         receives = config.adaptive or config.external > 0
         exchange = hub.join(
             node.peer_id,

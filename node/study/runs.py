@@ -221,6 +221,8 @@ def round_row(config: MixConfig, seed: int, node: int, model: str, record: Round
         "accuracy": record.accuracy,
         "format_rate": record.format_rate,
         "heldout": record.heldout,
+        "heldout_sampled": record.heldout_sampled,
+        "asked": record.asked,
         "local_groups": record.local_groups,
         "external_groups": record.external_groups,
         "external_planned": record.external_planned,
@@ -250,6 +252,7 @@ def run_over_libp2p(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     flags = [*node_flags, "--rounds", str(study.rounds), *config.node_flags()]
+    flags += ["--draw-questions", str(study.questions_per_round)]  # matched questions, as in-memory runs
     if study.format_discovery is not None and not any(f.startswith("--warm-start-tag-rate") for f in flags):
         flags += ["--warm-start-tag-rate", str(study.format_discovery)]
     if not any(f.startswith("--models-dir") for f in flags):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -175,6 +176,12 @@ class ExperimentSettings(BaseModel):
         description="disjoint knowledge: node k warm-starts only on its share of --tasks (tasks: needs >= 2) or "
         "of the questions (questions: 1/N of them, by a hash of the question); every node is then asked everything",
     )
+    slices: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="specialists by what they train on: node k asks only slice k mod S of the one --tasks task, each "
+        'slice a JSON config laid over its --task-config (e.g. [{"operators": ["+"]}, {"operators": ["-"]}]); every '
+        "node's held-out set is --eval-questions of each slice",
+    )
     mixed_sizes: bool = Field(default=False, description="node models cycle tiny-micro, tiny-small, tiny")
     mixed_tokenizers: bool = Field(default=False, description="node models alternate tiny (char) and tiny-bpe")
     scripted_solvers: int = Field(default=0, ge=0, le=64, description="extra generate-only peers that answer by script")
@@ -248,6 +255,16 @@ class ExperimentSettings(BaseModel):
         # `--specialists` alone (and studies recorded before there were two kinds) mean by task
         return {True: "tasks", False: "none", "true": "tasks", "false": "none"}.get(value, value)
 
+    @field_validator("slices", mode="before")
+    @classmethod
+    def _slices_json(cls, value: Any) -> Any:
+        if isinstance(value, str):  # the flag's JSON
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"--slices is not JSON: {error}") from None
+        return value
+
     @field_validator("configs", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -272,6 +289,13 @@ class ExperimentSettings(BaseModel):
                     f"--transport libp2p runs homogeneous fixed-I/J studies; drop {', '.join(unsupported)} "
                     "or use the in-memory transport"
                 )
+        if self.slices:
+            conflicting = ["specialists"] if self.specialists != "none" else []
+            conflicting += ["transport libp2p"] if self.transport == "libp2p" else []
+            if conflicting:
+                raise ValueError(f"--slices makes its own specialists; drop {', '.join(conflicting)}")
+            if len(self.slices) < 2:
+                raise ValueError("--slices needs at least two slices to split among the nodes")
         if self.mixed_sizes and self.mixed_tokenizers:
             raise ValueError("choose one of --mixed-sizes and --mixed-tokenizers")
         if self.shared_base:
@@ -296,6 +320,12 @@ class ExperimentSettings(BaseModel):
         elif self.join_round is not None:
             raise ValueError("--join-round needs --late-joiners K")
         return self
+
+    @property
+    def questions_per_round(self) -> int:
+        """What each node draws a round: the largest I+J of the arms, so that an arm with I local
+        questions asks the first I of the same list as every other arm (matched questions)."""
+        return max(config.total for config in parse_configs(self.configs))
 
     @property
     def first_late_round(self) -> int:

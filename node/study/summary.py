@@ -173,8 +173,8 @@ def _interval(r: dict[str, Any] | None, spec: str = ".3f") -> str:
     return f"{r['mean']:{spec}} [{r['low']:{spec}}, {r['high']:{spec}}]"
 
 
-def _heldout_cell(r: dict[str, Any]) -> str:
-    return f"{_fmt(r.get('heldout_first'), 2)} → {_fmt(r.get('heldout_last'), 2)}"
+def _heldout_cell(r: dict[str, Any], key: str = "heldout") -> str:
+    return f"{_fmt(r.get(f'{key}_first'), 2)} → {_fmt(r.get(f'{key}_last'), 2)}"
 
 
 def _accuracy_cells(r: dict[str, Any]) -> str:
@@ -188,30 +188,39 @@ def _accuracy_cells(r: dict[str, Any]) -> str:
     )
 
 
-def _difference(entry: dict[str, Any], label: str) -> str:
-    return _interval((entry.get(f"ratio_to_{label}") or {}).get("heldout_last_difference"), "+.3f")
+def _difference(entry: dict[str, Any], label: str, key: str = "heldout") -> str:
+    return _interval((entry.get(f"ratio_to_{label}") or {}).get(f"{key}_last_difference"), "+.3f")
+
+
+HELDOUT_KINDS = {
+    "heldout": "Greedy pass@1",
+    "heldout_sampled": "Sampled pass@1 (the full-credit fraction of --eval-samples answers per question)",
+}
 
 
 def heldout_lines(results: dict[str, Any], configs: list[MixConfig]) -> list[str]:
-    """Held-out accuracy at the last evaluation, against the reference arms as paired differences."""
-    if not any("heldout_first" in results[c.name] for c in configs):
-        return []
-    lines = [
-        "",
-        "## Held-out accuracy, paired",
-        "",
-        "Greedy full-credit accuracy on the held-out set at the first and last evaluation; the last one minus the "
-        "reference arm's, paired per seed (95 % interval).",
-        "",
-        "| config | held-out, first → last | − T/0 | − I/0 | − best isolated |",
-        "|---|---|---|---|---|",
-    ]
-    for config in configs:
-        r = results[config.name]
-        lines.append(
-            f"| {config.name} | {_heldout_cell(r)} | {_difference(r, 'baseline')} | {_difference(r, 'local_only')} | "
-            f"{_difference(r, 'best_isolated')} |"
-        )
+    """Held-out accuracy at the last evaluation, against the reference arms as paired differences:
+    greedy, and sampled where the study sampled."""
+    lines: list[str] = []
+    for key, kind in HELDOUT_KINDS.items():
+        if not any(f"{key}_first" in results[c.name] for c in configs):
+            continue
+        lines += [
+            "",
+            "## Held-out accuracy, paired" + ("" if key == "heldout" else ": sampled"),
+            "",
+            f"{kind}, full credit, on the held-out set at the first and last evaluation; the last one minus the "
+            "reference arm's, paired per seed (95 % interval).",
+            "",
+            "| config | held-out, first → last | − T/0 | − I/0 | − best isolated |",
+            "|---|---|---|---|---|",
+        ]
+        for config in configs:
+            r = results[config.name]
+            lines.append(
+                f"| {config.name} | {_heldout_cell(r, key)} | {_difference(r, 'baseline', key)} | "
+                f"{_difference(r, 'local_only', key)} | {_difference(r, 'best_isolated', key)} |"
+            )
     return lines
 
 

@@ -27,6 +27,7 @@ OTHER = {
     "lr": "0.0003",
     "metrics_port": "9100",
     "micro_batch_size": "4",
+    "draw_questions": "8",  # at least I + J (4 + 4 under the default adaptive balance)
     "warm_start_steps": "10",
     "judge": "/ip4/127.0.0.1/tcp/4101/p2p/12D3KooWJPtxrHVDPoETNfPJY4WWVzX7Ti4WPemtXDgb5qmFrDiv",
     "tasks": ["basic_arithmetic"],
