@@ -25,7 +25,6 @@ from sapo.node.study.nodes import peer_id_for
 from sapo.protocol.codec import DecodeLimits, decode
 from sapo.protocol.messages import Rejected
 from sapo.protocol.verify import VerifyPolicy
-from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import score_completion, score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import (
@@ -71,8 +70,8 @@ def group_through_intake(problem: Problem, completion: str) -> tuple[float, int]
     and how many completions it held."""
     sender = peer_id_for(0, 1)
     intake = Intake(
-        Inbox(100, 2**26, 600.0),
         NodeCounters(),
+        max_group_bytes=2**26,
         swarm="b",
         local_peer_id=peer_id_for(0, 0),
         rg_version=reasoning_gym_version(),

@@ -45,6 +45,7 @@ import trio
 import verifier_030
 
 from sapo.node.core.counters import NodeCounters
+from sapo.node.core.intake import Verdict
 from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
 from sapo.node.core.metrics import METRICS_FILE
 from sapo.node.core.node import Node
@@ -152,13 +153,13 @@ def build(args: argparse.Namespace) -> tuple[StudyRun, list[Attacker]]:
         settings = node_settings(args, k)
         records = RecordsInMemory(settings.run.data_dir / METRICS_FILE)  # never written: the bench keeps its own rows
         node = Node(settings, peer_id=peer_id_for(args.seed, k), metrics=records, verifier=VERIFIERS[args.verifier])
-        exchange = hub.join(node.peer_id, settings, inbox=node.inbox, counters=node.counters, verifier=node.verifier)
+        exchange = hub.join(node.peer_id, settings, memory=node.memory, counters=node.counters)
         learners.append(Learner(k, node, exchange, node.start_state(), records))
     attackers = []
     base = learners[0].node.settings
     for k in range(args.attackers):
         seed = 7_000_000 + 1000 * args.seed + k
-        exchange = hub.join(peer_id_for(args.seed, k, "attacker"), base, inbox=None, counters=NodeCounters())
+        exchange = hub.join(peer_id_for(args.seed, k, "attacker"), base, memory=None, counters=NodeCounters())
         attackers.append(
             Attacker(
                 args.attack,
@@ -224,12 +225,15 @@ def main(argv: list[str] | None = None) -> None:
     refused_at_intake: list[Counter] = [Counter() for _ in run.learners]
     admitted_before = [0] * len(run.learners)
     for learner, refused in zip(run.learners, refused_at_intake):
+        intake = learner.node.memory.intake
 
-        def on_reject(signer: str, reason: str, refused: Counter = refused) -> None:
-            if signer in attacker_ids:
-                refused[reason] += 1
+        def accept(frame: bytes, signer: str, now: float, real=intake.accept, refused: Counter = refused) -> Verdict:
+            verdict = real(frame, signer, now)
+            if verdict.refusal is not None and signer in attacker_ids:
+                refused[verdict.refusal] += 1
+            return verdict
 
-        learner.exchange.member.intake.on_reject = on_reject
+        intake.accept = accept  # type: ignore[method-assign]  # counts the attackers' refusals as they happen
 
     def admitted(learner: Learner) -> int:
         return sum(learner.node.counters.accepted_from.get(peer, 0) for peer in attacker_ids)

@@ -97,7 +97,7 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
     node = bench_node(args, model, data_dir, verifier)
     load = {"load_s": time.perf_counter() - started, "load_peak_rss_mb": peak_rss_mb()}
     alone = MemoryHub(time.time, rg_version="bench").join(
-        node.peer_id, node.settings, inbox=None, counters=NodeCounters()
+        node.peer_id, node.settings, memory=None, counters=NodeCounters()
     )
     load["peak_is_round_only"] = reset_peak_rss()
     rounds, batches = time_rounds(args, model, node, alone, verifier)

@@ -104,7 +104,7 @@ def round_rows(args: argparse.Namespace):
     data_dir = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     node = bench_node(bench, args.model, data_dir, SignalForcingVerifier(True), trains=False)
     hub = MemoryHub(time.time, rg_version="bench").join(
-        node.peer_id, node.settings, inbox=None, counters=NodeCounters()
+        node.peer_id, node.settings, memory=None, counters=NodeCounters()
     )
     result = trio.run(run_round, node, node.start_state(), hub, trio.Lock())
     return node, result.training_set.rows, result.generation.new_tokens

@@ -21,6 +21,7 @@ from typing import Any
 log = logging.getLogger("sapo.checkpoints")
 
 MANIFEST = "MANIFEST.json"
+MEMORY_FILE = "memory.json"  # the node's memory of its peers (node/core/memory.py)
 PREFIX = "round-"
 PARTIAL_PREFIX = ".partial-"
 
@@ -40,6 +41,12 @@ class Checkpoint:
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.path / "state.json").read_text())
+
+    def memory(self) -> dict[str, Any] | None:
+        """The node's memory of its peers, saved with this checkpoint (None in one from before
+        nodes saved it)."""
+        path = self.path / MEMORY_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
 
     def trainer_state(self) -> dict[str, Any]:
         import torch
@@ -79,8 +86,10 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     state: dict[str, Any],
     keep: int = 3,
+    memory: dict[str, Any] | None = None,
 ) -> Checkpoint:
-    """Write a checkpoint atomically and keep the newest `keep` ones."""
+    """Write a checkpoint atomically and keep the newest `keep` ones; `memory` (the node's memory
+    of its peers, node/core/memory.py) goes in a file of its own, compact: it can be megabytes."""
     import torch
 
     try:
@@ -95,6 +104,8 @@ def save_checkpoint(
         write_model(partial / "model")
         torch.save(trainer_state, partial / "trainer.pt")
         (partial / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+        if memory is not None:
+            (partial / MEMORY_FILE).write_text(json.dumps(memory, separators=(",", ":")))
         files = {
             str(p.relative_to(partial)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
             for p in sorted(partial.rglob("*"))

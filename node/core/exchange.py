@@ -12,10 +12,9 @@ from typing import Protocol
 import trio
 from libp2p.peer.id import ID
 
-from sapo.node.core.counters import NodeCounters
-from sapo.node.core.intake import Intake
+from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.protocol.codec import DecodeLimits, canonical_bytes, encode, encode_logprobs, group_digest
+from sapo.protocol.codec import canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.messages import (
     LOGPROBS_SCHEMA_VERSION,
@@ -26,9 +25,6 @@ from sapo.protocol.messages import (
     to_wire,
 )
 from sapo.protocol.settings import logprobs_topic
-from sapo.protocol.verify import VerifyPolicy
-from sapo.sampling.inbox import Inbox
-from sapo.training.rewards import Verifier
 from sapo.training.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
@@ -140,34 +136,6 @@ def group_encoder(
     )
 
 
-def node_intake(
-    settings: NodeSettings,
-    inbox: Inbox,
-    counters: NodeCounters,
-    *,
-    peer_id: str,
-    rg_version: str,
-    verifier: Verifier,
-    on_reject: Callable[[str, str], None] | None = None,
-) -> Intake:
-    """A node's intake checks in front of its inbox, as its settings say (the daemon's and the
-    in-process hub's alike)."""
-    net = settings.network
-    return Intake(
-        inbox,
-        counters,
-        swarm=net.swarm,
-        local_peer_id=peer_id,
-        rg_version=rg_version,
-        limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
-        policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
-        max_age_seconds=settings.sampling.inbox_max_age_seconds,
-        verifier=verifier,
-        on_reject=on_reject,
-        keep_groups_without_signal=settings.external_use.keeps_groups_without_signal,
-    )
-
-
 class GossipPort(Protocol):
     """What the exchange needs of the network (protocol/network.py's `Network`): share our groups,
     ask for others', publish log-probs, who is connected, whether an author is banned, and where
@@ -183,6 +151,8 @@ class GossipPort(Protocol):
 
     def refusal_bytes(self, peer_id: bytes) -> str | None: ...
 
+    def penalize_sender(self, sender: str, reason: str) -> None: ...
+
     def network_group_of(self, peer: str) -> str | None: ...
 
 
@@ -193,15 +163,16 @@ def groups_wanted(most_external: int) -> int:
 
 
 class GossipExchange:
-    """`want`: the groups to fetch after each round's publish (`groups_wanted`)."""
+    """`want`: the groups to fetch after each round's publish (`groups_wanted`). The one owner of
+    an incoming group: the intake checks it in a worker thread and stores nothing; back on the
+    trio thread the exchange keeps what it accepted in the node's memory and charges what it
+    refused to the sender's peer score."""
 
-    def __init__(
-        self, network: GossipPort, encoder: GroupEncoder, intake: Intake, counters: NodeCounters, want: int = 0
-    ):
+    def __init__(self, network: GossipPort, encoder: GroupEncoder, memory: NodeMemory, want: int = 0):
         self.network = network
         self.encoder = encoder
-        self.intake = intake
-        self.counters = counters
+        self.memory = memory
+        self.counters = memory.counters
         self.wanted = want
 
     async def publish(self, groups: list[QuestionGroup], round_index: int) -> None:
@@ -227,17 +198,20 @@ class GossipExchange:
         behind one address share one standing (sampling/standing.py)."""
         limiter = trio.CapacityLimiter(1)
         shared = logprobs_topic(self.encoder.swarm)
+        intake = self.memory.intake
         async for message in incoming:
             if self.network.refusal_bytes(_peer_bytes(message.sender)) == "banned":
                 self.counters.rejected["banned"] += 1
                 continue
-            accept = self.intake.accept_logprobs if message.topic == shared else self.intake.accept
-            accepted = await trio.to_thread.run_sync(
+            accept = intake.accept_logprobs if message.topic == shared else intake.accept
+            verdict = await trio.to_thread.run_sync(
                 accept, message.data, message.sender, message.received_at, limiter=limiter
             )
-            standing = self.intake.inbox.standing
-            if isinstance(accepted, QuestionGroup) and standing is not None:
-                standing.locate(message.sender, self.network.network_group_of(message.sender))
+            if verdict.refusal is not None:
+                self.network.penalize_sender(message.sender, verdict.refusal)
+            if verdict.group is not None:
+                place = self.network.network_group_of(message.sender)
+                self.memory.store(verdict.group, message.received_at, place)
 
 
 def _peer_bytes(peer: str) -> bytes:

@@ -1,8 +1,9 @@
-"""The receive path: frame -> decoded message -> checks -> verified group -> inbox.
+"""The receive path: frame -> decoded message -> checks -> a verdict: a verified group, or a refusal.
 
 Every refusal has a named reason, counted per reason; nothing a peer sends can raise past here.
-Each refusal is also reported to `on_reject(signer, reason)`, which the daemon wires to the
-gossip layer's peer score, so a peer that keeps sending junk ends up banned.
+The intake stores no group: its verdict goes back to the exchange, on the trio thread, which
+keeps an accepted group (`NodeMemory.store`) and charges a refusal to the sender's peer score
+through the network, so a peer that keeps sending junk ends up banned.
 
 The checks run cheapest first: the author's memory of frames (a hash), decoding (bounded), the
 envelope (sender, swarm, age), the author's memory of contents, and only then, if the author has
@@ -32,17 +33,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.refusal_log import RefusalLog
+from sapo.node.core.settings import NodeSettings
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.verify import VerifyPolicy, verify, work_seconds
-from sapo.sampling.inbox import Inbox
+from sapo.sampling.inbox import group_size_bytes
 from sapo.training.grpo import has_signal
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
@@ -74,10 +77,19 @@ VERIFY_CPU_SECONDS = 0.005
 BUDGET_AUTHORS = 4096
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the intake made of one frame: the verified group to keep (None for log-probs, which
+    wait inside the intake for their group), and the reason it was refused, if it was."""
+
+    group: QuestionGroup | None = None
+    refusal: str | None = None  # a RejectReason's value
+    logprobs: int = 0  # the groups a log-probs message named, now waiting for them
+
+
 class Intake:
     def __init__(
         self,
-        inbox: Inbox,
         counters: NodeCounters,
         *,
         swarm: str,
@@ -86,8 +98,8 @@ class Intake:
         limits: DecodeLimits,
         policy: VerifyPolicy,
         max_age_seconds: float,
+        max_group_bytes: int,
         seen_capacity: int = 65_536,
-        on_reject: Callable[[str, str], None] | None = None,
         verifier: Verifier = score_group,
         keep_groups_without_signal: bool = False,
     ):
@@ -95,7 +107,7 @@ class Intake:
         # second, which would be charged to that group's author.
         import reasoning_gym  # noqa: F401
 
-        self.inbox = inbox
+        self.max_group_bytes = max_group_bytes  # the inbox's byte cap: a group over it alone can never be kept
         self.counters = counters
         self.swarm = swarm
         self.local_peer_id = local_peer_id
@@ -114,7 +126,6 @@ class Intake:
         self._contents: RecentByAuthor[bytes] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
         # author -> (verifications left, when counted), least recently heard first
         self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
         self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
         # A node that samples its own completions for each external question (augment) can learn
@@ -123,48 +134,57 @@ class Intake:
         # (author, group digest) -> (log-probs, arrival time), oldest first; `_pending_values` bounds them
         self._pending: OrderedDict[tuple[str, bytes], tuple[BehaviorLogprobs, float]] = OrderedDict()
         self._pending_values = 0
+        # Checks run in the exchange's worker thread while a checkpoint saves the memories from
+        # another: one at a time, so that a saved copy is of memories between two frames.
+        self._lock = threading.Lock()
 
-    def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
-        """Admit one frame from `signer` (the libp2p peer that signed it) or count why not."""
+    def accept(self, frame: bytes, signer: str, now: float) -> Verdict:
+        """Check one frame from `signer` (the libp2p peer that signed it): the group to keep, or
+        why not (counted)."""
+        with self._lock:
+            return self._accept(frame, signer, now)
+
+    def _accept(self, frame: bytes, signer: str, now: float) -> Verdict:
         self.counters.received += 1
         try:
             group = self._admit(frame, signer, now)
         except Exception as exc:  # noqa: BLE001 - Rejected, or a bug in a check: never past here
-            self._refused(exc, signer, "group", now)
-            return None
+            return self._refused(exc, signer, "group", now)
         self.counters.accepted += 1
         self.counters.accepted_from[group.origin] += 1
-        return group
+        return Verdict(group=group)
 
-    def accept_logprobs(self, frame: bytes, signer: str, now: float) -> int:
-        """Hold a peer's shared log-probs until the groups they name arrive; how many were held."""
+    def accept_logprobs(self, frame: bytes, signer: str, now: float) -> Verdict:
+        """Hold a peer's shared log-probs until the groups they name arrive (no group to keep)."""
+        with self._lock:
+            return self._accept_logprobs(frame, signer, now)
+
+    def _accept_logprobs(self, frame: bytes, signer: str, now: float) -> Verdict:
         self.counters.logprobs["received"] += 1
         try:
             msg = decode_logprobs(frame, self.limits)
             self._check_envelope(msg.sender, msg.swarm, msg.created_at, signer, now)
         except Exception as exc:  # noqa: BLE001 - as in accept
-            self._refused(exc, signer, "log-probs", now)
-            return 0
+            return self._refused(exc, signer, "log-probs", now)
         for entry in msg.groups:
             key = (signer, bytes.fromhex(entry.group))
             if self._contents.contains(signer, key[1]):
                 self.counters.logprobs["late"] += 1  # its group is in already: a group is never changed after
                 continue
             self._hold(key, entry.behavior, now)
-        return len(msg.groups)
+        return Verdict(logprobs=len(msg.groups))
 
-    def _refused(self, exc: Exception, signer: str, what: str, now: float) -> None:
+    def _refused(self, exc: Exception, signer: str, what: str, now: float) -> Verdict:
         if not isinstance(exc, Rejected):  # a bug in a check must not take the node down
             self.counters.rejected["internal_error"] += 1
             log.error("unexpected error while checking %s from %s", what, signer[:16], exc_info=exc)
-            return
+            return Verdict(refusal="internal_error")
         self.counters.rejected[exc.reason.value] += 1
         if exc.reason in (RejectReason.duplicate, RejectReason.unknown_modality):
             log.debug("rejected %s from %s: %s", what, signer[:16], exc)  # routine: replays, other modalities
         else:
             self.refusals.refused(signer, exc.reason.value, exc.detail, now)
-        if self.on_reject is not None:
-            self.on_reject(signer, exc.reason.value)
+        return Verdict(refusal=exc.reason.value)
 
     def _admit(self, frame: bytes, signer: str, now: float) -> QuestionGroup:
         digest = hashlib.sha256(frame).digest()
@@ -191,9 +211,9 @@ class Intake:
                 RejectReason.no_signal, f"all {len(group.rewards)} completions score {group.rewards[0]:g} here"
             )
         group = self._with_logprobs(group, logprobs)
-        if not self.inbox.add(group, now):
+        if group_size_bytes(group) > self.max_group_bytes:
             raise Rejected(RejectReason.oversized, "group alone exceeds the inbox byte cap")
-        # only what got in: a refused group may be fixed and sent again
+        # only what passed: a refused group may be fixed and sent again
         self._contents.put(signer, content, digest, stamp=msg.created_at, now=now)
         return group
 
@@ -256,11 +276,20 @@ class Intake:
         self.counters.logprobs["joined"] += 1
         return group.model_copy(update={"behavior": Behavior(**behavior.model_dump())})
 
+    def remembered(self) -> int:
+        """How many verified frames the intake remembers (each author's, within the age window)."""
+        with self._lock:
+            return sum(len(entries) for _, entries in self._frames.entries())
+
     def to_json(self) -> dict[str, Any]:
         """The intake's memories: what each author had verified (a repeat of it is refused), its
         verification budget and the log-probs waiting for their group. Within a study they do
         change later accepts: a node that samples a question and completions it published a
-        round before is refused as `repeat`. So a study's run checkpoint keeps them."""
+        round before is refused as `repeat`. So a node's checkpoint keeps them (NodeMemory)."""
+        with self._lock:
+            return self._to_json()
+
+    def _to_json(self) -> dict[str, Any]:
         return {
             "frames": _memory_to_json(self._frames),
             "contents": _memory_to_json(self._contents),
@@ -273,6 +302,10 @@ class Intake:
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Take the memories `to_json` saved into this intake, built with the same settings."""
+        with self._lock:
+            self._restore(saved)
+
+    def _restore(self, saved: dict[str, Any]) -> None:
         _restore_memory(self._frames, saved["frames"])
         _restore_memory(self._contents, saved["contents"])
         self._budgets = OrderedDict((author, (tokens, updated)) for author, tokens, updated in saved["budgets"])
@@ -281,6 +314,25 @@ class Intake:
             for author, digest, behavior, arrived in saved["pending"]
         )
         self._pending_values = sum(_values(behavior) for behavior, _ in self._pending.values())
+
+
+def node_intake(
+    settings: NodeSettings, counters: NodeCounters, *, peer_id: str, rg_version: str, verifier: Verifier
+) -> Intake:
+    """A node's intake checks, as its settings say (the daemon's and the in-process hub's alike)."""
+    net = settings.network
+    return Intake(
+        counters,
+        swarm=net.swarm,
+        local_peer_id=peer_id,
+        rg_version=rg_version,
+        limits=DecodeLimits(max_message_bytes=net.max_message_bytes),
+        policy=VerifyPolicy(accept_other_rg_versions=net.accept_other_rg_versions),
+        max_age_seconds=settings.sampling.inbox_max_age_seconds,
+        max_group_bytes=settings.sampling.inbox_max_bytes,
+        verifier=verifier,
+        keep_groups_without_signal=settings.external_use.keeps_groups_without_signal,
+    )
 
 
 # A `RecentByAuthor` of digests as JSON, each author's entries in arrival order and the authors in

@@ -1,5 +1,5 @@
 """An in-process exchange for studies and tests: every frame goes through the wire codec and
-each receiver's Intake (decode, sender and swarm checks, regeneration, re-scoring, inbox),
+each receiver's Intake (decode, sender and swarm checks, regeneration, re-scoring) and memory,
 exactly as over gossip, but delivery is a function call and time is whatever clock it is given.
 
 With `lockstep=True` (the study) a member's `publish` for round r waits until every member has
@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 import trio
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.exchange import GroupEncoder, group_encoder, node_intake
-from sapo.node.core.intake import Intake
+from sapo.node.core.exchange import GroupEncoder, group_encoder
+from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.sampling.inbox import Inbox
-from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import QuestionGroup
 
 Clock = Callable[[], float]
@@ -31,7 +29,7 @@ Clock = Callable[[], float]
 class Member:
     peer_id: str
     encoder: GroupEncoder
-    intake: Intake | None  # None: the member never trains on external groups, so it skips checks
+    memory: NodeMemory | None  # None: the member never trains on external groups, so it skips checks
     counters: NodeCounters
     joins_at: int = 1  # the first round it takes part in: before it, it neither publishes nor receives
     pending: list[bytes] = field(default_factory=list)
@@ -52,22 +50,17 @@ class MemoryHub:
         peer_id: str,
         settings: NodeSettings,
         *,
-        inbox: Inbox | None,
+        memory: NodeMemory | None,
         counters: NodeCounters,
-        verifier: Verifier = score_group,
         joins_at: int = 1,
         model_id: str | None = None,
     ) -> MemoryExchange:
-        """Add a member whose encoder and intake are what its `settings` make of them, as over
-        gossip; with `inbox=None` it only publishes. A lockstep round waits only for members that
-        have joined by then (`joins_at`), and only they receive its groups."""
+        """Add a member whose encoder is what its `settings` make of it, as over gossip, and whose
+        frames its node's intake checks and its memory keeps; with `memory=None` it only
+        publishes. A lockstep round waits only for members that have joined by then
+        (`joins_at`), and only they receive its groups."""
         encoder = group_encoder(settings, peer_id, self.rg_version, self.clock, model_id)
-        intake = None
-        if inbox is not None:
-            intake = node_intake(
-                settings, inbox, counters, peer_id=peer_id, rg_version=self.rg_version, verifier=verifier
-            )
-        member = Member(peer_id, encoder, intake, counters, joins_at)
+        member = Member(peer_id, encoder, memory, counters, joins_at)
         self.members.append(member)
         return MemoryExchange(self, member)
 
@@ -101,19 +94,21 @@ class MemoryHub:
         delivered = 0
         now = self.clock()
         receivers = [
-            (m, m.intake)
+            (m, m.memory)
             for m in self.members
-            if m.intake is not None and (round_index is None or m.joins_at <= round_index)
+            if m.memory is not None and (round_index is None or m.joins_at <= round_index)
         ]
         for sender in self.members:
             for frame in sender.pending_logprobs:
-                for member, intake in receivers:
+                for member, memory in receivers:
                     if member is not sender:
-                        intake.accept_logprobs(frame, sender.peer_id, now)
+                        memory.intake.accept_logprobs(frame, sender.peer_id, now)
             for frame in sender.pending:
-                for member, intake in receivers:
+                for member, memory in receivers:
                     if member is not sender:
-                        intake.accept(frame, sender.peer_id, now)
+                        verdict = memory.intake.accept(frame, sender.peer_id, now)
+                        if verdict.group is not None:
+                            memory.store(verdict.group, now)
                         delivered += 1
             sender.pending.clear()
             sender.pending_logprobs.clear()

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sapo.node.core.counters import NodeCounters
+from sapo.node.core.intake import node_intake
 from sapo.node.core.loading import load_node_policy
+from sapo.node.core.memory import NodeMemory
 from sapo.node.core.metrics import METRICS_FILE, MetricsLog, RoundRecord
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState, RandomStreams, RngState, TaskCursor, restore_state, stream_at
@@ -36,7 +38,7 @@ from sapo.training.generation import GenerationRequest, GenerationResult, genera
 from sapo.training.policy import Policy
 from sapo.training.rewards import Verifier, has_answer_tag, is_correct, verifier_for
 from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import Problem, TaskSampler, TaskSpec
+from sapo.training.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
 from sapo.training.typicality import excess_surprise
 from sapo.training.update import UpdateStats, grpo_update, make_optimizer
 
@@ -126,6 +128,14 @@ class Node:
         self.heldout = heldout_problems(self.task_specs, run.eval_questions) if run.eval_every else None
         self.trust = settings.trust
         self.inbox = node_inbox(settings)
+        intake = node_intake(
+            settings, self.counters, peer_id=peer_id, rg_version=reasoning_gym_version(), verifier=self.verifier
+        )
+        self.memory = NodeMemory(self.inbox, intake, self.counters)
+        saved = self.resumed_from.memory() if self.resumed_from is not None else None
+        if saved is not None:  # what it had learnt of its peers, as of its checkpoint
+            self.memory.restore(saved)
+            log.info("memory of peers restored: %s", self.memory.describe())
         self.balance = settings.sampling.balance_rule(trains=not run.generate_only)
 
     def start_state(self) -> NodeState:
@@ -394,6 +404,7 @@ class Node:
             trainer_state,
             node_state,
             keep=self.settings.run.keep_checkpoints,
+            memory=self.memory.to_json(),
         )
         log.info("checkpoint written: %s", checkpoint.path)
         return checkpoint

@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.exchange import GossipExchange, group_encoder, groups_wanted, node_intake
+from sapo.node.core.exchange import GossipExchange, group_encoder, groups_wanted
 from sapo.node.core.metrics import RoundRecord
 from sapo.node.core.node import Node
 from sapo.node.core.round import Exchange, run_round
@@ -36,7 +36,6 @@ from sapo.node.judge.client import JudgeClient
 from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.network import Network, serve_network
-from sapo.protocol.peer_guard import PENALTIES
 from sapo.protocol.settings import logprobs_topic
 from sapo.training.devices import resolve_device
 from sapo.training.generation import GenerationInterrupted
@@ -174,18 +173,8 @@ def start_intake(
     settings: NodeSettings,
 ) -> GossipExchange:
     """The node is loaded: check what has been waiting, and everything from now on."""
-    rg_version = reasoning_gym_version()
-    intake = node_intake(
-        settings,
-        node.inbox,
-        node.counters,
-        peer_id=node.peer_id,
-        rg_version=rg_version,
-        verifier=node.verifier,
-        on_reject=lambda signer, reason: _report_from_worker(network, signer, reason),
-    )
-    encoder = group_encoder(settings, node.peer_id, rg_version)
-    exchange = GossipExchange(network, encoder, intake, node.counters, want=groups_to_fetch(settings))
+    encoder = group_encoder(settings, node.peer_id, reasoning_gym_version())
+    exchange = GossipExchange(network, encoder, node.memory, want=groups_to_fetch(settings))
     nursery.start_soon(exchange.receive, receive)
     return exchange
 
@@ -224,16 +213,6 @@ async def load_node(
     precisions = f"sampling {'bf16' if policy.generation_bf16 else 'fp32'}, update {'bf16' if policy.bf16 else 'fp32'}"
     print(f"model loaded in {time.perf_counter() - started:.1f}s ({policy.device.type}; {precisions})", flush=True)
     return node, state
-
-
-def _report_from_worker(network: Network, signer: str, reason: str) -> None:
-    """The intake runs in a worker thread; the peer score lives in the trio thread."""
-    if PENALTIES.get(reason, 0) <= 0:
-        return  # duplicates, stale groups, version skew: nothing to charge, no thread hop
-    try:
-        trio.from_thread.run_sync(network.penalize_sender, signer, reason)
-    except (trio.RunFinishedError, trio.Cancelled, RuntimeError):
-        pass  # shutting down, or called outside a trio worker (nothing to score then)
 
 
 async def wait_for_peers(exchange: GossipExchange, count: int, timeout: float) -> None:

@@ -23,8 +23,8 @@ from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState, RngState, TaskCursor
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
-from sapo.training.scripted import ScriptedSolver
 from sapo.training.evaluation import heldout_problems
+from sapo.training.scripted import ScriptedSolver
 from sapo.training.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
 
 RUN_STATE = "run-state.json"  # in the run's dir: the round its checkpoint is at, and all but the nodes' own
@@ -130,21 +130,18 @@ class Learner:
     joins_at: int = 1  # its first round (a late joiner's is later)
 
     def to_json(self) -> dict[str, Any]:
-        """What a run's checkpoint keeps of it besides its node's own checkpoint."""
-        intake = self.exchange.member.intake
-        return {
-            "index": self.index,
-            "inbox": self.node.inbox.to_json(),  # with its authors' standing
-            "intake": intake.to_json() if intake is not None else None,
-            "counters": self.node.counters.to_json(),
-        }
+        """What a run's checkpoint keeps of it besides its node's own checkpoint (which holds its
+        `NodeState` and its memory of its peers, as the daemon's does)."""
+        return {"index": self.index}
 
     def restore(self, saved: dict[str, Any]) -> None:
-        """Take what `to_json` saved, and its round records up to the node's round."""
-        self.node.inbox.restore(saved["inbox"])
-        if self.exchange.member.intake is not None:
-            self.exchange.member.intake.restore(saved["intake"])
-        self.node.counters.restore(saved["counters"])
+        """Its round records up to the node's round (its node restored the rest from its checkpoint)."""
+        if "inbox" in saved and self.node.resumed_from is not None and self.node.resumed_from.memory() is None:
+            # a run checkpointed before nodes saved their memory kept it here (sapo 0.4.0's studies)
+            self.node.inbox.restore(saved["inbox"])
+            if saved["intake"] is not None:
+                self.node.memory.intake.restore(saved["intake"])
+            self.node.counters.restore(saved["counters"])
         self.records.load_through(self.state.round)
 
 
@@ -300,9 +297,8 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
         exchange = hub.join(
             node.peer_id,
             settings,
-            inbox=node.inbox if receives else None,
+            memory=node.memory if receives else None,
             counters=node.counters,
-            verifier=node.verifier,
             joins_at=study.joins_at(k),
         )
         # a late joiner's rounds are numbered from its join round, like everyone's in that round
@@ -314,7 +310,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
     for k in range(study.scripted_solvers):
         peer_seed = base.run.seed + 1000 * seed + 500 + k
         exchange = hub.join(
-            peer_id_for(seed, k, "solver"), every[0], inbox=None, counters=NodeCounters(), model_id="scripted"
+            peer_id_for(seed, k, "solver"), every[0], memory=None, counters=NodeCounters(), model_id="scripted"
         )
         solvers.append(
             ScriptedPeer(

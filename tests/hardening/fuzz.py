@@ -23,7 +23,6 @@ from sapo.node.core.intake import Intake
 from sapo.protocol.codec import DecodeLimits, decode, encode
 from sapo.protocol.messages import Rejected
 from sapo.protocol.verify import VerifyPolicy
-from sapo.sampling.inbox import Inbox
 from sapo.training.tasks import reasoning_gym_version
 from tests.protocol.strategies import SAMPLE_SENDER, hostile_frames, sample_message
 
@@ -75,8 +74,8 @@ def fuzz(cases: int, seed: int = 0, hypothesis_cases: int = 3000) -> FuzzReport:
     counters = NodeCounters()
     # the strategies' valid frames carry swarm "sapo-test", a 2023 timestamp and reasoning-gym 0.1.25
     intake = Intake(
-        Inbox(512, 64 << 20, 1e12, 0.25),
         counters,
+        max_group_bytes=64 << 20,
         swarm="sapo-test",
         local_peer_id="me",
         rg_version=reasoning_gym_version(),
@@ -99,7 +98,7 @@ def fuzz(cases: int, seed: int = 0, hypothesis_cases: int = 3000) -> FuzzReport:
         except Exception as exc:  # noqa: BLE001 - what we are counting
             report.escaped[f"decode:{type(exc).__name__}"] += 1
         try:
-            if intake.accept(frame, signer, now) is not None:
+            if intake.accept(frame, signer, now).group is not None:
                 report.accepted += 1
         except Exception as exc:  # noqa: BLE001
             report.escaped[f"intake:{type(exc).__name__}"] += 1

@@ -8,7 +8,9 @@ from __future__ import annotations
 import random
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.exchange import GroupEncoder, node_intake
+from sapo.node.core.exchange import GroupEncoder
+from sapo.node.core.intake import node_intake
+from sapo.node.core.memory import NodeMemory
 from sapo.node.core.node import choose_from_inbox, node_inbox
 from sapo.node.core.settings import load_settings
 from sapo.node.study.nodes import peer_id_for
@@ -18,6 +20,7 @@ from sapo.sampling.training_set import training_set
 from sapo.training.rewards import score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
+from tests.support.receiving import Receiver
 
 T0 = 1_700_000_000.0
 ME = peer_id_for(9, 0)
@@ -47,8 +50,13 @@ def test_fresh_keys_cannot_push_out_established_groups_or_take_the_training():
     settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "inbox_max_age_seconds": 3600})
     clock = Clock()
     inbox = node_inbox(settings)
-    intake = node_intake(
-        settings, inbox, NodeCounters(), peer_id=ME, rg_version=reasoning_gym_version(), verifier=score_group
+    counters = NodeCounters()
+    intake = Receiver(
+        NodeMemory(
+            inbox,
+            node_intake(settings, counters, peer_id=ME, rg_version=reasoning_gym_version(), verifier=score_group),
+            counters,
+        )
     )
     encoders = {
         peer: GroupEncoder(

@@ -25,13 +25,14 @@ async def test_shared_log_probs_cross_the_wire_and_reach_the_receivers_inbox():
     from sapo.training.rollouts import Behavior
     from sapo.training.tasks import reasoning_gym_version
     from tests.node.daemon.test_hostile_peer import honest_group
+    from tests.support.receiving import memory_for
 
     hub = MemoryHub(lambda: 1_700_000_000.0, rg_version=reasoning_gym_version())
     inbox = Inbox(16, 2**20, 600)
     shares, keeps = (NodeSettings().updated({"share_logprobs": share}) for share in (True, False))
-    sender = hub.join(peer_id_for(0, 0), shares, inbox=None, counters=NodeCounters())
-    quiet = hub.join(peer_id_for(0, 1), keeps, inbox=None, counters=NodeCounters())
-    hub.join(peer_id_for(0, 2), keeps, inbox=inbox, counters=NodeCounters())
+    sender = hub.join(peer_id_for(0, 0), shares, memory=None, counters=NodeCounters())
+    quiet = hub.join(peer_id_for(0, 1), keeps, memory=None, counters=NodeCounters())
+    hub.join(peer_id_for(0, 2), keeps, memory=memory_for(keeps, peer_id_for(0, 2), inbox), counters=NodeCounters())
     behavior = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-0.5, -0.25], [-1.0]])
     group = honest_group().model_copy(update={"behavior": behavior})
     await sender.publish([group], 1)

@@ -11,6 +11,7 @@ from sapo.node.core.node import Node
 from sapo.node.core.round import run_round
 from sapo.node.core.settings import load_settings
 from sapo.sampling.balance import AdaptiveBalance
+from sapo.training.tasks import reasoning_gym_version
 
 PEER = "12D3KooWpeerpeerpeerpeerpeerpeerpeerpeerpeerpeer"
 
@@ -44,14 +45,13 @@ def tiny_node(data_dir, peer_id="12D3KooWtest", **settings) -> Node:
 
 
 def member(hub, node, receives=True):
-    inbox = node.inbox if receives else None
-    return hub.join(node.peer_id, node.settings, inbox=inbox, counters=node.counters, verifier=node.verifier)
+    return hub.join(node.peer_id, node.settings, memory=node.memory if receives else None, counters=node.counters)
 
 
 async def test_a_node_alone_keeps_its_split_and_its_j_under_the_default_balance(tmp_path):
     node = tiny_node(tmp_path)  # the default balance: adaptive, as I >= 1 and J >= 1
     assert isinstance(node.balance, AdaptiveBalance)
-    alone = member(MemoryHub(time.time, rg_version="x"), node)
+    alone = member(MemoryHub(time.time, rg_version=reasoning_gym_version()), node)
     state = node.start_state()
     splits = set()
     for _ in range(30):
@@ -66,7 +66,7 @@ async def test_a_node_alone_keeps_its_split_and_its_j_under_the_default_balance(
 
 async def test_with_a_peer_the_adaptive_node_probes_both_sides_of_its_centre(tmp_path):
     node, peer = tiny_node(tmp_path / "a", balance="adaptive"), tiny_node(tmp_path / "b", PEER, local=6, external=0)
-    hub = MemoryHub(time.time, rg_version="x")
+    hub = MemoryHub(time.time, rg_version=reasoning_gym_version())
     mine, theirs = member(hub, node), member(hub, peer, receives=False)
     state, peer_state = node.start_state(), peer.start_state()
     plans = []
@@ -85,7 +85,7 @@ async def test_a_stopped_node_resumes_with_its_sampler_memory_and_the_same_next_
         return tiny_node(data_dir, sampler="peer-weighted", balance="fixed")
 
     node, peer = weighted(tmp_path / "a"), tiny_node(tmp_path / "b", PEER, local=6, external=0)
-    hub = MemoryHub(time.time, rg_version="x")
+    hub = MemoryHub(time.time, rg_version=reasoning_gym_version())
     mine, theirs = member(hub, node), member(hub, peer, receives=False)
     state, peer_state = node.start_state(), peer.start_state()
     for _ in range(3):
@@ -97,10 +97,11 @@ async def test_a_stopped_node_resumes_with_its_sampler_memory_and_the_same_next_
     restored = weighted(tmp_path / "a")
     resumed = restored.start_state()
     assert resumed == state and resumed.round == 3
-    # the same next round: same plan, and from the same inbox, the same choice and sampler memory
+    # the same next round: same plan, and from the same inbox (restored with its memory, then the
+    # peer's next groups reach both), the same choice and sampler memory
+    member(hub, restored)
     peer_state = (await run_round(peer, peer_state, theirs, trio.Lock())).state
-    for group in reversed(node.inbox.newest_first(time.time())):  # oldest first, as they arrived
-        restored.inbox.add(group, time.time())
+    assert restored.inbox.newest_first(time.time()) == node.inbox.newest_first(time.time())
     plan = node.plan(state)
     assert restored.plan(resumed) == plan and plan.index == 4
     now = time.time()

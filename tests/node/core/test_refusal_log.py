@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.intake import Intake
-from sapo.protocol.codec import DecodeLimits, encode
+from sapo.protocol.codec import encode
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
 from tests.protocol.strategies import SAMPLE_SENDER, sample_message
+from tests.support.receiving import Receiver, memory_of
 
 START = 1_700_000_000.0
 
@@ -20,16 +20,17 @@ def stale_frames(count: int) -> list[bytes]:
     return [encode(sample_message(sender_round=i + 1, created_at=START - 3600)) for i in range(count)]
 
 
-def intake(counters: NodeCounters) -> Intake:
-    return Intake(
-        Inbox(512, 64 << 20, 1e12, 0.25),
-        counters,
-        swarm="sapo-test",
-        local_peer_id="me",
-        rg_version="0.1.25",
-        limits=DecodeLimits(),
-        policy=VerifyPolicy(accept_other_rg_versions=True),
-        max_age_seconds=600,
+def intake(counters: NodeCounters) -> Receiver:
+    return Receiver(
+        memory_of(
+            Inbox(512, 64 << 20, 1e12, 0.25),
+            counters=counters,
+            swarm="sapo-test",
+            local_peer_id="me",
+            rg_version="0.1.25",
+            policy=VerifyPolicy(accept_other_rg_versions=True),
+            max_age_seconds=600,
+        )
     )
 
 

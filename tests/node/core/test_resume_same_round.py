@@ -11,17 +11,17 @@ import trio
 
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
+from sapo.training.tasks import reasoning_gym_version
 from tests.node.core.test_node_state import PEER, member, tiny_node
 
-# The inbox holds one round of the peer's groups, and nothing here depends on what is not in a
-# checkpoint (the inbox's contents and the authors' standing): the peer's newest 6 groups are
-# both nodes' whole inbox when round k + 1 chooses 3 of them.
+# The inbox holds one round of the peer's groups: the peer's newest 6 groups are both nodes' whole
+# inbox when round k + 1 chooses 3 of them (the checkpoint keeps the inbox too, node/core/memory.py).
 SETTINGS = {"inbox_max_groups": 6, "inbox_peer_share": 1.0, "standing": "off", "screen": "off"}
 
 
 async def test_a_node_resumed_from_its_checkpoint_asks_and_chooses_as_if_it_had_never_stopped(tmp_path):
     node, peer = tiny_node(tmp_path / "a", **SETTINGS), tiny_node(tmp_path / "peer", PEER, local=6, external=0)
-    hub = MemoryHub(time.time, rg_version="x")
+    hub = MemoryHub(time.time, rg_version=reasoning_gym_version())
     mine, theirs = member(hub, node), member(hub, peer, receives=False)
     state, peer_state = node.start_state(), peer.start_state()
     for _ in range(2):

@@ -8,13 +8,14 @@ import trio
 
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
+from sapo.training.tasks import reasoning_gym_version
 from tests.node.core.test_node_state import PEER, member, tiny_node
 
 
 async def test_a_resumed_node_redoes_its_rounds_with_new_completions_and_is_charged_nothing(tmp_path):
     sender = tiny_node(tmp_path / "a", local=3, external=0, max_new_tokens=24)
     receiver = tiny_node(tmp_path / "b", PEER, local=1, external=3)
-    hub = MemoryHub(time.time, rg_version="x")
+    hub = MemoryHub(time.time, rg_version=reasoning_gym_version())
     theirs, mine = member(hub, sender), member(hub, receiver)
     state = sender.start_state()
     plan = sender.plan(state)

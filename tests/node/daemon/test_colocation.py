@@ -9,7 +9,9 @@ import time
 import trio
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.exchange import GossipExchange, GroupEncoder, node_intake
+from sapo.node.core.exchange import GossipExchange, GroupEncoder
+from sapo.node.core.intake import node_intake
+from sapo.node.core.memory import NodeMemory
 from sapo.node.core.node import node_inbox
 from sapo.node.core.settings import load_settings
 from sapo.training.rewards import score_group
@@ -25,20 +27,14 @@ async def test_an_accepted_authors_network_group_is_recorded_and_shared():
             a = await start_node(nursery)
             b = await start_node(nursery, peers=[a.addr])
             await wait_for_mesh([a, b])
-            inbox = node_inbox(settings)
+            inbox, counters = node_inbox(settings), NodeCounters()
             intake = node_intake(
-                settings,
-                inbox,
-                NodeCounters(),
-                peer_id=b.service.peer_id,
-                rg_version=reasoning_gym_version(),
-                verifier=score_group,
+                settings, counters, peer_id=b.service.peer_id, rg_version=reasoning_gym_version(), verifier=score_group
             )
             exchange = GossipExchange(
                 b.service,
                 GroupEncoder(peer_id=b.service.peer_id, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version()),
-                intake,
-                NodeCounters(),
+                NodeMemory(inbox, intake, counters),
             )
             encoder = GroupEncoder(
                 peer_id=a.service.peer_id, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version()

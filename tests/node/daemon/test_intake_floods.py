@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import time
 
-from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
-from sapo.node.core.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_CPU_SECONDS, VERIFY_RATE, Intake
+from sapo.node.core.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_CPU_SECONDS, VERIFY_RATE
 from sapo.node.study.nodes import peer_id_for
-from sapo.protocol.codec import DecodeLimits
 from sapo.protocol.peer_guard import BAN_SCORE, PeerGuard
 from sapo.protocol.recent import RecentByAuthor
-from sapo.protocol.verify import SCORING_CPU_SECONDS, VerifyPolicy
+from sapo.protocol.verify import SCORING_CPU_SECONDS
 from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
+from tests.support.receiving import Receiver, memory_of
 
 START = 1_700_000_000.0
 ME, HONEST, FLOODER = peer_id_for(0, 0), peer_id_for(0, 1), peer_id_for(0, 2)
@@ -34,20 +33,12 @@ class Clock:
         return self.now
 
 
-def node(clock: Clock, max_age: float = 600.0, seen_capacity: int = 65_536) -> tuple[Intake, PeerGuard]:
+def node(clock: Clock, max_age: float = 600.0, seen_capacity: int = 65_536) -> tuple[Receiver, PeerGuard]:
     guard = PeerGuard(rate=GOSSIP_RATE, burst=100, ban_seconds=600, clock=clock)
-    intake = Intake(
-        Inbox(10_000, 2**28, max_age),
-        NodeCounters(),
-        swarm="t",
-        local_peer_id=ME,
-        rg_version=reasoning_gym_version(),
-        limits=DecodeLimits(),
-        policy=VerifyPolicy(),
-        max_age_seconds=max_age,
-        seen_capacity=seen_capacity,
-        on_reject=lambda signer, reason: guard.penalize(signer.encode(), reason),
+    memory = memory_of(
+        Inbox(10_000, 2**28, max_age), swarm="t", local_peer_id=ME, max_age_seconds=max_age, seen_capacity=seen_capacity
     )
+    intake = Receiver(memory, penalize=lambda signer, reason: guard.penalize(signer.encode(), reason))
     return intake, guard
 
 
@@ -67,7 +58,7 @@ def taught(index: int) -> QuestionGroup:
 
 
 def run(
-    intake: Intake, guard: PeerGuard, clock: Clock, seconds: float, senders: dict[str, tuple[float, object]]
+    intake: Receiver, guard: PeerGuard, clock: Clock, seconds: float, senders: dict[str, tuple[float, object]]
 ) -> dict[str, float]:
     """Each sender publishes at its rate (groups a second) what its maker makes of a running
     index, through the gossip bucket then the intake; when each one was banned (or absent)."""
@@ -155,7 +146,7 @@ def test_one_authors_verified_junk_pushes_out_only_its_own_memories():
 
 def test_the_memory_outlasts_the_age_window_at_the_budget_rate():
     intake, _ = node(Clock())
-    per_author = intake._contents.per_author
+    per_author = intake.intake._contents.per_author
     assert per_author >= VERIFY_RATE * (600 + CLOCK_SKEW_SECONDS) + VERIFY_BURST
 
 
@@ -205,7 +196,7 @@ def test_a_group_that_costs_more_cpu_to_score_than_its_budget_is_refused_and_cha
 
     clock = Clock()
     intake, guard = node(clock)
-    intake.verifier = slow_verifier
+    intake.intake.verifier = slow_verifier
     sender = encoder(FLOODER, clock)
     cost["seconds"] = SCORING_CPU_SECONDS * 1.5
     assert intake.accept(sender.frame(taught(0), 1), FLOODER, clock.now) is None

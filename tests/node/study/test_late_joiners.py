@@ -19,6 +19,7 @@ from sapo.node.study.settings import ExperimentSettings, parse_configs
 from sapo.sampling.inbox import Inbox
 from sapo.training.tasks import reasoning_gym_version
 from tests.node.daemon.test_hostile_peer import honest_group
+from tests.support.receiving import memory_for
 
 STUDY = [
     "experiment",
@@ -143,7 +144,11 @@ async def test_a_lockstep_round_waits_only_for_members_that_have_joined():
     inboxes = [Inbox(16, 2**20, 600) for _ in range(3)]
     members = [
         hub.join(
-            peer_id_for(0, k), NodeSettings(), inbox=inboxes[k], counters=NodeCounters(), joins_at=1 if k < 2 else 2
+            peer_id_for(0, k),
+            NodeSettings(),
+            memory=memory_for(NodeSettings(), peer_id_for(0, k), inboxes[k]),
+            counters=NodeCounters(),
+            joins_at=1 if k < 2 else 2,
         )
         for k in range(3)
     ]
