@@ -1,10 +1,11 @@
 """A bounded store of external question groups: caps on count, bytes, age and per-peer share.
 
-With a `Standing` (sampling/standing.py), a full inbox makes room by evicting from the author
-holding the most groups for its weight, so slots go to authors in proportion to their standing:
-fresh keys, however many, churn among themselves in the newcomers' share and never push out the
-groups of authors who earned theirs. A group whose author would be that victim itself is not
-stored (`crowded_out`). Without one, the oldest group goes, whoever sent it."""
+A full inbox makes room by evicting from the author holding the most groups for its weight
+(sampling/standing.py), the oldest group of those that hold the most, so slots go to authors in
+proportion to their standing: fresh keys, however many, churn among themselves in the
+newcomers' share and never push out the groups of authors who earned theirs. A group whose
+author would be that victim itself is not stored (`crowded_out`). With standing off an author
+weighs the groups it holds, so the oldest group goes, whoever sent it."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class Inbox:
         max_bytes: int,
         max_age_seconds: float,
         peer_share: float = 1.0,
-        standing: Standing | None = None,
+        standing: Standing | None = None,  # default: standing off
     ):
         if max_groups < 1 or max_bytes < 1 or max_age_seconds <= 0:
             raise ValueError("inbox bounds must be positive")
@@ -53,7 +54,7 @@ class Inbox:
         self._bytes = 0
         self._per_peer: dict[str, int] = {}
         self.evicted = 0
-        self.standing = standing
+        self.standing = standing if standing is not None else Standing(mode="off")
         self.crowded_out = 0  # groups not stored: their author stood lowest for what it already held
         # Verified groups arrive from the network's worker thread while the round loop samples.
         self._lock = threading.RLock()
@@ -74,7 +75,7 @@ class Inbox:
             if size > self.max_bytes:
                 return False
             self.prune(now)
-            if self.standing is not None and has_signal(group.rewards):
+            if has_signal(group.rewards):
                 self.standing.credit(group.origin, now)
             if self._per_peer.get(group.origin, 0) >= self.per_peer_max:
                 self._evict(self._oldest_of(group.origin))
@@ -111,18 +112,18 @@ class Inbox:
                 self._evict(key, count=False)
 
     def _crowded(self, newcomer: str) -> int | None:
-        """The entry to evict to make room for a group of `newcomer`'s: the oldest overall, or with
-        standing, the oldest of the author holding the most for its weight (counting the new group);
-        None when that author is `newcomer` holding nothing yet, so the new group is what goes."""
-        if self.standing is None:
-            return next(iter(self._entries))
+        """The entry to evict to make room for a group of `newcomer`'s: the oldest group of the
+        authors holding the most for their weight (counting the new group); None when that author
+        is `newcomer` alone, holding nothing yet, so the new group is what goes."""
         held = dict(self._per_peer)
         held[newcomer] = held.get(newcomer, 0) + 1
         weights = self.standing.weights(held)
-        victim = max(held, key=lambda author: held[author] / weights[author])
-        if victim == newcomer and held[newcomer] == 1:
+        load = {author: held[author] / weights[author] for author in held}
+        most = max(load.values())
+        crowded = {author for author, share in load.items() if share >= most}
+        if crowded == {newcomer} and held[newcomer] == 1:
             return None
-        return self._oldest_of(victim)
+        return next(k for k, e in self._entries.items() if e.group.origin in crowded)
 
     def _oldest_of(self, author: str) -> int:
         return next(k for k, e in self._entries.items() if e.group.origin == author)
@@ -140,7 +141,7 @@ class Inbox:
                 "next_id": self._next_id,
                 "evicted": self.evicted,
                 "crowded_out": self.crowded_out,
-                "standing": self.standing.to_json() if self.standing is not None else None,
+                "standing": self.standing.to_json(),
             }
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -157,10 +158,7 @@ class Inbox:
                 self._bytes += entry.size_bytes
                 self._per_peer[group.origin] += 1
             self._next_id, self.evicted, self.crowded_out = saved["next_id"], saved["evicted"], saved["crowded_out"]
-            if (saved["standing"] is None) != (self.standing is None):
-                raise ValueError("the saved inbox and this one differ in keeping authors' standing")
-            if self.standing is not None:
-                self.standing.restore(saved["standing"])
+            self.standing.restore(saved["standing"] or [])  # None: saved with standing off, before 0.4.0
 
     def _evict(self, key: int, count: bool = True) -> None:
         entry = self._entries.pop(key)

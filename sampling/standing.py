@@ -20,16 +20,21 @@ directly connected author's connection comes from, /16 for IPv4 as Bitcoin Core 
 share one budget too: the group weighs what its best author weighs, split evenly among them, so
 keys minted on one machine or one provider's block add nothing to each other.
 
-The records are bounded (`max_authors`, least recently credited forgotten first) and live in
-memory: after a restart everyone starts afresh, which is equal footing, not a hole.
+The records are bounded (`max_authors`, least recently credited forgotten first). They are
+part of the node's memory of its peers, saved in its checkpoints (node/core/memory.py).
+
+With `mode="off"` (`--standing off`) nothing is earned and every group weighs alike: an
+author's weight is the number of groups it holds, so the inbox evicts the oldest group and the
+draw is uniform over groups, as before standing existed.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 # A gap between an author's groups that counts towards its standing: an honest node publishes
 # every round (seconds to a minute); a key that waits an hour between groups earns no more than
@@ -51,9 +56,16 @@ class _Record:
 
 
 class Standing:
-    def __init__(self, ramp_seconds: float = RAMP_SECONDS, newcomer_share: float = 0.1, max_authors: int = MAX_AUTHORS):
+    def __init__(
+        self,
+        ramp_seconds: float = RAMP_SECONDS,
+        newcomer_share: float = 0.1,
+        max_authors: int = MAX_AUTHORS,
+        mode: Literal["earned", "off"] = "earned",
+    ):
         if ramp_seconds <= 0 or newcomer_share <= 0 or max_authors < 1:
             raise ValueError("standing needs a positive ramp, newcomer share and author bound")
+        self.earned = mode == "earned"
         self.ramp_seconds = ramp_seconds
         self.newcomer_share = newcomer_share
         self.max_authors = max_authors
@@ -63,6 +75,8 @@ class Standing:
 
     def credit(self, author: str, now: float) -> None:
         """A group of `author`'s was verified and carried signal, at `now`."""
+        if not self.earned:
+            return
         with self._lock:
             record = self._records.pop(author, None) or _Record()
             if record.last is not None:
@@ -74,6 +88,8 @@ class Standing:
 
     def locate(self, author: str, place: str | None) -> None:
         """`author` was last seen connected from network address group `place` (None: not directly)."""
+        if not self.earned:
+            return
         with self._lock:
             record = self._records.get(author)
             if record is not None and place is not None:
@@ -95,11 +111,15 @@ class Standing:
     def _standing(self, record: _Record) -> float:
         return min(1.0, record.earned / self.ramp_seconds)
 
-    def weights(self, authors: Iterable[str]) -> dict[str, float]:
-        """Each author's weight among `authors`: its standing plus its share of the newcomers'
-        budget, shared with the authors seen in its network address group."""
+    def weights(self, held: Mapping[str, int] | Iterable[str]) -> dict[str, float]:
+        """Each author's weight among the authors of `held` (author -> groups it holds, or one
+        author per group): its standing plus its share of the newcomers' budget, shared with the
+        authors seen in its network address group; with standing off, the groups it holds."""
+        counts = Counter(held) if not isinstance(held, Mapping) else held
+        if not self.earned:
+            return {author: float(count) for author, count in counts.items()}
         with self._lock:
-            known = {a: self._records.get(a) or _Record() for a in set(authors)}
+            known = {a: self._records.get(a) or _Record() for a in counts}
         standing = {a: self._standing(r) for a, r in known.items()}
         newcomers = sum(1 for s in standing.values() if s < 1.0)
         alone = {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}
@@ -107,6 +127,11 @@ class Standing:
         for author, record in known.items():
             places.setdefault(record.place or f"author:{author}", []).append(author)
         return {a: max(alone[b] for b in members) / len(members) for members in places.values() for a in members}
+
+    def draw_weights(self, authors: Iterable[str]) -> dict[str, float] | None:
+        """What the external draw weighs each author by (sampling/strategies.py); None with
+        standing off, the samplers' own draw where every group weighs alike."""
+        return self.weights(authors) if self.earned else None
 
     def to_json(self) -> list[list]:
         """Each author's record, least recently credited first: [author, earned, last, place]."""

@@ -39,8 +39,7 @@ class NodeMemory:
         where its author's connection comes from (`place`, its network address group, if
         directly connected), so that keys behind one address share one standing."""
         self.inbox.add(group, now)
-        if self.inbox.standing is not None:
-            self.inbox.standing.locate(group.origin, place)
+        self.inbox.standing.locate(group.origin, place)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,9 +58,8 @@ class NodeMemory:
         self.counters.restore(saved["counters"])
 
     def describe(self) -> str:
-        standing = self.inbox.standing
         return (
             f"{len(self.inbox)} groups waiting, "
-            f"{len(standing.to_json()) if standing is not None else 0} authors' standing, "
+            f"{len(self.inbox.standing.to_json())} authors' standing, "
             f"{self.intake.remembered()} verified frames remembered"
         )

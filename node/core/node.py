@@ -68,7 +68,7 @@ class RoundLog(Protocol):
 def node_inbox(settings: NodeSettings) -> Inbox:
     """A node's inbox, bounded as its settings say, weighing authors by standing unless told not to."""
     s, trust = settings.sampling, settings.trust
-    standing = Standing(trust.standing_ramp_seconds, trust.newcomer_share) if trust.standing == "earned" else None
+    standing = Standing(trust.standing_ramp_seconds, trust.newcomer_share, mode=trust.standing)
     return Inbox(s.inbox_max_groups, s.inbox_max_bytes, s.inbox_max_age_seconds, s.inbox_peer_share, standing)
 
 
@@ -78,7 +78,7 @@ def choose_from_inbox(
     """Up to `count` of the inbox's groups as of `now`, by the node's sampler, each author's chance
     following its standing where the inbox keeps one; and the sampler's state after."""
     candidates = inbox.newest_first(now)
-    weights = inbox.standing.weights(g.origin for g in candidates) if inbox.standing is not None else None
+    weights = inbox.standing.draw_weights(g.origin for g in candidates)
     return choose_external(use.sampler, candidates, count, rng, sampler, weights)
 
 
@@ -244,9 +244,8 @@ class Node:
                 self.trust,
             )
             external, refused, reference, dropped = verdict.kept, verdict.refused, verdict.reference, verdict.dropped
-            if self.inbox.standing is not None:
-                for group in refused:
-                    self.inbox.standing.strike(group.origin)
+            for group in refused:
+                self.inbox.standing.strike(group.origin)
         screen_seconds = time.perf_counter() - started
         own = self.own_completions(plan, external, self.use.augment_external)
         prepared = training_set(
