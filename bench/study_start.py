@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         sampled = scores[k].sampled or {}
         print(
             f"node {k}: "
-            + ", ".join(f"{task} {value:.3f}" + (f" (sampled {sampled[task]:.3f})" if task in sampled else "")
-            for task, value in accuracy.items())
+            + ", ".join(
+                f"{task} {value:.3f}" + (f" (sampled {sampled[task]:.3f})" if task in sampled else "")
+                for task, value in accuracy.items()
+            )
         )
     if json_out is not None:
         with json_out.open("a") as out:

@@ -23,8 +23,8 @@ from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState, RngState, TaskCursor
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
-from sapo.training.scripted import ScriptedSolver
 from sapo.training.evaluation import heldout_problems
+from sapo.training.scripted import ScriptedSolver
 from sapo.training.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
 
 RUN_STATE = "run-state.json"  # in the run's dir: the round its checkpoint is at, and all but the nodes' own

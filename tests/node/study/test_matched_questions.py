@@ -121,7 +121,17 @@ def test_slices_train_each_node_on_its_own_slice_and_hold_out_all(tmp_path):
 
 
 def test_slices_are_checked_before_any_model_loads(tmp_path, capsys):
-    two_tasks = [*STUDY, "--tasks", "basic_arithmetic,bf", "--configs", "2/0", "--slices", SLICES, "--out", str(tmp_path)]
+    two_tasks = [
+        *STUDY,
+        "--tasks",
+        "basic_arithmetic,bf",
+        "--configs",
+        "2/0",
+        "--slices",
+        SLICES,
+        "--out",
+        str(tmp_path),
+    ]
     assert main(two_tasks) == 2
     assert "--slices splits one task" in capsys.readouterr().err
     assert main([*STUDY, "--configs", "2/0", "--slices", "[{", "--out", str(tmp_path)]) == 2
