@@ -176,16 +176,6 @@ def test_roofline_smoke(capsys, monkeypatch, tmp_path):
     assert out.count("real round, sample_completions") == 2
 
 
-def test_gil_probe_smoke(tmp_path):
-    done = run_script("gil_probe.py", "--models-dir", str(tmp_path / "models"), timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    for phase in ("idle", "torch", "generate"):
-        row = next(line for line in out.splitlines() if line.startswith(f"{phase} "))
-        assert int(row.split()[1]) > 100, f"too few 1 ms wake-ups timed in the {phase} phase: {row}"
-    assert "p99 lateness, generate minus torch (the GIL's share):" in out
-
-
 def test_shared_base_smoke(tmp_path):
     done = run_script("shared_base.py", "--models-dir", str(tmp_path / "models"), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -197,68 +187,6 @@ def test_shared_base_smoke(tmp_path):
     assert len(rows) == 3, done.stdout
     # the same work in every mode: the same tokens per swarm-round
     assert len({row[-1] for row in rows.values()}) == 1, rows
-
-
-def test_balance_control_walks_blind(monkeypatch):
-    # The blind rule must move J as the real one does (one step a period, clipped) without reading
-    # the gains: the same walk whatever the gains say, and the same walk for the same coin seed.
-    monkeypatch.syspath_prepend(str(BENCH))
-    import balance_control
-
-    from sapo.sampling.balance import AdaptiveBalance
-
-    def walk(coin_seed: int | None, gain_of_more_external: float) -> list[int]:
-        if coin_seed is not None:
-            monkeypatch.setattr(AdaptiveBalance, "_decide", balance_control.blind_rule(coin_seed))
-        balance = AdaptiveBalance(total=8, external=4, period=2)
-        state, reward = balance.initial(), 0.0
-        for round_index in range(1, 101):
-            plan = balance.plan(state, round_index)
-            more = plan.external > state.external
-            state = balance.observe(state, plan, plan.external, reward)
-            reward += gain_of_more_external if more else 0.0  # shows in the next round's reward
-        monkeypatch.undo()
-        return [j for _, j in state.history]
-
-    up, down = walk(0, +1.0), walk(0, -1.0)
-    assert up == down, "the blind rule read the gains"
-    assert walk(0, +1.0) == up and walk(1, +1.0) != up
-    assert len(up) == 49 and all(0 <= j <= 7 for j in up)
-    steps = [b - a for a, b in zip([4, *up], up)]
-    assert set(steps) <= {-1, 0, +1} and {-1, +1} <= set(steps)  # 0 only where a clip held it
-    # the real rule, given the same gains, climbs to the most external groups it allows
-    assert walk(None, +1.0)[-1] == AdaptiveBalance(total=8).max_external
-
-
-def test_compile_smoke(capsys, monkeypatch, tmp_path):
-    # In this process, like the roofline smoke; dynamo with its eager backend (no inductor code
-    # generation): 17 s at load average 4.6 on 2 cores, most of it importing torch and transformers
-    # when it runs first, and dynamo tracing the HF model. The script's dynamo settings and
-    # compiled code are undone afterwards.
-    import torch
-    import torch._dynamo
-    import torch._inductor.config
-
-    monkeypatch.syspath_prepend(str(BENCH))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", torch._inductor.config.compile_threads)
-    import compile as compile_bench
-
-    threads = torch.get_num_threads()
-    try:
-        assert compile_bench.main(["--smoke", "--models-dir", str(tmp_path / "models")]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        torch._dynamo.reset()
-    out = capsys.readouterr().out
-    # print_rows separates cells by two spaces or more; a cell such as "12.0 / 13.0" has single ones
-    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith(("layer/", "hf static"))]
-    assert [r[0] for r in rows] == ["layer/oneDNN op", "hf static"], out
-    for row in rows:  # each compiled at least one graph, and its rates, compiled and not, are positive
-        assert int(row[5].split()[0]) > 0, row
-        rates = [float(x) for cell in row[7:10] if cell != "-" for x in cell.split(" / ")]
-        assert len(rates) >= 4 and min(rates) > 0, row
-    assert "failed:" not in out, out
 
 
 def longrun_check(verdict: str) -> tuple[str, str]:
