@@ -14,18 +14,14 @@ spacing and case, signs, fraction and matrix styles, random formulas, payloads a
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench import verifier_030  # the verifier before #38, one copy
 from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, premises_hold
 from sapo.training.rewards import extract_answer, is_correct, score_completion
 from sapo.training.task_scorers import SCORERS
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import verifier_030  # noqa: E402 - bench/verifier_030.py: the verifier before #38, one copy
 
 # The easiest settings, and the far corners of what the allowlist lets a peer ask for.
 CONFIGS: dict[str, list[dict]] = {
