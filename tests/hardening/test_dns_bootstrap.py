@@ -19,7 +19,7 @@ import pytest
 
 from bench.gossip_peer import PeerProcess, write_groups
 from bench.nat_topology import NatTopology, missing
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.processes import PLUMBING, NodeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import json
 import time
 
 from bench.gossip_peer import PeerProcess
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.groups import honest_group
+from tests.support.processes import PLUMBING, NodeProcess
 from tests.support.standard_peer import STANDARD_PEER
 
 SECONDS = 60.0

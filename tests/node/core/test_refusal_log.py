@@ -10,7 +10,7 @@ from sapo.node.core.intake import Intake
 from sapo.protocol.codec import DecodeLimits, encode
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
-from tests.protocol.strategies import SAMPLE_SENDER, sample_message
+from tests.support.strategies import SAMPLE_SENDER, sample_message
 
 START = 1_700_000_000.0
 

@@ -11,7 +11,7 @@ import trio
 
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
-from tests.node.core.test_node_state import PEER, member, tiny_node
+from tests.support.tiny_nodes import PEER, member, tiny_node
 
 # The inbox holds one round of the peer's groups, and nothing here depends on what is not in a
 # checkpoint (the inbox's contents and the authors' standing): the peer's newest 6 groups are
