@@ -11,9 +11,9 @@ large fp32 tensors, counted as 2 x size bytes moved (read src + write dst), best
 `--repeats`. With `--threads 1` that is what one node using one torch thread can draw; it is
 then timed on the process's CPU clock, so a busy machine does not hide it (much).
 
-    .venv/bin/python bench/bandwidth.py                            # copy bandwidth, decode bounds
-    .venv/bin/python bench/bandwidth.py --models smollm2-135m --context 256
-    .venv/bin/python bench/bandwidth.py --smoke
+    .venv/bin/python -m bench.bandwidth                            # copy bandwidth, decode bounds
+    .venv/bin/python -m bench.bandwidth --models smollm2-135m --context 256
+    .venv/bin/python -m bench.bandwidth --smoke
 
 A model whose weights fit in the CPU caches (the tiny ones, about 5 MB) is not bounded by
 memory at all: its bound is printed but means little; there the limit is per-step overhead.

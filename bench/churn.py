@@ -13,9 +13,9 @@ expected at every other node that had joined (first connected, plus `--settle` s
 mesh to take it in) before t and was still up at t + `--grace`. A node that stops without
 being told to (a crash, a hang) fails the run.
 
-    .venv/bin/python bench/churn.py                         # 12 nodes, churn every 20 s for 3 min
-    .venv/bin/python bench/churn.py --nodes 6 --every 10 --minutes 0.75
-    .venv/bin/python bench/churn.py --smoke
+    .venv/bin/python -m bench.churn                         # 12 nodes, churn every 20 s for 3 min
+    .venv/bin/python -m bench.churn --nodes 6 --every 10 --minutes 0.75
+    .venv/bin/python -m bench.churn --smoke
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gossip_peer import PeerProcess, write_groups  # noqa: E402
-from gossip_swarm import percentile  # noqa: E402
+from bench.gossip_peer import PeerProcess, write_groups
+from bench.gossip_swarm import percentile
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

@@ -17,9 +17,9 @@ mechanism that opens more than it was asked for costs every message a copy), del
 latency of `--seconds` of rollout groups, and then churn: `--replace` nodes leave and as many
 new ones join, and we count the new nodes' failed dials (stale entries) and their time to target.
 
-    .venv/bin/python bench/discovery.py                     # 16 nodes, target 4, all three
-    .venv/bin/python bench/discovery.py --nodes 8 --mechanisms sapo,kademlia
-    .venv/bin/python bench/discovery.py --smoke
+    .venv/bin/python -m bench.discovery                     # 16 nodes, target 4, all three
+    .venv/bin/python -m bench.discovery --nodes 8 --mechanisms sapo,kademlia
+    .venv/bin/python -m bench.discovery --smoke
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gossip_groups import build_groups  # noqa: E402
-from gossip_swarm import SWARM, BenchNode, Totals, percentile, publish_rounds, receive  # noqa: E402
+from bench.gossip_groups import build_groups
+from bench.gossip_swarm import SWARM, BenchNode, Totals, percentile, publish_rounds, receive
 
 MECHANISMS = ("sapo", "rendezvous", "kademlia")
 NAMESPACE = "sapo/bench"

@@ -15,10 +15,10 @@ round. A group is one easy basic_arithmetic question with 8 completions of about
 characters of reasoning-like text ending in <answer>N</answer>. Receivers decode every frame
 with the real codec (bounded, validated), as a node's intake does before its checks.
 
-    .venv/bin/python bench/gossip.py                 # 8 nodes, 30 s
-    .venv/bin/python bench/gossip.py --nodes 3 --topology chain
-    .venv/bin/python bench/gossip.py --nodes 16 --processes --discovery both
-    .venv/bin/python bench/gossip.py --smoke         # 3 nodes, 5 s
+    .venv/bin/python -m bench.gossip                 # 8 nodes, 30 s
+    .venv/bin/python -m bench.gossip --nodes 3 --topology chain
+    .venv/bin/python -m bench.gossip --nodes 16 --processes --discovery both
+    .venv/bin/python -m bench.gossip --smoke         # 3 nodes, 5 s
 
 Latency is from just before `publish()` to the receiving node's `received_at` (the same
 clock: time.time() on one machine). Delivery ratio = delivered / (published x (N - 1)); after the last publish the
@@ -38,11 +38,9 @@ from pathlib import Path
 
 import trio
 
-# BenchNode and build_groups: bench/gossip_peer.py imports them from here
-from gossip_groups import build_groups  # noqa: F401
-from gossip_processes import child_main, run_processes
-from gossip_report import print_comparison, print_report
-from gossip_swarm import BenchNode, run_swarm  # noqa: F401
+from bench.gossip_processes import child_main, run_processes
+from bench.gossip_report import print_comparison, print_report
+from bench.gossip_swarm import run_swarm
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

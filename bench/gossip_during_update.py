@@ -21,10 +21,10 @@ overlaps a busy phase, for "idle" only if its whole flight lies inside an idle p
 message B sent but A never got is charged to the phase it was sent in. A's trio loop lag (how
 late a 10 ms sleep wakes up) is printed beside it: it is what a slow delivery waits for.
 
-    .venv/bin/python bench/gossip_during_update.py                              # tiny, 3 cycles
-    .venv/bin/python bench/gossip_during_update.py --model smollm2-135m --lora  # the real figure
-    .venv/bin/python bench/gossip_during_update.py --smoke                      # tiny, one 5 s cycle
-    .venv/bin/python bench/gossip_during_update.py --busy generate --switch-interval 0.001   # generation
+    .venv/bin/python -m bench.gossip_during_update                              # tiny, 3 cycles
+    .venv/bin/python -m bench.gossip_during_update --model smollm2-135m --lora  # the real figure
+    .venv/bin/python -m bench.gossip_during_update --smoke                      # tiny, one 5 s cycle
+    .venv/bin/python -m bench.gossip_during_update --busy generate --switch-interval 0.001   # generation
 
 With `--busy generate` the busy phases run `generate_groups` on the round's questions back to back
 instead (the per-token decoding loop and the verifier, which hold the GIL between torch ops);
@@ -48,8 +48,9 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from gossip_groups import build_groups
-from update_latency_report import LAG_PROBE_SECONDS, Record, print_report
+
+from bench.gossip_groups import build_groups
+from bench.update_latency_report import LAG_PROBE_SECONDS, Record, print_report
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
@@ -298,7 +299,8 @@ async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[
             nursery.start_soon(receive, incoming, record)
             command = [
                 sys.executable,
-                str(Path(__file__).resolve()),  # noqa: ASYNC240 - once, before the measurement
+                "-m",
+                "bench.gossip_during_update",
                 "--sender",
                 service.listen_addrs[0],
                 "--seed",
@@ -308,7 +310,8 @@ async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[
                 "--settle-seconds",
                 str(args.settle_seconds),
             ]
-            sender = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220 - it talks over pipes
+            pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True, "cwd": BENCH.parent}
+            sender = subprocess.Popen(command, **pipes)  # noqa: ASYNC220 - it talks over pipes
             try:
                 started = time.monotonic()
                 # The sender starts up while the policy loads; both take seconds.

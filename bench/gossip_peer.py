@@ -7,7 +7,7 @@ frame it receives with the real codec. What it leaves out is the model: generati
 training take a node minutes per round and would say nothing about the network. NAT tests and
 benchmarks use it to run 10-20 peers on two cores.
 
-    python bench/gossip_peer.py --data-dir D --listen /ip4/0.0.0.0/tcp/4001 \
+    python -m bench.gossip_peer --data-dir D --listen /ip4/0.0.0.0/tcp/4001 \
         --peers /ip4/198.51.100.2/tcp/4001/p2p/12D3KooW... --rate 0.5 --settings '{"relay": "off"}'
 
 It appends one JSON object per line to `--events` (a file, so that a parent that reads late
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-BENCH = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m bench.gossip_peer` runs
 SWARM = "bench"
 
 
@@ -96,7 +96,7 @@ def load_groups(args: argparse.Namespace) -> list:
         from sapo.training.rollouts import QuestionGroup
 
         return [QuestionGroup.model_validate(g) for g in json.loads(args.groups_file.read_text())]
-    from gossip import build_groups  # bench/ is on sys.path: peer_main put it there
+    from bench.gossip_groups import build_groups
 
     return build_groups(args.index, 0)
 
@@ -164,9 +164,7 @@ async def ask_for_groups(service, count: int) -> None:
 
 
 async def peer_main(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(BENCH))
-    from gossip import BenchNode
-
+    from bench.gossip_swarm import BenchNode
     from sapo.protocol.codec import DecodeLimits
     from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.network import open_network
@@ -206,8 +204,7 @@ async def peer_main(args: argparse.Namespace) -> None:
 def write_groups(path: Path, index: int = 0, **size) -> Path:
     """One pool of real groups for every peer to publish (each peer's frames still differ:
     its peer id, round and time are in them); saves every child the reasoning-gym import."""
-    sys.path.insert(0, str(BENCH))
-    from gossip import build_groups
+    from bench.gossip_groups import build_groups
 
     path.write_text(json.dumps([g.model_dump(mode="json") for g in build_groups(index, 0, **size)]))
     return path
@@ -215,8 +212,8 @@ def write_groups(path: Path, index: int = 0, **size) -> Path:
 
 class PeerProcess:
     """A gossip_peer.py child (optionally inside a namespace); its event lines are collected.
-    `script` runs another program with the same command line and event lines instead
-    (tests/hardening/standard_peer.py: a standard libp2p peer)."""
+    `module` runs another program with the same command line and event lines instead
+    (tests/support/standard_peer.py: a standard libp2p peer)."""
 
     def __init__(
         self,
@@ -236,7 +233,7 @@ class PeerProcess:
         wait_go: bool = False,
         state_seconds: float | None = None,
         fetch: int = 0,
-        script: Path = BENCH / "gossip_peer.py",
+        module: str = "bench.gossip_peer",
     ):
         self.name = name
         self.events: list[dict] = []
@@ -249,7 +246,8 @@ class PeerProcess:
         cmd = [
             *prefix,
             sys.executable,
-            str(script),
+            "-m",
+            module,
             "--data-dir",
             str(data_dir),
             "--events",
@@ -277,7 +275,7 @@ class PeerProcess:
             cmd += ["--state-seconds", str(state_seconds)]
         if fetch:
             cmd += ["--fetch", str(fetch)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, bufsize=0)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log, bufsize=0, cwd=ROOT)
         self.started_at = time.time()
         self.stopped_at: float | None = None
         self.peer_id: str | None = None

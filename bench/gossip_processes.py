@@ -20,10 +20,11 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from gossip_groups import build_groups
-from gossip_swarm import BenchNode, Totals, gossip_settings, publish_rounds
 
-GOSSIP_SCRIPT = Path(__file__).resolve().with_name("gossip.py")  # each child is the benchmark's own command line
+from bench.gossip_groups import build_groups
+from bench.gossip_swarm import BenchNode, Totals, gossip_settings, publish_rounds
+
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m bench.gossip` runs its children
 # A child imports libp2p (~2.5 s of CPU); 32 of them on 2 cores that other jobs keep busy take minutes.
 CHILD_START_SECONDS_PER_NODE = 20.0
 
@@ -129,7 +130,8 @@ def child_command(args: argparse.Namespace, tmp: str, discover: bool) -> list[st
     """The command line every child shares (bench/gossip.py's own), less its index and bootstrap."""
     return [
         sys.executable,
-        str(GOSSIP_SCRIPT),
+        "-m",
+        "bench.gossip",  # each child is the benchmark's own command line
         "--child-dir",
         tmp,
         "--nodes",
@@ -176,6 +178,7 @@ def start_children(
             stdout=subprocess.PIPE,
             stderr=logs[i],
             bufsize=0,
+            cwd=ROOT,
         )
         children.append(proc)
         readers.append(LineReader(proc))

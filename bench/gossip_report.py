@@ -6,8 +6,8 @@ import argparse
 import os
 import platform
 
-from gossip_groups import COMPLETION_CHARS, COMPLETIONS_PER_GROUP
-from gossip_swarm import Totals, percentile
+from bench.gossip_groups import COMPLETION_CHARS, COMPLETIONS_PER_GROUP
+from bench.gossip_swarm import Totals, percentile
 
 
 def print_report(args: argparse.Namespace, result: dict) -> None:

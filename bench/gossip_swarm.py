@@ -18,7 +18,8 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from gossip_groups import build_groups
+
+from bench.gossip_groups import build_groups
 
 SWARM = "bench"
 

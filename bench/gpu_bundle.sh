@@ -200,7 +200,7 @@ for k in range(1, len(sizes) + 1):
                    f"sha256sum {box_parts}/* && df -h /var/tmp | tail -1")
         timeout = 120
     else:
-        command = (f"mkdir -p {box_parts} && PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --bundle .gpu/t{k} "
+        command = (f"mkdir -p {box_parts} && PYTHONUNBUFFERED=1 python3 -m bench.gpu_check --bundle .gpu/t{k} "
                    f"--parts {box_parts} --out $OUT --minutes 9")
         timeout = 600
     assert len(command) < 2000

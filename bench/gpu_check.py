@@ -1,7 +1,7 @@
 """One prepared check for a short, offline GPU box: the CUDA path end to end in about 10 minutes.
 
-    python3 bench/gpu_check.py --bundle .gpu/t3 --out $OUT          # on the box (bench/gpu_bundle.sh prints it)
-    .venv/bin/python bench/gpu_check.py --device cpu --rehearsal --out /tmp/gpu-rehearsal   # here, tiny models
+    python3 -m bench.gpu_check --bundle .gpu/t3 --out $OUT          # on the box (bench/gpu_bundle.sh prints it)
+    .venv/bin/python -m bench.gpu_check --device cpu --rehearsal --out /tmp/gpu-rehearsal   # here, tiny models
 
 Every part runs the product's own code through its command line, in a child process with its
 own time budget; a part that fails or runs out of time is recorded and the next one starts:
@@ -38,8 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_check_outputs import card_slug, machine_info, write_outputs
-from gpu_check_parts import (
+from bench.gpu_check_outputs import card_slug, machine_info, write_outputs
+from bench.gpu_check_parts import (
     BENCH,
     COMMANDS,
     READERS,
@@ -51,7 +51,7 @@ from gpu_check_parts import (
     study_command,
     study_outcome,
 )
-from gpu_check_prepare import prepare
+from bench.gpu_check_prepare import prepare
 
 PARTS = ("prepare", "tests", "round", "roofline", "shared", "study")
 REHEARSAL_TESTS = "tests/training/test_cuda.py,tests/node/daemon/test_cuda_node.py"

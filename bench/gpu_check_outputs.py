@@ -15,7 +15,7 @@ import tarfile
 from dataclasses import asdict
 from pathlib import Path
 
-from gpu_check_parts import Outcome, Setup
+from bench.gpu_check_parts import Outcome, Setup
 
 MAX_FILE_BYTES = 16 * 2**20  # the device's limit on each file handed back
 MAX_LOGGED_BYTES = 4 * 2**20  # a file larger than this (a checkpoint, say) stays out of logs.tar.gz

@@ -89,7 +89,8 @@ def round_command(args, setup: Setup) -> list[str]:
     )
     return [
         setup.python,
-        str(BENCH / "round.py"),
+        "-m",
+        "bench.round",
         "--models",
         setup.model,
         "--device",
@@ -128,7 +129,8 @@ def roofline_command(args, setup: Setup) -> list[str]:
     )
     return [
         setup.python,
-        str(BENCH / "roofline.py"),
+        "-m",
+        "bench.roofline",
         "--model",
         setup.model,
         "--device",
@@ -164,7 +166,8 @@ def shared_command(args, setup: Setup) -> list[str]:
     )
     return [
         setup.python,
-        str(BENCH / "shared_base.py"),
+        "-m",
+        "bench.shared_base",
         "--model",
         setup.model,
         "--device",

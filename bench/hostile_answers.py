@@ -8,7 +8,7 @@ string. Reports the CPU per completion (the slowest of `--repeats`), then a whol
 completions through the real intake (frame decoded, problem regenerated, every completion scored).
 The old scorer runs once per case and only where it is safe to run (never on the `eval` string).
 
-    .venv/bin/python bench/hostile_answers.py > bench/results/hostile-answers/README.md
+    .venv/bin/python -m bench.hostile_answers > bench/results/hostile-answers/README.md
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import verifier_030
-
+from bench import verifier_030
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.core.intake import Intake
@@ -138,7 +137,7 @@ def main() -> None:
         args.repeats = 1
     cpu_model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line), "?")
     print("# Hostile answers: CPU to score, 0.3.0's verifier against the strict grammars\n")
-    print(f"`.venv/bin/python bench/hostile_answers.py{' --old' if args.old else ''}` on {cpu_model}, one thread.\n")
+    print(f"`.venv/bin/python -m bench.hostile_answers{' --old' if args.old else ''}` on {cpu_model}, one thread.\n")
     print("CPU milliseconds for one completion (the slowest of", args.repeats, "runs; old: one run), with its")
     print("score now (and old's); then the slowest whole group of one such completion repeated, through the real")
     print("intake (decoded, regenerated, scored), with how many completions the codec let it hold (64 at most,")

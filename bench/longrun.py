@@ -27,10 +27,10 @@ allocator's high-water mark once):
   time per token neither;
 - progress: every node finished rounds in the last quarter.
 
-    .venv/bin/python bench/longrun.py                          # 2 hours, into bench/results/longrun-<time>
-    nice -n 5 .venv/bin/python bench/longrun.py --minutes 20 --note "what else ran"
-    .venv/bin/python bench/longrun.py --from bench/results/longrun-<time>  # table, plot, verdicts again
-    .venv/bin/python bench/longrun.py --smoke                  # the tiny model, 30 s, 3 s samples
+    .venv/bin/python -m bench.longrun                          # 2 hours, into bench/results/longrun-<time>
+    nice -n 5 .venv/bin/python -m bench.longrun --minutes 20 --note "what else ran"
+    .venv/bin/python -m bench.longrun --from bench/results/longrun-<time>  # table, plot, verdicts again
+    .venv/bin/python -m bench.longrun --smoke                  # the tiny model, 30 s, 3 s samples
 
 Any other flag is a node setting passed to every node (as `sapo-node swarm` does).
 
@@ -48,8 +48,8 @@ import sys
 import time
 from pathlib import Path
 
-from longrun_report import report
-from longrun_swarm import ROOT, run
+from bench.longrun_report import report
+from bench.longrun_swarm import ROOT, run
 
 # RUN_ARGS of the Makefile (`make run`), less --nodes and --data-dir, which the bench sets.
 MAKE_RUN_ARGS = [

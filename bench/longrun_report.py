@@ -8,7 +8,7 @@ import statistics
 import textwrap
 from pathlib import Path
 
-from longrun_verdicts import by_node, cpu_per_token, round_times, verdicts
+from bench.longrun_verdicts import by_node, cpu_per_token, round_times, verdicts
 
 # (key, panel title, divisor, unit) in the order of the table and the plot.
 QUANTITIES = [

@@ -52,9 +52,9 @@ def matmul_gflops(weights: list[torch.Tensor], batch: int, kernel: str, seconds:
     x = torch.randn(batch, inp, device=weights[0].device).to(weights[0].dtype)
     linear = F.linear
     if kernel == "packed":  # training/decoding.py's kernel
-        from sapo.training.llama_decoder import _onednn_linear, _onednn_packer
+        from sapo.training.decoder_weights import onednn_linear, onednn_packer
 
-        packer, linear = _onednn_packer(weights[0].dtype, weights[0].device, batch), _onednn_linear
+        packer, linear = onednn_packer(weights[0].dtype, weights[0].device, batch), onednn_linear
         if packer is None:
             return float("nan")
         weights = [packer(w) for w in weights]

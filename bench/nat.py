@@ -18,9 +18,9 @@ Both runs start measuring only once the peers form one connected swarm (each has
 another NATed peer and there are no islands). Delivery = groups received / (published x (N-1)),
 latency from just before publish() to the receiver's arrival time (one machine, one clock).
 
-    sudo .venv/bin/python bench/nat.py                      # 16 NATed peers, 0.5 groups/s each, 60 s
-    sudo .venv/bin/python bench/nat.py --nated 8 --seconds 30 --runs punched
-    sudo .venv/bin/python bench/nat.py --smoke              # 3 peers, 10 s, both runs
+    sudo .venv/bin/python -m bench.nat                      # 16 NATed peers, 0.5 groups/s each, 60 s
+    sudo .venv/bin/python -m bench.nat --nated 8 --seconds 30 --runs punched
+    sudo .venv/bin/python -m bench.nat --smoke              # 3 peers, 10 s, both runs
 """
 
 from __future__ import annotations
@@ -34,11 +34,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gossip_peer import PeerProcess, write_groups  # noqa: E402
-from gossip_swarm import percentile  # noqa: E402
-from nat_topology import NatTopology, missing  # noqa: E402
+from bench.gossip_peer import PeerProcess, write_groups
+from bench.gossip_swarm import percentile
+from bench.nat_topology import NatTopology, missing
 
 RELAY_ONLY_SWARM = "relay-only"  # the bootstrap's own swarm (topic): it carries none of the swarm's groups
 START_SECONDS_PER_PEER = 15.0

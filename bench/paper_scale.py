@@ -9,9 +9,9 @@ round. All 8 nodes live in one process on the GPU and take turns (the study's to
   full fine-tuning, bf16 autocast: 8 x (2 GB weights + 4 GB Adam) fits a 40 GB+ card;
 - or smollm2-135m (offline, this project's built-in default) when the hub cannot be reached.
 
-    .venv/bin/python bench/paper_scale.py --dry-run                # print the command and the plan
-    .venv/bin/python bench/paper_scale.py --model smollm2-135m      # offline
-    .venv/bin/python bench/paper_scale.py --max-minutes 600         # stop starting rounds after 10 h
+    .venv/bin/python -m bench.paper_scale --dry-run                # print the command and the plan
+    .venv/bin/python -m bench.paper_scale --model smollm2-135m      # offline
+    .venv/bin/python -m bench.paper_scale --max-minutes 600         # stop starting rounds after 10 h
 
 Not run by this project yet: no GPU was lent to it. On a CPU it refuses to start (a SmolLM2 node
 takes minutes per round there at the paper's batch; bench/smollm2_study.sh is the CPU-sized

@@ -22,10 +22,10 @@ its honest peers' latest winning completions and on the attackers', for the scre
 verifier as it was before training/task_scorers.py: reasoning-gym's own `score_answer` on the
 extracted answer, for the in-answer attack's "before".
 
-    .venv/bin/python bench/poisoning.py --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
+    .venv/bin/python -m bench.poisoning --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
         --out bench/results/poisoning-<date>/after-ooc-1of4
-    .venv/bin/python bench/poisoning.py ... --defences off   # the node before docs/security.md's defences
-    .venv/bin/python bench/poisoning.py --attack in-answer --verifier reasoning-gym ...  # the scorer before #38
+    .venv/bin/python -m bench.poisoning ... --defences off   # the node before docs/security.md's defences
+    .venv/bin/python -m bench.poisoning --attack in-answer --verifier reasoning-gym ...  # the scorer before #38
 
 Summaries, the plot and the ROC: bench/poisoning_report.py.
 """
@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 import trio
-import verifier_030
 
+from bench import verifier_030
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Verdict
 from sapo.node.core.memory_exchange import MemoryExchange, MemoryHub
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     rows_file.close()
     probes_file.close()
     if args.smoke:
-        from poisoning_report import summarize, table  # a sibling script, as bench/ scripts import each other
+        from bench.poisoning_report import summarize, table  # a sibling script, as bench/ scripts import each other
 
         print(table([summarize(args.out, 3)], 3))
 

@@ -2,7 +2,7 @@
 window of rounds, the honest nodes' accuracy, the screen's operating point and its ROC, and one
 plot of success over rounds.
 
-    .venv/bin/python bench/poisoning_report.py bench/results/poisoning-2026-12-04
+    .venv/bin/python -m bench.poisoning_report bench/results/poisoning-2026-12-04
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ machine hide little; the load average says how much they could):
    `--steps` (no EOS), and the prefill is taken out by subtracting a 1-token run;
 4. one real `sample_completions` round (4 prompts x 8 samples, early stops), end to end.
 
-    .venv/bin/python bench/roofline.py                       # smollm2-135m, about 5 minutes
-    .venv/bin/python bench/roofline.py --batches 8,32 --no-hf
-    .venv/bin/python bench/roofline.py --smoke               # tiny, seconds
-    python bench/roofline.py --device cuda --batches 32,256  # on a GPU (bench/gpu_check.py)
+    .venv/bin/python -m bench.roofline                       # smollm2-135m, about 5 minutes
+    .venv/bin/python -m bench.roofline --batches 8,32 --no-hf
+    .venv/bin/python -m bench.roofline --smoke               # tiny, seconds
+    python -m bench.roofline --device cuda --batches 32,256  # on a GPU (bench/gpu_check.py)
 
 On a GPU (`--device cuda`) every time is wall time after a synchronize, the matmuls are cuBLAS's
 (no oneDNN packing), `generate` runs on a bf16 copy of the model, and the card's own roof is
@@ -47,10 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
-from matmul_rate import Clock, kernels_on, matmul_gflops, peak_matmul_tflops, streamed_weights
-from roofline_decode import decode_tokens_per_s, hf_seconds, ours_seconds, real_round
-from text_table import print_rows
+
+from bench.bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
+from bench.matmul_rate import Clock, kernels_on, matmul_gflops, peak_matmul_tflops, streamed_weights
+from bench.roofline_decode import decode_tokens_per_s, hf_seconds, ours_seconds, real_round
+from bench.text_table import print_rows
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

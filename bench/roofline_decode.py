@@ -5,7 +5,8 @@ prefill taken out, and one real `sample_completions` round."""
 from __future__ import annotations
 
 import torch
-from matmul_rate import Clock
+
+from bench.matmul_rate import Clock
 
 
 class _NoEndOfText:

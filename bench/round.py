@@ -12,9 +12,9 @@ through its own public API (bench/peer_bench/): Gensyn's genrl 0.1.11 and 0.3.0 
 token), same G, max_new_tokens, LoRA, lr, seed and torch threads. A peer that is not
 installed or fails is reported with its error, never given a row.
 
-    .venv/bin/python bench/round.py                      # tiny and smollm2-135m, sapo vs genrl vs TRL
-    .venv/bin/python bench/round.py --models tiny --rounds 3 --no-lora --peers none
-    .venv/bin/python bench/round.py --smoke              # tiny only, tiny sizes, < 20 s without peers
+    .venv/bin/python -m bench.round                      # tiny and smollm2-135m, sapo vs genrl vs TRL
+    .venv/bin/python -m bench.round --models tiny --rounds 3 --no-lora --peers none
+    .venv/bin/python -m bench.round --smoke              # tiny only, tiny sizes, < 20 s without peers
     bash bench/peer_bench/setup.sh                       # makes the peer venvs in bench/peers/
 
 A round whose groups all have equal rewards has nothing to learn, and `grpo_update` skips it
@@ -38,10 +38,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bandwidth import copy_bandwidth_gbs
-from round_peers import DEFAULT_PEERS_DIR, PEERS, run_peer
-from round_report import add_decode_bound, load_average, print_table
-from round_sapo import run_model
+from bench.bandwidth import copy_bandwidth_gbs
+from bench.round_peers import DEFAULT_PEERS_DIR, PEERS, run_peer
+from bench.round_report import add_decode_bound, load_average, print_table
+from bench.round_sapo import run_model
 
 RESULT_MARKER = "BENCH_ROUND_RESULT "
 BENCH = Path(__file__).resolve().parent
@@ -141,9 +141,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_child(args: argparse.Namespace, model: str, argv: list[str]) -> dict:
-    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--worker", model]
+    command = [sys.executable, "-m", "bench.round", *argv, "--worker", model]
     # stderr (progress lines, library warnings) passes straight through to ours.
-    child = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    child = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=BENCH.parent)
     for line in child.stdout.splitlines():
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER) :])

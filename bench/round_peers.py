@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from peer_bench.common import RESULT_MARKER as PEER_RESULT_MARKER
+from bench.peer_bench.common import RESULT_MARKER as PEER_RESULT_MARKER
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_PEERS_DIR = BENCH / "peers"

@@ -6,9 +6,9 @@ import argparse
 import os
 import platform
 
-from bandwidth import DecodeGeometry, decode_bound_tokens_per_s
-from round_sapo import TASK
-from text_table import print_rows
+from bench.bandwidth import DecodeGeometry, decode_bound_tokens_per_s
+from bench.round_sapo import TASK
+from bench.text_table import print_rows
 
 # (header, format) of each column of the two tables: times, then the details beside them
 TIME_COLUMNS = [

@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bandwidth import DecodeGeometry
-from peer_bench.common import STEPS, force_signal, peak_rss_mb, reset_peak_rss, summarize
+from bench.bandwidth import DecodeGeometry
+from bench.peer_bench.common import STEPS, force_signal, peak_rss_mb, reset_peak_rss, summarize
 
 TASK = "basic_arithmetic"  # its easy settings (training.tasks.EASY_CONFIGS): SmolLM2 scores here
 
@@ -289,7 +289,7 @@ def hf_generate(policy, prompts: list[str], args: argparse.Namespace) -> dict:
 def update_bound(args: argparse.Namespace, policy, rounds: list[dict]) -> dict | None:
     """The timed rounds' update against its compute bound (bench/update_bound.py): the matmul
     FLOPs of its forward and input-gradient passes, at this thread's measured fp32 and bf16 rates."""
-    from update_bound import UpdateWork, bound_seconds, matmul_rates, update_flops
+    from bench.update_bound import UpdateWork, bound_seconds, matmul_rates, update_flops
 
     if not args.bound:
         return None

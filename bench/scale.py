@@ -14,10 +14,10 @@ scale_model.py fits a cost model to these rows (per delivered group, per fetch, 
 second) and extrapolates to 1,000 and 10,000 nodes; scale_report.py prints the table and draws
 the figure from the rows alone.
 
-    nice -n 5 .venv/bin/python bench/scale.py                           # the sweep: 8-64 nodes, both modes
-    .venv/bin/python bench/scale.py --sizes 128 --modes fetch          # appended to the same rows
-    .venv/bin/python bench/scale.py --report                            # table, model, figure from the rows
-    .venv/bin/python bench/scale.py --smoke                             # 4 and 6 nodes, both modes, < 60 s
+    nice -n 5 .venv/bin/python -m bench.scale                           # the sweep: 8-64 nodes, both modes
+    .venv/bin/python -m bench.scale --sizes 128 --modes fetch          # appended to the same rows
+    .venv/bin/python -m bench.scale --report                            # table, model, figure from the rows
+    .venv/bin/python -m bench.scale --smoke                             # 4 and 6 nodes, both modes, < 60 s
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import trio
-from scale_swarm import Plan, load_average, run_scale, say
+
+from bench.scale_swarm import Plan, load_average, run_scale, say
 
 OUT = Path(__file__).resolve().parent / "results" / "scale"
 MODES = {"before": "gossip", "after": "fetch"}
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out = Path(tempfile.mkdtemp(prefix="sapo-scale-smoke-")) if args.smoke else OUT
     if not args.report:
         args.out.mkdir(parents=True, exist_ok=True)
-        command = shlex.join(["python", "bench/scale.py", *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(["python", "-m", "bench.scale", *(sys.argv[1:] if argv is None else argv)])
         for nodes in args.size_list:
             for mode in args.mode_list:
                 plan = plan_for(mode, nodes, args)
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 with (args.out / "rows.jsonl").open("a") as rows:
                     rows.write(json.dumps(asdict(row)) + "\n")
                 say(f"{mode} N={nodes}: row written (load {row.load_before} -> {row.load_after})")
-    from scale_report import report  # after the runs: a report bug must not cost a sweep's rows
+    from bench.scale_report import report  # after the runs: a report bug must not cost a sweep's rows
 
     return report(args.out, j=args.j, smoke=args.smoke)
 

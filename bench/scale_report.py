@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scale_model import (
+from bench.scale_model import (
     GROUPS_PER_AUTHOR,
     PACE_ROUND_S,
     SATURATED,
@@ -25,7 +25,7 @@ from scale_model import (
     uniform_authors,
     validate,
 )
-from text_table import print_rows
+from bench.text_table import print_rows
 
 LABEL = {"gossip": "before (gossip)", "fetch": "after (fetch)"}
 # Issue #31's goal for a node in a swarm of 10,000, at make run's pace.

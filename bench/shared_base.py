@@ -15,9 +15,9 @@ Memory is the peak of the summed resident set of the processes of a mode, sample
 on a GPU (`--device cuda`) it is the device's memory in use (NVML, the CUDA contexts included)
 above what was in use before the mode started, and each process's own peak reserved by torch.
 
-    .venv/bin/python bench/shared_base.py                      # 8 x smollm2-135m, about 10 minutes on 2 cores
-    .venv/bin/python bench/shared_base.py --smoke                # 2 x tiny
-    python bench/shared_base.py --device cuda                    # on a GPU (bench/gpu_check.py)
+    .venv/bin/python -m bench.shared_base                      # 8 x smollm2-135m, about 10 minutes on 2 cores
+    .venv/bin/python -m bench.shared_base --smoke                # 2 x tiny
+    python -m bench.shared_base --device cuda                    # on a GPU (bench/gpu_check.py)
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 import psutil
-from shared_base_report import Measured, gpu_reserved, json_records, modes_of, print_header, print_table
+
+from bench.shared_base_report import Measured, gpu_reserved, json_records, modes_of, print_header, print_table
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
@@ -249,7 +250,8 @@ def gpu_index(device: str) -> int | None:
 def spawn(args, worker: str, node: int = 0) -> subprocess.Popen:
     argv = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        "bench.shared_base",
         "--worker",
         worker,
         "--node",
@@ -275,7 +277,7 @@ def spawn(args, worker: str, node: int = 0) -> subprocess.Popen:
         "--device",
         args.device,
     ]
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=BENCH)
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=BENCH.parent)
 
 
 def wait_for(process: subprocess.Popen, word: str) -> None:

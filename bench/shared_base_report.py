@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Protocol
 
-from text_table import print_rows
+from bench.text_table import print_rows
 
 
 class PeakMemory(Protocol):

@@ -13,8 +13,8 @@ flood: a real `sapo-node start` process; one attacker network (open_network) pub
        node's peer guard banned it (protocol/peer_guard.py) and dropped its connection, and
        how often its redials were refused.
 
-    .venv/bin/python bench/soak.py                    # 400/s flood for 20 s
-    .venv/bin/python bench/soak.py --smoke            # an 8 s flood
+    .venv/bin/python -m bench.soak                    # 400/s flood for 20 s
+    .venv/bin/python -m bench.soak --smoke            # an 8 s flood
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # for tests.protocol.strategies when run as a script
 
 LISTEN = re.compile(r"listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/(\w+))")
 INBOX_CAP = 512  # the node's --inbox-max-groups: the flood must not fill it past this

@@ -6,9 +6,9 @@ A study shows learning only on a task where the model starts low but not at zero
 group is flat and GRPO has nothing to learn from, near 1 there is nothing left to learn.
 bench/gpu_check.py's short study uses the task this picks.
 
-    .venv/bin/python bench/start_accuracy.py                          # smollm2-135m, the nine tasks
-    .venv/bin/python bench/start_accuracy.py --tasks basic_arithmetic,bf --questions 8
-    .venv/bin/python bench/start_accuracy.py --smoke                  # tiny, two tasks, seconds
+    .venv/bin/python -m bench.start_accuracy                          # smollm2-135m, the nine tasks
+    .venv/bin/python -m bench.start_accuracy --tasks basic_arithmetic,bf --questions 8
+    .venv/bin/python -m bench.start_accuracy --smoke                  # tiny, two tasks, seconds
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from text_table import print_rows
+from bench.text_table import print_rows
 
 DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 

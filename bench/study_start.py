@@ -3,8 +3,8 @@ experiment` evaluates every --eval-every rounds, never before the first, so a st
 starts its held-out curve at round --eval-every. This builds a run exactly as the study does
 (the same flags, nodes and held-out questions) and evaluates each of its nodes before it trains.
 
-    .venv/bin/python bench/study_start.py --model tiny --nodes 2 --configs 8/0 --eval-every 5
-    .venv/bin/python bench/study_start.py FLAGS --json ROWS    # FLAGS: the study's own, verbatim
+    .venv/bin/python -m bench.study_start --model tiny --nodes 2 --configs 8/0 --eval-every 5
+    .venv/bin/python -m bench.study_start FLAGS --json ROWS    # FLAGS: the study's own, verbatim
 
 Every node of seed 0's first arm is evaluated; with LoRA (an adapter starts at zero) or a shared
 warm start they all start as one model, so the nodes' values agree and stand for every run.

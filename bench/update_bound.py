@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from matmul_rate import Clock, matmul_gflops, streamed_weights
+
+from bench.matmul_rate import Clock, matmul_gflops, streamed_weights
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gossip_swarm import percentile
-from text_table import print_rows
+from bench.gossip_swarm import percentile
+from bench.text_table import print_rows
 
 LAG_PROBE_SECONDS = 0.010  # how long the loop-lag probe sleeps; lateness is measured past it
 

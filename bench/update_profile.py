@@ -21,9 +21,9 @@ Also printed: the positions run through the model (from a hook on the embedding)
 real tokens, so padding shows; the system CPU time and page faults (memory the allocator gives
 back to the OS and faults in again); and whether any frozen base weight got a gradient.
 
-    .venv/bin/python bench/update_profile.py                         # smollm2-135m LoRA, 1x1 and 2x2
-    .venv/bin/python bench/update_profile.py --settings 1x1 --top 25  # and the 25 costliest ops
-    .venv/bin/python bench/update_profile.py --smoke                 # tiny, seconds
+    .venv/bin/python -m bench.update_profile                         # smollm2-135m LoRA, 1x1 and 2x2
+    .venv/bin/python -m bench.update_profile --settings 1x1 --top 25  # and the 25 costliest ops
+    .venv/bin/python -m bench.update_profile --smoke                 # tiny, seconds
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from round_sapo import bench_node
-from text_table import print_rows
+
+from bench.round_sapo import bench_node
+from bench.text_table import print_rows
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_MODELS_DIR = BENCH / ".cache" / "models"
@@ -78,8 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def round_rows(args: argparse.Namespace):
     """The node and its first round's training rows, generated as bench/round.py's round does."""
     import trio
-    from round_sapo import SignalForcingVerifier
 
+    from bench.round_sapo import SignalForcingVerifier
     from sapo.node.core.counters import NodeCounters
     from sapo.node.core.memory_exchange import MemoryHub
     from sapo.node.core.round import run_round

@@ -10,7 +10,7 @@ import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
 
-from tests.repository_files import files_git_keeps
+from tests.support.repository_files import files_git_keeps
 
 ROOT = Path(__file__).resolve().parents[1]
 README_MAX_LINES = 250
@@ -26,7 +26,7 @@ SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:|^//")
 
 
 def markdown_files(root: Path) -> list[Path]:
-    """Every Markdown file of the project (tests/repository_files.py says which are)."""
+    """Every Markdown file of the project (tests/support/repository_files.py says which are)."""
     return files_git_keeps(root, "*.md")
 
 

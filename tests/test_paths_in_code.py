@@ -16,7 +16,7 @@ import subprocess
 import tokenize
 from pathlib import Path
 
-from tests.repository_files import files_git_keeps
+from tests.support.repository_files import files_git_keeps
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("bench", "docker", "docs", "node", "protocol", "sampling", "tests", "training")

@@ -269,7 +269,6 @@ def _decode(
 ) -> list[DecodedBatch] | None:
     """decode_samples for one prompt list (`prompts` a list of str), or decode_mixed's batch
     (`prompts` one list per adapter): one DecodedBatch per prompt list."""
-    eos = tokenizer.eos_token_id
     lists = prompts if adapters is not None else [prompts]
     flat = [p for prompt_list in lists for p in prompt_list]
     prompt_owners = [owner for owner, prompt_list in enumerate(lists) for _ in prompt_list]
@@ -278,84 +277,118 @@ def _decode(
     input_ids = encoded["input_ids"].to(device)
     attention = encoded["attention_mask"].to(device)
     generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
-    token_text = _TokenText(tokenizer)
-    tail_keep = len(stop_text) + 8 if stop_text else 0
-    rows = len(flat) * samples_per_prompt
     row_owner = [owner for owner in prompt_owners for _ in range(samples_per_prompt)]
-    generated: list[list[int]] = [[] for _ in range(rows)]
-    logprobs: list[list[float]] | None = [[] for _ in range(rows)] if record_logprobs and temperature else None
-    tails = [""] * rows
+    rows = _Rows.empty(len(row_owner), bool(record_logprobs and temperature), stop_text, _TokenText(tokenizer))
     was_training = model.training
     model.eval()
-    steps = 0
     try:
         with torch.inference_mode():
-            decoder = LlamaDecoder.of(model, weights_dtype or next(model.parameters()).dtype, rows, adapters)
+            decoder = LlamaDecoder.of(model, weights_dtype or next(model.parameters()).dtype, len(row_owner), adapters)
             decoding: _StaticDecoding | _ModelDecoding
             if decoder is not None:
-                decoding = _StaticDecoding(
-                    decoder,
-                    input_ids,
-                    attention,
-                    samples_per_prompt,
-                    max_new_tokens,
-                    prompt_owners if adapters is not None else None,
-                )
+                owners = prompt_owners if adapters is not None else None
+                decoding = _StaticDecoding(decoder, input_ids, attention, samples_per_prompt, max_new_tokens, owners)
             elif adapters is not None:
                 return None
             else:
                 decoding = _ModelDecoding(model, input_ids, attention, samples_per_prompt, autocast)
-            logits = decoding.first_logits
-            active = list(range(rows))  # batch row -> output row
-            # each owner's rows draw from its own stream, as they would decoding alone; the runs of
-            # owners change only when rows leave the batch (one run when a single policy decodes)
-            segments = segments_of(row_owner)
-            for _ in range(max_new_tokens):
-                if stop is not None and stop.is_set():
-                    raise GenerationInterrupted("generation stopped for shutdown")
-                parts = [
-                    sample_tokens(logits[start:end], temperature, generators[owner]) for owner, start, end in segments
-                ]
-                chosen = parts[0] if len(parts) == 1 else torch.cat(parts)
-                steps += 1
-                if logprobs is not None:  # what a peer's importance weight compares with (update.py)
-                    scaled = logits.float() / temperature
-                    picked = (
-                        scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-                    ).tolist()
-                keep: list[int] = []
-                for position, (row, token) in enumerate(zip(active, chosen.tolist())):
-                    if token == eos:
-                        continue
-                    generated[row].append(token)
-                    if logprobs is not None:
-                        logprobs[row].append(picked[position])
-                    if stop_text:
-                        tails[row] = (tails[row] + token_text(token))[-tail_keep:]
-                        if stop_text in tails[row]:
-                            continue
-                    keep.append(position)
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    index = torch.tensor(keep, device=device)
-                    decoding.keep(index)
-                    chosen = chosen[index]
-                    active = [active[p] for p in keep]
-                    segments = segments_of([row_owner[r] for r in active])
-                if len(generated[active[0]]) >= max_new_tokens:
-                    break
-                logits = decoding.step(chosen)
+            steps = _sample(
+                decoding, rows, row_owner, generators, temperature, max_new_tokens, tokenizer.eos_token_id, stop
+            )
     finally:
         if was_training:
             model.train()
-    batches = []
-    for owner in range(len(lists)):
-        mine = [r for r in range(rows) if row_owner[r] == owner]
-        tokens = [generated[r] for r in mine]
-        batches.append(
-            DecodedBatch(
-                tokens, sum(len(t) for t in tokens), steps, None if logprobs is None else [logprobs[r] for r in mine]
-            )
-        )
-    return batches
+    return rows.batches(len(lists), row_owner, steps)
+
+
+def _sample(
+    decoding: _StaticDecoding | _ModelDecoding,
+    rows: _Rows,
+    row_owner: list[int],
+    generators: list[torch.Generator],
+    temperature: float | None,
+    max_new_tokens: int,
+    eos: int,
+    stop: threading.Event | None,
+) -> int:
+    """Draw a token for every live row, step after step, until every row has stopped or written
+    `max_new_tokens`; the steps taken. A row that stops leaves the batch (and the cache) at once."""
+    logits = decoding.first_logits
+    active = list(range(len(row_owner)))  # batch row -> output row
+    # each owner's rows draw from its own stream, as they would decoding alone; the runs of
+    # owners change only when rows leave the batch (one run when a single policy decodes)
+    segments = segments_of(row_owner)
+    steps = 0
+    for _ in range(max_new_tokens):
+        if stop is not None and stop.is_set():
+            raise GenerationInterrupted("generation stopped for shutdown")
+        parts = [sample_tokens(logits[start:end], temperature, generators[owner]) for owner, start, end in segments]
+        chosen = parts[0] if len(parts) == 1 else torch.cat(parts)
+        steps += 1
+        # what a peer's importance weight compares with (update.py)
+        picked = None if rows.logprobs is None else _logprobs_of(logits, chosen, temperature)
+        keep = rows.write(active, chosen.tolist(), picked, eos)
+        if not keep:
+            break
+        if len(keep) < len(active):
+            index = torch.tensor(keep, device=chosen.device)
+            decoding.keep(index)
+            chosen = chosen[index]
+            active = [active[p] for p in keep]
+            segments = segments_of([row_owner[r] for r in active])
+        if len(rows.generated[active[0]]) >= max_new_tokens:
+            break
+        logits = decoding.step(chosen)
+    return steps
+
+
+def _logprobs_of(logits: torch.Tensor, chosen: torch.Tensor, temperature: float | None) -> list[float]:
+    """log p of each row's `chosen` token under softmax(logits / temperature)."""
+    assert temperature  # a greedy decoding records no log-probs
+    scaled = logits.float() / temperature
+    return (scaled.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)).tolist()
+
+
+@dataclass
+class _Rows:
+    """Each output row's tokens so far (and their log-probs), and the text it ended on, to spot
+    the stop string as it is written."""
+
+    generated: list[list[int]]
+    logprobs: list[list[float]] | None
+    tails: list[str]
+    stop_text: str | None
+    token_text: _TokenText
+
+    @classmethod
+    def empty(cls, rows: int, record_logprobs: bool, stop_text: str | None, token_text: _TokenText) -> _Rows:
+        logprobs: list[list[float]] | None = [[] for _ in range(rows)] if record_logprobs else None
+        return cls([[] for _ in range(rows)], logprobs, [""] * rows, stop_text, token_text)
+
+    def write(self, active: list[int], tokens: list[int], picked: list[float] | None, eos: int) -> list[int]:
+        """Append each live row's token (row active[i] drew tokens[i]); the positions in `active`
+        of the rows that go on. EOS is not written; the token that completes the stop string is."""
+        keep: list[int] = []
+        tail_keep = len(self.stop_text) + 8 if self.stop_text else 0
+        for position, (row, token) in enumerate(zip(active, tokens)):
+            if token == eos:
+                continue
+            self.generated[row].append(token)
+            if self.logprobs is not None and picked is not None:
+                self.logprobs[row].append(picked[position])
+            if self.stop_text:
+                self.tails[row] = (self.tails[row] + self.token_text(token))[-tail_keep:]
+                if self.stop_text in self.tails[row]:
+                    continue
+            keep.append(position)
+        return keep
+
+    def batches(self, owners: int, row_owner: list[int], steps: int) -> list[DecodedBatch]:
+        """One DecodedBatch per prompt list (owner), its rows in order."""
+        batches = []
+        for owner in range(owners):
+            mine = [r for r, o in enumerate(row_owner) if o == owner]
+            tokens = [self.generated[r] for r in mine]
+            logprobs = None if self.logprobs is None else [self.logprobs[r] for r in mine]
+            batches.append(DecodedBatch(tokens, sum(len(t) for t in tokens), steps, logprobs))
+        return batches

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sapo.training.llama_decoder import LlamaDecoder, _linear_parts
+from sapo.training.decoder_weights import linear_parts
+from sapo.training.llama_decoder import LlamaDecoder
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class _Projection:
 
     def __call__(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """x [T, in] -> [T, out] fp32: the base in `dtype`, plus the parts' LoRA in fp32."""
-        parts = [_linear_parts(m) for m in self.modules]
+        parts = [linear_parts(m) for m in self.modules]
         if self.frozen is not None:
             y = F.linear(x.to(dtype), self.frozen, self.frozen_bias)
         else:  # weights that train: a differentiable cast and stack each pass
@@ -147,7 +148,7 @@ class _Projection:
 
 
 def _projection(modules: list, dtype: torch.dtype) -> _Projection:
-    parts = [_linear_parts(m, only_base=False) for m in modules]
+    parts = [linear_parts(m, only_base=False) for m in modules]
     weights = [w for w, _, _ in parts]
     if any(w.requires_grad for w in weights):
         return _Projection(tuple(modules), None, None)

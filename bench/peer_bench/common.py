@@ -127,3 +127,16 @@ def trainable_snapshot(model) -> float:
 
     with torch.no_grad():
         return float(sum(p.double().square().sum() for p in model.parameters() if p.requires_grad))
+
+
+# genrl's alone, but here so that the tests check it without a genrl venv
+def one_update_step(fields, job: dict) -> dict:
+    """The config options for one Adam step on all Q x G sequences, in either version's terms."""
+    names = {f.name for f in fields}
+    if "num_iterations" in names:  # 0.1.11
+        return {"num_iterations": 1}
+    if {"ppo_epochs", "minibatch_size"} <= names:  # 0.3.0
+        return {"ppo_epochs": 1, "minibatch_size": len(job["batches"][0]["prompts"]) * job["generations"]}
+    raise SystemExit(
+        f"this genrl's GRPOTrainerConfig has neither num_iterations nor ppo_epochs/minibatch_size: {sorted(names)}"
+    )

@@ -48,14 +48,13 @@ import sys
 import tempfile
 import time
 from importlib.metadata import version
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (  # this script's own folder, first on sys.path: it runs in a peer's venv
     Clock,
     emit,
     force_signal,
     log,
+    one_update_step,
     peak_rss_mb,
     read_job,
     reset_peak_rss,
@@ -243,18 +242,6 @@ def load_model(model_dir: str):
             raise SystemExit(f"rope_parameters {rope} has no plain transformers 4 equivalent here")
         config.rope_theta = rope["rope_theta"]
     return AutoModelForCausalLM.from_pretrained(model_dir, config=config, torch_dtype=torch.float32)
-
-
-def one_update_step(fields, job: dict) -> dict:
-    """The config options for one Adam step on all Q x G sequences, in either version's terms."""
-    names = {f.name for f in fields}
-    if "num_iterations" in names:  # 0.1.11
-        return {"num_iterations": 1}
-    if {"ppo_epochs", "minibatch_size"} <= names:  # 0.3.0
-        return {"ppo_epochs": 1, "minibatch_size": len(job["batches"][0]["prompts"]) * job["generations"]}
-    raise SystemExit(
-        f"this genrl's GRPOTrainerConfig has neither num_iterations nor ppo_epochs/minibatch_size: {sorted(names)}"
-    )
 
 
 def check_prompt(tokenizer, job: dict) -> None:

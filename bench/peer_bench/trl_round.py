@@ -37,10 +37,8 @@ import tempfile
 import time
 from collections import defaultdict
 from importlib.metadata import version
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
+from common import (  # this script's own folder, first on sys.path: it runs in a peer's venv
     emit,
     force_signal,
     log,

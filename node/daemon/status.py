@@ -266,7 +266,16 @@ def _short(peer_id: str) -> str:
 def render_text(status: NodeStatus, now: float | None = None) -> str:
     """The summary `sapo-node status` prints: the page's content, as text."""
     now = time.time() if now is None else now
-    lines = []
+    lines = _state_lines(status, now)
+    lines += _learning_lines(status)
+    lines += _peer_lines(status)
+    lines += _intake_lines(status)
+    lines += _judge_lines(status)
+    return "\n".join(lines)
+
+
+def _state_lines(status: NodeStatus, now: float) -> list[str]:
+    """Who the node is, what it is doing, and where to reach it while it runs."""
     who = f"node {status.peer_id or '?'}" + (f" ({status.model})" if status.model else "")
     planned = f" of {status.rounds_planned}" if status.rounds_planned else ""
     state = f"{status.phase}, round {status.round}{planned}"
@@ -275,7 +284,7 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
     elif status.started:
         state += f", up {_ago(now - status.started)}"
     state += f", sapo {status.version}" if status.version else ""
-    lines.append(f"{who}: {state}")
+    lines = [f"{who}: {state}"]
     if status.progress is not None:
         p = status.progress
         left = f", about {_ago(p.seconds_left)} left" if p.seconds_left is not None else ""
@@ -285,34 +294,43 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
             lines.append(f"  dial      {address}")
         for url in status.page[:1]:
             lines.append(f"  page      {url}")
+    return lines
+
+
+def _learning_lines(status: NodeStatus) -> list[str]:
+    """Is it learning: the last round's reward and its trend, external groups, held-out, time."""
     points = status.rounds
-    if points:
-        last = points[-1]
+    if not points:
+        return ["reward     no round finished yet"]
+    last = points[-1]
+    lines = [
+        f"reward     {last.reward:.3f}  accuracy {last.accuracy:.3f}  format {last.format_rate:.2f}  "
+        f"cumulative {status.cumulative_reward:.2f}"
+    ]
+    recent = [p.reward for p in points][-40:]
+    lines.append(f"           {sparkline(recent)}  (reward, last {len(recent)} points, 0 to {max(recent):.2f})")
+    external = [p for p in points if p.external_reward is not None]
+    if external:
+        e = external[-1]
         lines.append(
-            f"reward     {last.reward:.3f}  accuracy {last.accuracy:.3f}  format {last.format_rate:.2f}  "
-            f"cumulative {status.cumulative_reward:.2f}"
-        )
-        recent = [p.reward for p in points][-40:]
-        lines.append(f"           {sparkline(recent)}  (reward, last {len(recent)} points, 0 to {max(recent):.2f})")
-        external = [p for p in points if p.external_reward is not None]
-        if external:
-            e = external[-1]
-            lines.append(
-                f"external   {e.external_reward:.3f} on {e.external_groups:g} group(s) at round {e.round} (this node's verifier)"
-            )
-        else:
-            lines.append("external   no external groups trained on yet")
-        if status.heldout:
-            tasks = ", ".join(f"{task} {value:.2f}" for task, value in sorted(status.heldout.items()))
-            lines.append(
-                f"held-out   {sum(status.heldout.values()) / len(status.heldout):.3f} at round {status.heldout_round} ({tasks})"
-            )
-        lines.append(
-            f"round time {last.round_seconds:.1f} s: generation {last.generate_seconds:.1f} s, update {last.train_seconds:.1f} s"
+            f"external   {e.external_reward:.3f} on {e.external_groups:g} group(s) at round {e.round} (this node's verifier)"
         )
     else:
-        lines.append("reward     no round finished yet")
-    lines.append(f"peers      {sum(p.connected for p in status.peers)} connected")
+        lines.append("external   no external groups trained on yet")
+    if status.heldout:
+        tasks = ", ".join(f"{task} {value:.2f}" for task, value in sorted(status.heldout.items()))
+        lines.append(
+            f"held-out   {sum(status.heldout.values()) / len(status.heldout):.3f} at round {status.heldout_round} ({tasks})"
+        )
+    lines.append(
+        f"round time {last.round_seconds:.1f} s: generation {last.generate_seconds:.1f} s, update {last.train_seconds:.1f} s"
+    )
+    return lines
+
+
+def _peer_lines(status: NodeStatus) -> list[str]:
+    """Each peer: its agent, how many of its groups were accepted, where it is, a ban or a score."""
+    lines = [f"peers      {sum(p.connected for p in status.peers)} connected"]
     for peer in status.peers:
         where = ", ".join(peer.addresses) or ("connected" if peer.connected else "not connected")
         flags = " BANNED" if peer.banned else ""
@@ -320,13 +338,18 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
         lines.append(
             f"  {_short(peer.peer_id):<21} {peer.agent or '?':<18} {peer.accepted:>6} accepted  {where}{flags}{score}"
         )
+    return lines
+
+
+def _intake_lines(status: NodeStatus) -> list[str]:
+    """What arrived: the inbox, refusals by reason, what waited or was dropped, bans, network notes."""
     rejected = ", ".join(
         f"{reason} {count}" for reason, count in sorted(status.rejected.items(), key=lambda kv: -kv[1])
     )
-    lines.append(
+    lines = [
         f"inbox      {status.inbox_size} group(s); received {status.received}, accepted {status.accepted}, "
         f"rejected {sum(status.rejected.values())}" + (f" ({rejected})" if rejected else "")
-    )
+    ]
     if status.waiting_while_loading or status.dropped:
         lines.append(
             f"           {status.waiting_while_loading} waiting for the model to load, {status.dropped} dropped (node too busy)"
@@ -338,13 +361,17 @@ def render_text(status: NodeStatus, now: float | None = None) -> str:
     manners = {k: v for k, v in status.transport.items() if k.startswith(NETWORK_NOTES)}
     if manners:
         lines.append("network    " + ", ".join(f"{k} {v}" for k, v in sorted(manners.items())))
-    if status.judge is not None:
-        j = status.judge
-        if j.last_score is not None:
-            lines.append(
-                f"judge      pass@1 {j.last_score:.2f} at round {j.last_round} ({j.judged} judged, mean {j.mean_score:.2f})"
-            )
-        else:
-            failures = ", ".join(f"{k} {v}" for k, v in j.failures.items())
-            lines.append(f"judge      not judged yet (every {j.every} rounds)" + (f"; {failures}" if failures else ""))
-    return "\n".join(lines)
+    return lines
+
+
+def _judge_lines(status: NodeStatus) -> list[str]:
+    """The judge's latest score, or why there is none yet; nothing without a judge."""
+    if status.judge is None:
+        return []
+    j = status.judge
+    if j.last_score is not None:
+        return [
+            f"judge      pass@1 {j.last_score:.2f} at round {j.last_round} ({j.judged} judged, mean {j.mean_score:.2f})"
+        ]
+    failures = ", ".join(f"{k} {v}" for k, v in j.failures.items())
+    return [f"judge      not judged yet (every {j.every} rounds)" + (f"; {failures}" if failures else "")]

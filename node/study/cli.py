@@ -71,7 +71,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         )
         return 0
     study, base, node_flags = study_settings(args)
-    from sapo.node.study.runs import StudyStopped, run_experiment
+    from sapo.node.study.experiment import StudyStopped, run_experiment
     from sapo.training.devices import configure_torch_threads
 
     configure_logging(base.run.log_level)

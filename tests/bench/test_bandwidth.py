@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s  # noqa: E402
-from peer_bench.common import force_signal, score  # noqa: E402
+from bench.bandwidth import DecodeGeometry, copy_bandwidth_gbs, decode_bound_tokens_per_s
+from bench.peer_bench.common import force_signal, score
 
 
 def test_decode_bound_by_hand():

@@ -8,15 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_script(name: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m bench.NAME --smoke ARGS`, as bench/README.md runs it, from the repository root."""
     return subprocess.run(
-        [sys.executable, str(BENCH / name), "--smoke", *args],
+        [sys.executable, "-m", f"bench.{name}", "--smoke", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=ROOT,
     )
 
 
@@ -24,7 +26,7 @@ def test_round_benchmark_smoke(tmp_path):
     # An empty peers dir: the peer path runs and must say "not installed", whatever this machine has.
     # About 11 s on a quiet 2-core machine; the timeout only catches a hang (at load average 14 it took over 60 s).
     done = run_script(
-        "round.py", "--models-dir", str(tmp_path / "models"), "--peers-dir", str(tmp_path / "peers"), timeout=240
+        "round", "--models-dir", str(tmp_path / "models"), "--peers-dir", str(tmp_path / "peers"), timeout=240
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
@@ -47,14 +49,13 @@ def test_round_benchmark_smoke(tmp_path):
 
 
 def test_round_benchmark_rejects_unknown_peer(tmp_path):
-    done = run_script("round.py", "--peers", "verl", timeout=60)
+    done = run_script("round", "--peers", "verl", timeout=60)
     assert done.returncode == 2 and "unknown verl" in done.stderr
 
 
-def test_bandwidth_smoke(capsys, monkeypatch):
+def test_bandwidth_smoke(capsys):
     # In this process: the other tests have already paid for importing torch and transformers.
-    monkeypatch.syspath_prepend(str(BENCH))
-    import bandwidth
+    from bench import bandwidth
 
     assert bandwidth.main(["--smoke"]) == 0
     out = capsys.readouterr().out
@@ -64,7 +65,7 @@ def test_bandwidth_smoke(capsys, monkeypatch):
 
 
 def test_gossip_benchmark_smoke():
-    done = run_script("gossip.py", timeout=60)
+    done = run_script("gossip", timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "gossip benchmark: 3 nodes" in done.stdout
     for label in ("delivered / expected", "latency p50 / p99", "frame bytes per group", "CPU per message"):
@@ -75,7 +76,7 @@ def test_gossip_benchmark_smoke():
 
 def test_scale_benchmark_smoke(tmp_path):
     # Two tiny swarms in each mode, then the report from their rows alone; about 45 s on 2 idle cores.
-    done = run_script("scale.py", "--out", str(tmp_path), timeout=240)
+    done = run_script("scale", "--out", str(tmp_path), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     for heading in ("Real runs, per node", "Validation: each run", "Simulated, per node", "Goal at 10,000 nodes"):
@@ -88,14 +89,14 @@ def test_scale_benchmark_smoke(tmp_path):
     assert all(c.get("fetch_groups", 0) > 0 and c.get("published", 0) == 0 for c in fetch), fetch
     assert (tmp_path / "scale.png").stat().st_size > 0
     # --report alone rebuilds the same table from the rows
-    again = run_script("scale.py", "--out", str(tmp_path), "--report", timeout=120)
+    again = run_script("scale", "--out", str(tmp_path), "--report", timeout=120)
     assert again.returncode == 0 and again.stdout.split("Real runs")[1] == out.split("Real runs")[1]
 
 
 def test_gossip_during_update_smoke(tmp_path):
     # An estimated 20 s on an idle 2-core machine (12 s of CPU, most of it importing torch and libp2p);
     # the timeout only catches a hang: at load average 19 on 2 cores the same run took 160 s.
-    done = run_script("gossip_during_update.py", "--models-dir", str(tmp_path / "models"), timeout=240)
+    done = run_script("gossip_during_update", "--models-dir", str(tmp_path / "models"), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "gossip latency during a GRPO update" in out
@@ -116,7 +117,7 @@ def test_paper_scale_command_is_a_valid_study():
     from sapo.node.study.settings import ExperimentSettings
 
     done = subprocess.run(
-        [sys.executable, str(BENCH / "paper_scale.py"), "--dry-run"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench.paper_scale", "--dry-run"], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
     command = shlex.split(done.stdout.splitlines()[0].removeprefix("$ "))
@@ -140,7 +141,7 @@ def test_paper_scale_command_is_a_valid_study():
 def test_discovery_benchmark_smoke():
     # sapo, rendezvous and Kademlia on 4 hosts in one process: 32 s at load average 10 on 2 cores
     # (5 hosts); the timeout only catches a hang.
-    done = run_script("discovery.py", timeout=240)
+    done = run_script("discovery", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {
         line.split()[0]: line.split()[1:]
@@ -152,12 +153,11 @@ def test_discovery_benchmark_smoke():
         assert formed != "nan", f"{mechanism} never reached its target: {done.stdout}"
 
 
-def test_roofline_smoke(capsys, monkeypatch, tmp_path):
+def test_roofline_smoke(capsys, tmp_path):
     # In this process, like the bandwidth smoke: torch and transformers are already imported.
     import torch
 
-    monkeypatch.syspath_prepend(str(BENCH))
-    import roofline
+    from bench import roofline
 
     threads = torch.get_num_threads()
     try:
@@ -176,18 +176,8 @@ def test_roofline_smoke(capsys, monkeypatch, tmp_path):
     assert out.count("real round, sample_completions") == 2
 
 
-def test_gil_probe_smoke(tmp_path):
-    done = run_script("gil_probe.py", "--models-dir", str(tmp_path / "models"), timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
-    for phase in ("idle", "torch", "generate"):
-        row = next(line for line in out.splitlines() if line.startswith(f"{phase} "))
-        assert int(row.split()[1]) > 100, f"too few 1 ms wake-ups timed in the {phase} phase: {row}"
-    assert "p99 lateness, generate minus torch (the GIL's share):" in out
-
-
 def test_shared_base_smoke(tmp_path):
-    done = run_script("shared_base.py", "--models-dir", str(tmp_path / "models"), timeout=240)
+    done = run_script("shared_base", "--models-dir", str(tmp_path / "models"), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {
         line.split(":")[0]: line.split()
@@ -199,68 +189,6 @@ def test_shared_base_smoke(tmp_path):
     assert len({row[-1] for row in rows.values()}) == 1, rows
 
 
-def test_balance_control_walks_blind(monkeypatch):
-    # The blind rule must move J as the real one does (one step a period, clipped) without reading
-    # the gains: the same walk whatever the gains say, and the same walk for the same coin seed.
-    monkeypatch.syspath_prepend(str(BENCH))
-    import balance_control
-
-    from sapo.sampling.balance import AdaptiveBalance
-
-    def walk(coin_seed: int | None, gain_of_more_external: float) -> list[int]:
-        if coin_seed is not None:
-            monkeypatch.setattr(AdaptiveBalance, "_decide", balance_control.blind_rule(coin_seed))
-        balance = AdaptiveBalance(total=8, external=4, period=2)
-        state, reward = balance.initial(), 0.0
-        for round_index in range(1, 101):
-            plan = balance.plan(state, round_index)
-            more = plan.external > state.external
-            state = balance.observe(state, plan, plan.external, reward)
-            reward += gain_of_more_external if more else 0.0  # shows in the next round's reward
-        monkeypatch.undo()
-        return [j for _, j in state.history]
-
-    up, down = walk(0, +1.0), walk(0, -1.0)
-    assert up == down, "the blind rule read the gains"
-    assert walk(0, +1.0) == up and walk(1, +1.0) != up
-    assert len(up) == 49 and all(0 <= j <= 7 for j in up)
-    steps = [b - a for a, b in zip([4, *up], up)]
-    assert set(steps) <= {-1, 0, +1} and {-1, +1} <= set(steps)  # 0 only where a clip held it
-    # the real rule, given the same gains, climbs to the most external groups it allows
-    assert walk(None, +1.0)[-1] == AdaptiveBalance(total=8).max_external
-
-
-def test_compile_smoke(capsys, monkeypatch, tmp_path):
-    # In this process, like the roofline smoke; dynamo with its eager backend (no inductor code
-    # generation): 17 s at load average 4.6 on 2 cores, most of it importing torch and transformers
-    # when it runs first, and dynamo tracing the HF model. The script's dynamo settings and
-    # compiled code are undone afterwards.
-    import torch
-    import torch._dynamo
-    import torch._inductor.config
-
-    monkeypatch.syspath_prepend(str(BENCH))
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", torch._dynamo.config.recompile_limit)
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", torch._inductor.config.compile_threads)
-    import compile as compile_bench
-
-    threads = torch.get_num_threads()
-    try:
-        assert compile_bench.main(["--smoke", "--models-dir", str(tmp_path / "models")]) == 0
-    finally:
-        torch.set_num_threads(threads)
-        torch._dynamo.reset()
-    out = capsys.readouterr().out
-    # print_rows separates cells by two spaces or more; a cell such as "12.0 / 13.0" has single ones
-    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith(("layer/", "hf static"))]
-    assert [r[0] for r in rows] == ["layer/oneDNN op", "hf static"], out
-    for row in rows:  # each compiled at least one graph, and its rates, compiled and not, are positive
-        assert int(row[5].split()[0]) > 0, row
-        rates = [float(x) for cell in row[7:10] if cell != "-" for x in cell.split(" / ")]
-        assert len(rates) >= 4 and min(rates) > 0, row
-    assert "failed:" not in out, out
-
-
 def longrun_check(verdict: str) -> tuple[str, str]:
     """(check, node) of a longrun.py verdict line: `PASS  round time  node-0   detail`."""
     return verdict[6:17].strip(), verdict[18:26].strip()
@@ -269,7 +197,7 @@ def longrun_check(verdict: str) -> tuple[str, str]:
 def test_longrun_smoke_samples_every_node_and_renders_the_same_from_its_samples(tmp_path):
     # About 95 s at load average 12 on 2 cores: 3 tiny nodes start, 30 s of 3-s samples, a clean stop.
     out = tmp_path / "run"
-    done = run_script("longrun.py", "--out", str(out), timeout=300)
+    done = run_script("longrun", "--out", str(out), timeout=300)
     assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: a bound failed; the tiny model's 0.3-s rounds are noisy
     lines = done.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("node     minute round  RSS MB"))
@@ -284,21 +212,20 @@ def test_longrun_smoke_samples_every_node_and_renders_the_same_from_its_samples(
         assert log.startswith("PASS") and "cap 30 MB" in log, log
     assert (out / "longrun.png").stat().st_size > 10_000
     again = subprocess.run(
-        [sys.executable, str(BENCH / "longrun.py"), "--from", str(out), "--table-minutes", "1"],
+        [sys.executable, "-m", "bench.longrun", "--from", str(out), "--table-minutes", "1"],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=ROOT,
     )
     assert again.stdout.splitlines()[-len(verdicts) - 1 :] == lines[-len(verdicts) - 1 :]
 
 
-def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch, capsys):
+def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, capsys):
     """The bounds, on samples written by hand: one node leaks memory and descriptors, one is flat."""
     import json
 
-    monkeypatch.syspath_prepend(str(BENCH))
-    import longrun
-    import longrun_verdicts
+    from bench import longrun, longrun_verdicts
 
     meta = {
         "nodes": 2,
@@ -355,7 +282,7 @@ def test_longrun_verdicts_catch_a_leak_and_pass_a_flat_run(tmp_path, monkeypatch
 
 
 def test_update_profile_smoke():
-    done = run_script("update_profile.py", timeout=240)
+    done = run_script("update_profile", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     for setting in ("1x1", "2x2"):
         assert f"{setting} (updates_per_batch x minibatches)" in done.stdout, done.stdout
@@ -367,7 +294,7 @@ def test_update_profile_smoke():
 def test_poisoning_benchmark_smoke(tmp_path):
     # Two honest tiny nodes and one attacker for 6 rounds through the real intake, inbox and screen
     # (about a minute quiet, with the warm start; 285 s at load average 8).
-    done = run_script("poisoning.py", "--attack", "out-of-context", "--out", str(tmp_path / "run"), timeout=600)
+    done = run_script("poisoning", "--attack", "out-of-context", "--out", str(tmp_path / "run"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     header, _, result = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert "success per 3 rounds" in header and "ROC AUC" in header, header
@@ -381,7 +308,7 @@ def test_poisoning_benchmark_smoke(tmp_path):
 def test_screen_roc_smoke(tmp_path):
     # A briefly warm-started tiny model: its own completions set the bar, a peer's rewritten with a phrase stand above it.
     done = run_script(
-        "screen_roc.py", "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "roc.json"), timeout=600
+        "screen_roc", "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "roc.json"), timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "roc.json").read_text())
@@ -392,7 +319,7 @@ def test_screen_roc_smoke(tmp_path):
 
 def test_hostile_answers_benchmark_smoke():
     # Every task's worst known answers through the scorer and the real intake, and the worker process's round trip.
-    done = run_script("hostile_answers.py", timeout=300)
+    done = run_script("hostile_answers", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ") and "ms" in line]
     assert len(rows) == 9, done.stdout

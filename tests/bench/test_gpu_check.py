@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import gpu_check, gpu_check_prepare
+
+ROOT = Path(__file__).resolve().parents[2]
 HANDED_BACK = re.compile(r"^[A-Za-z0-9._-]+$")  # the names a GPU box hands back
 
 
-def gpu_check(*args: str, timeout: float) -> subprocess.CompletedProcess:
+def run_gpu_check(*args: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(BENCH / "gpu_check.py"), *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "bench.gpu_check", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
 
 
@@ -30,7 +32,7 @@ def test_the_cpu_rehearsal_runs_every_part_and_writes_what_a_gpu_box_hands_back(
     # About 70 CPU s (a minute and a half on a quiet 2-core machine, over 4 at load average 12): tiny
     # models and sizes; the timeout only catches a hang.
     out = tmp_path / "out"
-    done = gpu_check("--device", "cpu", "--rehearsal", "--out", str(out), timeout=900)
+    done = run_gpu_check("--device", "cpu", "--rehearsal", "--out", str(out), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("gpu_check cpu-rehearsal: tests ok | round ok | roofline ok | shared ok | study ok | "), last
@@ -59,17 +61,7 @@ def test_the_cpu_rehearsal_runs_every_part_and_writes_what_a_gpu_box_hands_back(
     assert "| study | ok |" in (out / "summary.md").read_text()
 
 
-def load_gpu_check(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import gpu_check
-
-    return gpu_check
-
-
-def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is_named(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import gpu_check_prepare
-
+def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is_named(tmp_path):
     payload = os.urandom(300_000) + b"GGUF" * 50_000
     packed = lzma.compress(payload, preset=1)
     cuts = [0, len(packed) // 3, 2 * len(packed) // 3, len(packed)]
@@ -110,8 +102,7 @@ def test_the_gguf_comes_back_from_parts_in_several_folders_and_a_missing_part_is
     assert "is damaged" in gpu_check_prepare.reassemble(manifest, [stash, bundle], dest) and not dest.exists()
 
 
-def test_a_part_over_its_budget_is_stopped_with_the_processes_it_started(tmp_path, monkeypatch):
-    gpu_check = load_gpu_check(monkeypatch)
+def test_a_part_over_its_budget_is_stopped_with_the_processes_it_started(tmp_path):
     pid_file = tmp_path / "worker.pid"
     # a part that starts a worker of its own (as shared_base.py and the study do), then hangs
     script = (
@@ -132,7 +123,7 @@ def test_a_part_over_its_budget_is_stopped_with_the_processes_it_started(tmp_pat
 
 def test_a_failing_part_is_recorded_and_the_next_part_runs(tmp_path):
     out = tmp_path / "out"
-    done = gpu_check(
+    done = run_gpu_check(
         "--device",
         "cpu",
         "--rehearsal",
@@ -150,7 +141,7 @@ def test_a_failing_part_is_recorded_and_the_next_part_runs(tmp_path):
     assert [(p["part"], p["status"]) for p in summary["parts"]] == [("tests", "failed"), ("study", "ok")]
 
 
-def test_prepare_without_a_gguf_part_installs_sapo_and_falls_back_to_random_weights_of_the_shape(tmp_path, monkeypatch):
+def test_prepare_without_a_gguf_part_installs_sapo_and_falls_back_to_random_weights_of_the_shape(tmp_path):
     # The bundle as the last transfer brings it, but transfer 1's part never reached this machine:
     # sapo still installs into the site folder from the repo, and the speed parts get a model of
     # the shape (here the tiny model's config and tokenizer) with random weights; no study.
@@ -159,7 +150,6 @@ def test_prepare_without_a_gguf_part_installs_sapo_and_falls_back_to_random_weig
 
     from sapo.training.tiny import build_tiny
 
-    gpu_check = load_gpu_check(monkeypatch)
     bundle = tmp_path / ".gpu" / "t2"
     (bundle / "wheels").mkdir(parents=True)
     model, tokenizer = build_tiny("tiny", 0)

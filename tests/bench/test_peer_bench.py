@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench.peer_bench.common import one_update_step
+from bench.round_peers import PEERS
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-from peer_bench.genrl_round import one_update_step  # noqa: E402
-from round import PEERS  # noqa: E402
 
 JOB = {"batches": [{"prompts": ["a", "b", "c", "d"]}], "generations": 8}
 

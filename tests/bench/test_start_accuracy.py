@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_start_accuracy_smoke_prints_and_writes_one_row_per_task(tmp_path):
@@ -13,7 +13,8 @@ def test_start_accuracy_smoke_prints_and_writes_one_row_per_task(tmp_path):
     done = subprocess.run(
         [
             sys.executable,
-            str(BENCH / "start_accuracy.py"),
+            "-m",
+            "bench.start_accuracy",
             "--smoke",
             "--models-dir",
             str(tmp_path / "models"),
@@ -25,6 +26,7 @@ def test_start_accuracy_smoke_prints_and_writes_one_row_per_task(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "start accuracy of tiny at the easy settings with" in done.stdout

@@ -12,6 +12,8 @@ SHARED_BASE = ["--shared-base", "--lora", "--lora-rank", "4", "--generation-prec
 
 
 def study_start(*args: str) -> subprocess.CompletedProcess:
+    # By its path, not `-m bench.study_start`: bench/smollm2_decisive.sh, a running pre-registered
+    # study, runs it so, and this keeps that command line working.
     return subprocess.run(
         [sys.executable, str(BENCH / "study_start.py"), *args], capture_output=True, text=True, timeout=300
     )

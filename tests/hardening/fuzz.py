@@ -1,7 +1,7 @@
 """A fuzz run: N hostile frames through `codec.decode` and `Intake.accept`.
 
 The first `hypothesis_cases` are drawn by hypothesis (generate-only) from
-tests/protocol/strategies.py `hostile_frames()`, the rest are random byte-level mutations (flip,
+tests/support/strategies.py `hostile_frames()`, the rest are random byte-level mutations (flip,
 insert, delete, truncate, splice) of those and of valid frames, which is ~50x faster than drawing
 them all. The report counts cases, accepted groups, rejections by reason, and exceptions that
 escaped (must be 0: decode may only raise Rejected, Intake.accept nothing, and `internal_error`
@@ -24,7 +24,7 @@ from sapo.protocol.codec import DecodeLimits, decode, encode
 from sapo.protocol.messages import Rejected
 from sapo.protocol.verify import VerifyPolicy
 from sapo.training.tasks import reasoning_gym_version
-from tests.protocol.strategies import SAMPLE_SENDER, hostile_frames, sample_message
+from tests.support.strategies import SAMPLE_SENDER, hostile_frames, sample_message
 
 
 @dataclass

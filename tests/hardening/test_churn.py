@@ -3,12 +3,7 @@
 node that was up from before it was published until 10 s after, and no node may stop on its own.
 The 12-node, 3-minute run is `bench/churn.py` (docs/bench/network.md has its figures)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import churn  # noqa: E402
+from bench import churn
 
 
 def test_groups_reach_the_nodes_that_are_up_while_nodes_leave_and_join():

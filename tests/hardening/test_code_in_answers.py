@@ -10,9 +10,9 @@ import trio
 
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
-from tests.hardening.test_security import Peer
-from tests.hostile_answers import code_execution_answers
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.hostile_answers import code_execution_answers
+from tests.support.peer import Peer
+from tests.support.processes import PLUMBING, NodeProcess
 
 
 async def test_a_group_of_code_answers_runs_nothing_on_a_running_node(tmp_path, nodes):

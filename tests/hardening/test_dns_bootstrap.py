@@ -17,13 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import PLUMBING, NodeProcess
+from bench.gossip_peer import PeerProcess, write_groups
+from bench.nat_topology import NatTopology, missing
+from tests.support.processes import PLUMBING, NodeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-from gossip_peer import PeerProcess, write_groups  # noqa: E402
-from nat_topology import NatTopology, missing  # noqa: E402
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"DNS namespaces: {missing()}")
 
@@ -136,7 +134,7 @@ def test_a_dnsaddr_names_several_bootstrap_peers_and_a_late_name_is_retried(tmp_
                 [
                     *topo.prefix(dns_ns),
                     sys.executable,
-                    str(ROOT / "tests" / "dns_responder.py"),
+                    str(ROOT / "tests" / "support" / "dns_responder.py"),
                     "--listen",
                     topo.public_ip[0],
                     "--zone",

@@ -13,8 +13,7 @@ import pytest
 
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
 from sapo.training.checkpoints import PARTIAL_PREFIX, latest_checkpoint, save_checkpoint, verify_checkpoint
-from tests.conftest import sapo_node, wait_for
-from tests.processes import PLUMBING, TINY, NodeProcess, free_port, since, wait_rounds
+from tests.support.processes import PLUMBING, TINY, NodeProcess, free_port, sapo_node, since, wait_for, wait_rounds
 
 
 def round_dirs(root):

@@ -19,9 +19,8 @@ import trio
 
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
-from tests.hardening.test_no_signal import NO_AUGMENT
-from tests.hardening.test_security import Peer
-from tests.processes import NodeProcess
+from tests.support.peer import Peer
+from tests.support.processes import NO_AUGMENT, NodeProcess
 
 RATE = 50  # a second: the gossip limit
 BAN_WITHIN = 60.0

@@ -19,10 +19,9 @@ import trio
 from sapo.node.daemon.status import status_from_url
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
-from tests.hardening.test_security import Peer
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.node.daemon.test_page import page_url
-from tests.processes import PLUMBING, NodeProcess, wait_rounds
+from tests.support.groups import honest_group
+from tests.support.peer import Peer
+from tests.support.processes import PLUMBING, NodeProcess, page_url, wait_rounds
 
 HONEST_GROUPS = 10
 STALE = 400

@@ -3,24 +3,10 @@ bench/soak.py's flood."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from bench import soak
 from tests.hardening.fuzz import fuzz
-
-SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
-
-
-@pytest.fixture(scope="module")
-def soak():
-    spec = importlib.util.spec_from_file_location("sapo_bench_soak", SOAK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("cases", [2000, pytest.param(100_000, marks=pytest.mark.slow)])
@@ -34,7 +20,7 @@ def test_hostile_frames_raise_nothing(cases):
     assert len(report.decode_rejected) >= 5  # many distinct reasons were exercised
 
 
-def test_flooder_at_100x_is_banned_while_the_honest_peer_gets_in(soak, tmp_path):
+def test_flooder_at_100x_is_banned_while_the_honest_peer_gets_in(tmp_path):
     """The honest peer publishes 4 groups a second, the flooder 400 (its own spam limit off)."""
     report = soak.flood(seconds=12, rate=400, workdir=tmp_path)
     print("\n" + "\n".join(report.lines()))

@@ -19,15 +19,10 @@ Addresses (198.51.100.0/24, 10.66.x.0/24) exist only inside the namespaces, dele
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import nat  # noqa: E402  (bench/nat.py: the same swarm its benchmark measures)
-from nat_topology import missing  # noqa: E402
+from bench import nat  # the same swarm its benchmark measures
+from bench.nat_topology import missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"NAT namespaces: {missing()}")
 

@@ -9,14 +9,11 @@ import trio
 
 from sapo.node.daemon.status import status_from_url
 from sapo.training.rollouts import QuestionGroup
-from tests.hardening.test_security import Peer
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.node.daemon.test_page import page_url
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.groups import honest_group
+from tests.support.peer import Peer
+from tests.support.processes import NO_AUGMENT, NodeProcess, page_url
 
 EMPTY_GROUPS = 30
-# PLUMBING without --augment-external: a node that cannot learn from a group of equal rewards
-NO_AUGMENT = [arg for arg in PLUMBING if arg not in ("--augment-external", "1")]
 
 
 async def test_groups_of_empty_completions_take_no_inbox_room_and_honest_ones_still_do(tmp_path, nodes):

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from sapo.protocol.identity import load_or_create_identity, peer_id_of
-from tests.conftest import wait_for
-from tests.processes import PLUMBING, NodeProcess, since
+from tests.support.processes import PLUMBING, NodeProcess, since, wait_for
 
 CUT_SECONDS = 30
 HEAL_BOUND_SECONDS = 60

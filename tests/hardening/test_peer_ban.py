@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import trio
 
-from tests.hardening.test_security import Peer
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.groups import honest_group
+from tests.support.peer import Peer
+from tests.support.processes import PLUMBING, NodeProcess
 
 
 async def test_peer_sending_junk_groups_is_banned_and_cut_off(tmp_path, nodes):

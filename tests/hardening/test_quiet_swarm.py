@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import FAST_TINY, read_metrics, wait_for
+from tests.support.processes import FAST_TINY, read_metrics, wait_for
 
 SECONDS = 60.0
 

@@ -25,18 +25,13 @@ least twice (or the test tested nothing).
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from gossip_peer import PeerProcess, write_groups  # noqa: E402
-from nat_topology import NatTopology, missing  # noqa: E402
-
-from tests.hardening.standard_peer import STANDARD_PEER  # noqa: E402
+from bench.gossip_peer import PeerProcess, write_groups
+from bench.nat_topology import NatTopology, missing
+from tests.support.standard_peer import STANDARD_PEER
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=f"NAT namespaces: {missing()}")
 
@@ -116,7 +111,7 @@ def test_a_natted_node_keeps_receiving_through_a_relay_that_cuts_circuits_at_a_b
                 groups_file=groups,
                 wait_go=True,
                 settings={"reserve": relay_address},
-                script=STANDARD_PEER,
+                module=STANDARD_PEER,
             )
             everyone.append(publisher)
             publisher.wait_up(120)

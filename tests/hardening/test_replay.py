@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import trio
 
-from tests.hardening.test_security import Peer
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.groups import honest_group
+from tests.support.peer import Peer
+from tests.support.processes import PLUMBING, NodeProcess
 
 COPIES = 20
 

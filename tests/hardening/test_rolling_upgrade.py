@@ -1,5 +1,5 @@
 """Releases in one swarm, as a rolling upgrade leaves it, each earlier one installed from this
-repository's history (tests/releases.py):
+repository's history (tests/support/releases.py):
 
 - a node of 0.1.0 beside two nodes of this release that share their log-probs (--share-logprobs)
   and weigh peers' completions by them. Every node trains on groups from every other, in both
@@ -30,10 +30,8 @@ from pathlib import Path
 from sapo.node.daemon.status import NodeStatus, status_from_url
 from sapo.protocol.peer_guard import PENALTIES
 from sapo.protocol.release import sapo_version
-from tests.conftest import sapo_node
-from tests.node.daemon.test_page import page_url
-from tests.processes import PLUMBING, NodeProcess
-from tests.releases import release_python
+from tests.support.processes import PLUMBING, NodeProcess, page_url, sapo_node
+from tests.support.releases import release_python
 
 PREVIOUS = "0.1.0"
 LAST_GOSSIP_ONLY = "0.3.0"  # the last release without /sapo/groups/1: it sends and reads groups on the topic

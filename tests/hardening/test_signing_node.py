@@ -13,9 +13,9 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX, Pubsub
 
 from sapo.protocol.settings import rollout_topic
-from tests.hardening.test_security import Peer
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.processes import PLUMBING, NodeProcess
+from tests.support.groups import honest_group
+from tests.support.peer import Peer
+from tests.support.processes import PLUMBING, NodeProcess
 
 TOPIC = rollout_topic("default")
 

@@ -7,17 +7,12 @@ groups both ways: the node trains on the peer's valid groups, the peer receives 
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
-from tests.hardening.standard_peer import STANDARD_PEER
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.processes import PLUMBING, NodeProcess
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from gossip_peer import PeerProcess  # noqa: E402
+from bench.gossip_peer import PeerProcess
+from tests.support.groups import honest_group
+from tests.support.processes import PLUMBING, NodeProcess
+from tests.support.standard_peer import STANDARD_PEER
 
 SECONDS = 60.0
 RATE = 0.5  # groups per second from the standard peer
@@ -36,7 +31,7 @@ def test_a_gossipsub_only_peer_is_no_error_and_still_exchanges_groups(tmp_path, 
         rate=RATE,
         groups_file=groups,
         settings={"swarm": "default"},
-        script=STANDARD_PEER,
+        module=STANDARD_PEER,
     )
     try:
         peer.wait_up(90)

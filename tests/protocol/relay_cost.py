@@ -18,7 +18,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from tests.protocol.test_gossip import start_node
+from tests.support.gossip import start_node
 
 SINK = TProtocol("/sapo-bench/sink/1")
 CHUNK = 60 * 1024

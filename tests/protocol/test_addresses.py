@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from sapo.protocol.addresses import AddressError, parse_peer_address, resolve_peer_address
 from sapo.protocol.settings import NetworkSettings
-from tests.protocol.test_gossip import start_node
+from tests.support.gossip import start_node
 
 PEER = ID.from_pubkey(create_new_key_pair(b"\x11" * 32).public_key)
 

@@ -15,7 +15,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.agents import PeerAgents
 from sapo.protocol.release import agent_string, sapo_version
-from tests.protocol.test_gossip import start_node
+from tests.support.gossip import start_node
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from sapo.protocol.codec import DecodeLimits, Rejected, RejectReason, decode, encode
 from sapo.protocol.messages import SCHEMA_VERSION, BehaviorLogprobs, RolloutGroup, WireProblemSpec
-from tests.protocol.strategies import (
+from tests.support.strategies import (
     SAMPLE_SENDER,
     frame_of,
     hostile_frames,

@@ -25,7 +25,7 @@ from sapo.protocol.release import sapo_version
 from sapo.training.rollouts import Behavior
 from sapo.training.tasks import generate_problem
 from tests.protocol.golden.generate import BEHAVIOR, GROUP, JUDGE, JUDGE_V2
-from tests.releases import released
+from tests.support.releases import released
 
 GOLDEN = Path(__file__).parent / "golden"
 LIMITS = DecodeLimits()

@@ -25,7 +25,7 @@ from sapo.protocol.peer_records import (
     encode_response,
     seal_own_record,
 )
-from tests.protocol.test_gossip import TOPIC, start_node
+from tests.support.gossip import TOPIC, start_node
 
 M = multiaddr.Multiaddr
 

@@ -1,11 +1,7 @@
 """Real py-libp2p hosts on 127.0.0.1 (port 0): the gossip service and its guards."""
 
-import os
 import socket
-import tempfile
 from contextlib import asynccontextmanager
-from functools import partial
-from pathlib import Path
 
 import multiaddr
 import trio
@@ -25,67 +21,15 @@ from libp2p.utils import encode_varint_prefixed
 
 from sapo.protocol.gossip import Delivery
 from sapo.protocol.identity import peer_id_of
-from sapo.protocol.network import counter, serve_network
-from sapo.protocol.settings import NetworkSettings, rollout_topic
-
-SWARM = "test"
-TOPIC = rollout_topic(SWARM)
-LOOPBACK = "/ip4/127.0.0.1/tcp/0"
-
-
-class Node:
-    def __init__(self, service, inbox, counters):
-        self.service, self.inbox, self.counters = service, inbox, counters
-
-    @property
-    def addr(self) -> str:
-        return self.service.listen_addrs[0]
-
-
-def swarm_key_file(psk: str) -> Path:
-    """A libp2p swarm.key file holding `psk` (64 hex chars), as a private swarm's nodes are given."""
-    handle, name = tempfile.mkstemp(suffix=".key")
-    os.write(handle, f"/key/swarm/psk/1.0.0/\n/base16/\n{psk}\n".encode())
-    os.close(handle)
-    return Path(name)
-
-
-async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=None, **overrides) -> Node:
-    if psk is not None:
-        overrides["swarm_key"] = swarm_key_file(psk)
-    settings = NetworkSettings(**{"listen": listen, "peers": list(peers), "swarm": SWARM, **overrides})
-    send, receive = trio.open_memory_channel(64)
-    counters: dict[str, int] = {}
-    network = await nursery.start(
-        partial(serve_network, settings, key_pair or create_new_key_pair(), send, counters=counters)
-    )
-    return Node(network, receive, counters)
-
-
-async def wait_for_mesh(nodes, timeout=10.0):
-    """Until every node has every other node in its GossipSub mesh for TOPIC."""
-    with trio.fail_after(timeout):
-        for node in nodes:
-            others = {other.service.peer_id for other in nodes if other is not node}
-            while True:
-                router = node.service.pubsub.router
-                mesh = {peer.to_base58() for peer in router.mesh.get(TOPIC, ())}
-                if others <= mesh:
-                    break
-                await trio.sleep(0.02)
-
-
-async def receive_all(node, count, timeout=10.0):
-    with trio.fail_after(timeout):
-        return [await node.inbox.receive() for _ in range(count)]
-
-
-def assert_empty(node):
-    try:
-        message = node.inbox.receive_nowait()
-    except trio.WouldBlock:
-        return
-    raise AssertionError(f"unexpected message from {message.sender}: {message.data[:20]!r}")
+from sapo.protocol.network import counter
+from tests.support.gossip import (
+    LOOPBACK,
+    TOPIC,
+    assert_empty,
+    receive_all,
+    start_node,
+    wait_for_mesh,
+)
 
 
 @asynccontextmanager

@@ -22,7 +22,7 @@ from sapo.protocol.group_wire import (
     encode_request,
     encode_response,
 )
-from tests.protocol.test_gossip import receive_all, start_node, wait_for_mesh
+from tests.support.gossip import receive_all, start_node, wait_for_mesh
 
 # --- the wire ------------------------------------------------------------------------------------
 

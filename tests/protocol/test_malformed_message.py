@@ -5,7 +5,7 @@ import trio
 from libp2p.pubsub.pubsub import Pubsub
 
 from sapo.protocol.peer_guard import BAN_SCORE, PENALTIES
-from tests.protocol.test_gossip import start_node, wait_for_mesh
+from tests.support.gossip import start_node, wait_for_mesh
 
 
 async def test_peer_whose_messages_make_libp2p_raise_is_charged_then_banned(monkeypatch):

@@ -6,7 +6,7 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.protocol.peer_guard import BAN_SCORE, PeerGuard
-from tests.protocol.test_gossip import TOPIC, start_node, wait_for_mesh
+from tests.support.gossip import TOPIC, start_node, wait_for_mesh
 
 
 class Clock:

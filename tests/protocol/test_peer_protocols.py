@@ -12,7 +12,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from sapo.protocol.discovery import PROTOCOL_ID as DISCOVERY
 from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.peer_protocols import REMEMBER_SECONDS, PeerProtocols, quiet_refusals, refused_protocol
-from tests.protocol.test_reachability import _run_host
+from tests.support.hosts import run_host
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
 
@@ -21,7 +21,7 @@ async def connected_pair(nursery):
     """(us, them): two listening hosts, `us` connected to `them`, which serves nothing of ours."""
     us, them = (new_noise_host(create_new_key_pair(), [LOOPBACK]) for _ in range(2))
     for host in (us, them):
-        await nursery.start(_run_host, host)
+        await nursery.start(run_host, host)
     await us.connect(info_from_p2p_addr(them.get_addrs()[0]))
     return us, them
 

@@ -9,13 +9,10 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.host.autonat.autonat import AutoNATService
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol import reachability
-from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
-
-LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
+from tests.support.hosts import two_connected_hosts
 
 
 def free_port() -> int:
@@ -24,27 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def two_connected_hosts(nursery):
-    """(server, client): two listening hosts, the client connected to the server."""
-    hosts = [new_noise_host(create_new_key_pair(), [LOOPBACK]) for _ in range(2)]
-    for host in hosts:
-        await nursery.start(_run_host, host)
-    server, client = hosts
-    await client.connect(info_from_p2p_addr(server.get_addrs()[0]))
-    return server, client
-
-
-async def _run_host(host, *, task_status=trio.TASK_STATUS_IGNORED):
-    async with host.run([LOOPBACK]):
-        task_status.started()
-        try:
-            await trio.sleep_forever()
-        finally:
-            with trio.move_on_after(2) as scope:
-                scope.shield = True
-                await host.close()
 
 
 def dead_address() -> bytes:

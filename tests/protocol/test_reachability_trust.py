@@ -152,7 +152,7 @@ async def test_on_loopback_every_peer_is_one_local_voice():
 
 async def test_a_real_fresh_connection_is_too_young_until_it_has_stayed(monkeypatch):
     # The age comes from py-libp2p 0.8.1's own connection (SwarmConn._created_at).
-    from tests.protocol.test_reachability import two_connected_hosts
+    from tests.support.hosts import two_connected_hosts
 
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:

@@ -14,23 +14,10 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol import relay_guards, relayed_links
-from sapo.protocol.hosts import is_relayed, new_noise_host
+from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.relay import RelayService, relay_limits
-from tests.protocol.test_gossip import receive_all, start_node
-
-PRIVATE = {"reachability": "private", "hole_punching": False, "discover_peers": 0}
-
-
-def kinds(node, other) -> set[bool]:
-    """{True} relayed only, {False} direct only, both, or empty: node's open connections to `other`."""
-    network = node.service.host.get_network()
-    return {is_relayed(c) for c in network.get_connections(ID.from_base58(other.service.peer_id)) if not c.is_closed}
-
-
-async def wait_until(condition, timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not condition():
-            await trio.sleep(0.1)
+from tests.support.gossip import receive_all, start_node
+from tests.support.relay import PRIVATE, dial_through_relay, kinds, wait_until
 
 
 async def relay_and_two_private(nursery, psk=None, **private):
@@ -40,12 +27,6 @@ async def relay_and_two_private(nursery, psk=None, **private):
     b = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
     await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
     return relay, a, b
-
-
-async def dial_through_relay(a, b) -> None:
-    (circuit,) = b.service.relayed_addrs
-    info = PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
-    assert await a.service.dial(info)  # directly, else through the relay: connected
 
 
 async def test_private_peers_meet_through_the_relay_and_gossip_over_the_circuit():

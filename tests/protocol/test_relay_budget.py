@@ -11,8 +11,8 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.relay_guards import MIN_CIRCUIT_BYTES, RelayBudget
-from tests.protocol.test_gossip import start_node
-from tests.protocol.test_relay import PRIVATE, dial_through_relay, kinds, wait_until
+from tests.support.gossip import start_node
+from tests.support.relay import PRIVATE, dial_through_relay, kinds, wait_until
 
 SINK = TProtocol("/sapo-test/sink/1")
 

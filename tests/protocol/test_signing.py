@@ -6,7 +6,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX, Pubsub
 
-from tests.protocol.test_gossip import TOPIC, assert_empty, receive_all, start_node, wait_for_mesh
+from tests.support.gossip import TOPIC, assert_empty, receive_all, start_node, wait_for_mesh
 
 
 async def wait_count(counters, name, timeout=10.0):

@@ -7,7 +7,7 @@ import json
 
 from sapo.sampling.inbox import Inbox
 from sapo.sampling.standing import Standing
-from tests.node.daemon.test_hostile_peer import honest_group
+from tests.support.groups import honest_group
 
 
 def inbox() -> Inbox:

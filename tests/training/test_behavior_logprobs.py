@@ -12,7 +12,7 @@ from sapo.training.policy import load_policy
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import completion_logprobs, settle_old_logprobs
 from sapo.training.warmstart import WarmStartSettings, warm_start
-from tests.training.rows import encode_groups
+from tests.support.rows import encode_groups
 
 TASKS = default_task_specs(["basic_arithmetic"])
 

@@ -19,7 +19,7 @@ from sapo.training.shared_base import SharedLoraBase
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.tiny import build_tiny
 from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
-from tests.training.rows import encode_groups, rows_of
+from tests.support.rows import encode_groups, rows_of
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -15,6 +15,7 @@ from sapo.training.decoding import (
 )
 from sapo.training.policy import LoraOptions, _wrap_lora
 from sapo.training.tiny import build_tiny
+from tests.support.decoding import hf_greedy, teacher_forced_logits
 
 PROMPTS = [
     "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n",
@@ -41,21 +42,6 @@ def tiny():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05, alpha=1.0)
     return model, tokenizer
-
-
-def hf_greedy(model, tokenizer, prompts, max_new_tokens):
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.inference_mode():
-        out = model.generate(
-            **enc,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    special = {tokenizer.pad_token_id, tokenizer.eos_token_id}
-    return [[t for t in row.tolist() if t not in special] for row in out[:, enc["input_ids"].shape[1] :]]
 
 
 def test_greedy_matches_generate_with_left_padding(tiny):
@@ -187,24 +173,6 @@ def test_sampler_is_greedy_without_temperature_and_repeatable_with_a_seed():
 
 
 # --- the static-cache decoder against the model's own forward --------------------------------------
-
-
-def teacher_forced_logits(model, tokenizer, prompts, continuation, dtype=torch.float32):
-    """LlamaDecoder's logits for `continuation` [rows, n] after the left-padded prompts, and the
-    model's own forward pass over the same full sequences: both [rows, n, vocab]."""
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, attention = enc["input_ids"], enc["attention_mask"]
-    with torch.inference_mode():
-        decoding = _StaticDecoding(LlamaDecoder.of(model, dtype), ids, attention, 1, continuation.shape[1])
-        ours = [decoding.first_logits]
-        for column in continuation.T[:-1]:
-            ours.append(decoding.step(column))
-        full = torch.cat([ids, continuation], 1)
-        full_attention = torch.cat([attention, torch.ones_like(continuation)], 1)
-        positions = (full_attention.cumsum(-1) - 1).clamp_min(0)
-        reference = model(input_ids=full, attention_mask=full_attention, position_ids=positions).logits
-    return torch.stack(ours, 1), reference[:, ids.shape[1] - 1 : -1].float()
 
 
 def continuation_for(tokenizer, rows, n, seed=0):

@@ -17,7 +17,7 @@ from sapo.training.policy import load_policy
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import grpo_update, make_optimizer
 from sapo.training.warmstart import WarmStartSettings, warm_start
-from tests.training.rows import rows_of
+from tests.support.rows import rows_of
 
 ROUNDS = 30
 

@@ -28,7 +28,7 @@ from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
 from sapo.training.warmstart import WarmStartSettings, warm_start
-from tests.training.rows import encode_groups
+from tests.support.rows import encode_groups
 
 TASKS = default_task_specs(["basic_arithmetic"])
 

@@ -17,7 +17,7 @@ from sapo.training.policy import LoraOptions, load_policy
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import completion_logprobs, grpo_update
-from tests.training.rows import encode_groups, rows_of
+from tests.support.rows import encode_groups, rows_of
 
 CPU = torch.device("cpu")
 

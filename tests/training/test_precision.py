@@ -10,7 +10,7 @@ from sapo.training.policy import has_native_bf16, load_policy, use_bf16, use_bf1
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
 from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
-from tests.training.rows import encode_groups, rows_of
+from tests.support.rows import encode_groups, rows_of
 
 
 def test_auto_update_precision_is_bf16_only_on_native_bf16_cpus_with_the_packed_forward(monkeypatch):

@@ -18,8 +18,8 @@ from sapo.training import untrusted
 from sapo.training.rewards import bounded_answer, score_completion
 from sapo.training.task_scorers import SCORERS
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
-from tests.hostile_answers import code_execution_answers, witness
-from tests.training.test_task_scorers import CONFIGS, right_answer
+from tests.support.hostile_answers import code_execution_answers, witness
+from tests.support.task_configs import CONFIGS, right_answer
 
 EXAMPLES_PER_TASK = 2000
 MAX_COMPLETION = 16_384  # DecodeLimits.max_completion_chars

@@ -200,7 +200,7 @@ def test_package_without_gguf_is_reported(monkeypatch, tmp_path):
 def test_decoder_matches_generate_on_smollm2(converted):
     """The real model: greedy fp32 tokens as `generate` picks them, and bf16 close to fp32."""
     from sapo.training.decoding import decode_samples
-    from tests.training.test_decoding import hf_greedy, teacher_forced_logits
+    from tests.support.decoding import hf_greedy, teacher_forced_logits
 
     _, model, tokenizer, _, _ = converted
     prompts = [

@@ -14,54 +14,16 @@ spacing and case, signs, fraction and matrix styles, random formulas, payloads a
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench import verifier_030  # the verifier before #38, one copy
 from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, premises_hold
 from sapo.training.rewards import extract_answer, is_correct, score_completion
 from sapo.training.task_scorers import SCORERS
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
+from tests.support.task_configs import CONFIGS, right_answer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import verifier_030  # noqa: E402 - bench/verifier_030.py: the verifier before #38, one copy
-
-# The easiest settings, and the far corners of what the allowlist lets a peer ask for.
-CONFIGS: dict[str, list[dict]] = {
-    "base_conversion": [{"min_base": 2, "max_base": 36, "min_value": 0, "max_value": 10**6}],
-    "basic_arithmetic": [
-        {
-            "min_terms": 2,
-            "max_terms": 8,
-            "min_digits": 1,
-            "max_digits": 6,
-            "operators": ["+", "-", "*", "/"],
-            "allow_parentheses": True,
-            "allow_negation": True,
-        },
-        {"format_style": "natural"},
-    ],
-    "arc_1d": [{"min_size": 8, "max_size": 40, "num_train": 5}],
-    "bf": [{"difficulty": 2}],
-    "propositional_logic": [
-        {
-            "min_vars": 1,
-            "max_vars": 8,
-            "min_statements": 1,
-            "max_statements": 8,
-            "min_complexity": 1,
-            "max_complexity": 5,
-        }
-    ],
-    "fraction_simplification": [{"min_value": 1, "max_value": 10**4, "min_factor": 1, "max_factor": 1000}],
-    "decimal_arithmetic": [
-        {"min_num_decimal_places": 0, "max_num_decimal_places": 8, "min_terms": 1, "max_terms": 8, "precision": 28},
-        {"min_num_decimal_places": 0, "max_num_decimal_places": 0, "precision": 2},  # keys like -6.8E+2
-    ],
-    "calendar_arithmetic": [{}],  # every calendar task
-    "binary_matrix": [{"min_n": 1, "max_n": 12, "p_zero": 0.9}],
-}
 PER_CONFIG = 40
 # Exact-match tasks: reasoning-gym gave len(key)/len(answer) to any answer containing the key.
 CONTAINMENT_CREDIT = {"base_conversion", "basic_arithmetic", "arc_1d", "bf"}
@@ -78,10 +40,6 @@ def problems() -> list[Problem]:
 
 # The old verifier, on text this test wrote (binary_matrix's scorer may `eval` it).
 reasoning_gyms_score = verifier_030.answer_score
-
-
-def right_answer(problem: Problem) -> str:
-    return problem.metadata["example_answer"] if problem.spec.dataset == "propositional_logic" else problem.answer
 
 
 def renderings(problem: Problem, rng: random.Random) -> list[str]:

@@ -29,8 +29,8 @@ from sapo.training.tasks import (
     generate_problem,
     reasoning_gym_version,
 )
-from tests.hostile_answers import code_execution_answers, witness
-from tests.node.core.test_intake import intake
+from tests.support.hostile_answers import code_execution_answers, witness
+from tests.support.intake import intake
 
 NOW = 1_700_000_000.0  # tests.node.core.test_intake's
 ATTACKER = peer_id_for(0, 9)

@@ -17,7 +17,7 @@ from sapo.training.update import (
     settle_old_logprobs,
     shared_prompt_logprobs,
 )
-from tests.training.rows import encode_groups, rows_of
+from tests.support.rows import encode_groups, rows_of
 
 
 @pytest.fixture(scope="module")

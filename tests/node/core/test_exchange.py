@@ -24,7 +24,7 @@ async def test_shared_log_probs_cross_the_wire_and_reach_the_receivers_inbox():
     from sapo.sampling.inbox import Inbox
     from sapo.training.rollouts import Behavior
     from sapo.training.tasks import reasoning_gym_version
-    from tests.node.daemon.test_hostile_peer import honest_group
+    from tests.support.groups import honest_group
     from tests.support.receiving import memory_for
 
     hub = MemoryHub(lambda: 1_700_000_000.0, rg_version=reasoning_gym_version())

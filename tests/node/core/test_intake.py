@@ -8,28 +8,13 @@ import json
 
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.study.nodes import peer_id_for
-from sapo.sampling.inbox import Inbox
-from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import reasoning_gym_version
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.support.receiving import Receiver, memory_of
+from tests.support.groups import honest_group
+from tests.support.intake import intake
 
 NOW = 1_700_000_000.0
-ME, ALICE, MALLORY = peer_id_for(0, 0), peer_id_for(0, 1), peer_id_for(0, 2)
-
-
-def intake(keep: bool = False, verifier: Verifier = score_group) -> tuple[Receiver, list[tuple[str, str]]]:
-    charged: list[tuple[str, str]] = []
-    memory = memory_of(
-        Inbox(64, 2**22, 600),
-        swarm="t",
-        local_peer_id=ME,
-        max_age_seconds=600,
-        keep_groups_without_signal=keep,
-        verifier=verifier,
-    )
-    return Receiver(memory, penalize=lambda signer, reason: charged.append((signer, reason))), charged
+ALICE, MALLORY = peer_id_for(0, 1), peer_id_for(0, 2)
 
 
 def encoder(peer: str, share: bool = False) -> GroupEncoder:

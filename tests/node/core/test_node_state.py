@@ -7,45 +7,10 @@ import time
 import trio
 
 from sapo.node.core.memory_exchange import MemoryHub
-from sapo.node.core.node import Node
 from sapo.node.core.round import run_round
-from sapo.node.core.settings import load_settings
 from sapo.sampling.balance import AdaptiveBalance
 from sapo.training.tasks import reasoning_gym_version
-
-PEER = "12D3KooWpeerpeerpeerpeerpeerpeerpeerpeerpeerpeer"
-
-
-def half_right(problem, completions):
-    """A verifier that gives every group a signal (an untrained tiny model earns nothing)."""
-    return [float(i % 2 == 0) for i in range(len(completions))]
-
-
-def tiny_node(data_dir, peer_id="12D3KooWtest", **settings) -> Node:
-    return Node(
-        load_settings(
-            {
-                "model": "tiny-micro",
-                "tasks": ["basic_arithmetic"],
-                "warm_start_steps": 0,
-                "generations": 2,
-                "max_new_tokens": 4,
-                "local": 3,
-                "external": 3,
-                "data_dir": data_dir,
-                "torch_threads": 1,
-                "checkpoint_every": 0,
-                "inbox_max_age_seconds": 10**9,
-                **settings,
-            }
-        ),
-        peer_id=peer_id,
-        verifier=half_right,
-    )
-
-
-def member(hub, node, receives=True):
-    return hub.join(node.peer_id, node.settings, memory=node.memory if receives else None, counters=node.counters)
+from tests.support.tiny_nodes import PEER, member, tiny_node
 
 
 async def test_a_node_alone_keeps_its_split_and_its_j_under_the_default_balance(tmp_path):

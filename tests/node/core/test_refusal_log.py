@@ -9,8 +9,8 @@ from sapo.node.core.counters import NodeCounters
 from sapo.protocol.codec import encode
 from sapo.protocol.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
-from tests.protocol.strategies import SAMPLE_SENDER, sample_message
 from tests.support.receiving import Receiver, memory_of
+from tests.support.strategies import SAMPLE_SENDER, sample_message
 
 START = 1_700_000_000.0
 

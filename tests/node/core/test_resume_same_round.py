@@ -12,7 +12,7 @@ import trio
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
 from sapo.training.tasks import reasoning_gym_version
-from tests.node.core.test_node_state import PEER, member, tiny_node
+from tests.support.tiny_nodes import PEER, member, tiny_node
 
 # The inbox holds one round of the peer's groups: the peer's newest 6 groups are both nodes' whole
 # inbox when round k + 1 chooses 3 of them (the checkpoint keeps the inbox too, node/core/memory.py).

@@ -9,7 +9,7 @@ import trio
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
 from sapo.training.tasks import reasoning_gym_version
-from tests.node.core.test_node_state import PEER, member, tiny_node
+from tests.support.tiny_nodes import PEER, member, tiny_node
 
 
 async def test_a_resumed_node_redoes_its_rounds_with_new_completions_and_is_charged_nothing(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import sapo_node
+from tests.support.processes import sapo_node
 
 GOOD_ID = "12D3KooWLxXydXxaSwjPDk6SeRkMHtB2ZDM5V5N3948EbaK2eUiP"
 

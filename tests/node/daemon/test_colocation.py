@@ -16,8 +16,8 @@ from sapo.node.core.node import node_inbox
 from sapo.node.core.settings import load_settings
 from sapo.training.rewards import score_group
 from sapo.training.tasks import reasoning_gym_version
-from tests.node.daemon.test_hostile_peer import honest_group
-from tests.protocol.test_gossip import SWARM, receive_all, start_node, wait_for_mesh
+from tests.support.gossip import SWARM, receive_all, start_node, wait_for_mesh
+from tests.support.groups import honest_group
 
 
 async def test_an_accepted_authors_network_group_is_recorded_and_shared():

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import FAST_TINY, read_metrics, sapo_node
+from tests.support.processes import FAST_TINY, read_metrics, sapo_node
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -12,19 +12,9 @@ from sapo.node.core.exchange import GroupEncoder
 from sapo.protocol.identity import peer_id_of
 from sapo.protocol.network import open_network
 from sapo.protocol.settings import NetworkSettings
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
-from tests.conftest import FAST_TINY, read_metrics
-from tests.processes import LISTEN
-
-
-def honest_group(index: int = 0) -> QuestionGroup:
-    """An honest group on the `index`-th question: distinct indexes give distinct content, which
-    the intake needs to accept more than one (it refuses a re-stamped copy as a repeat)."""
-    problem = TaskSampler(default_task_specs(["basic_arithmetic"]), 77, 0).sample(index + 1)[index]
-    return QuestionGroup(
-        problem=problem, completions=[f"<answer>{problem.answer}</answer>", "<answer>x</answer>"], rewards=[1.0, 0.0]
-    )
+from sapo.training.tasks import reasoning_gym_version
+from tests.support.groups import honest_group
+from tests.support.processes import FAST_TINY, LISTEN, read_metrics
 
 
 async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path):

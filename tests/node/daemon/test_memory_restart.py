@@ -7,8 +7,7 @@ import signal
 import time
 
 from sapo.training.checkpoints import latest_checkpoint
-from tests.conftest import wait_for
-from tests.processes import PLUMBING, NodeProcess, with_peers
+from tests.support.processes import PLUMBING, NodeProcess, wait_for, with_peers
 
 EXTRA = [*PLUMBING, "--checkpoint-every", "1", "--inbox-max-age-seconds", "86400"]
 

@@ -13,7 +13,7 @@ import pytest
 
 from sapo.node.core.metrics import METRICS_FILE, MetricsLog, RoundRecord
 from sapo.node.daemon.status import status_from_data_dir
-from tests.conftest import sapo_node
+from tests.support.processes import sapo_node
 
 PEERS = [f"12D3KooW{chr(65 + i) * 44}" for i in range(3)]
 

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 
 from sapo.node.daemon.status import NodeStatus, status_from_url
-from tests.conftest import sapo_node, wait_for
-from tests.processes import PLUMBING, NodeProcess, with_peers
+from tests.support.processes import PLUMBING, NodeProcess, page_url, sapo_node, wait_for, with_peers
 
-PAGE = re.compile(r"^page on (http://\S+)$")
 CHROMIUM = next(
     (shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)), None
 )
@@ -26,16 +24,6 @@ needs_chromium = pytest.mark.skipif(
     reason="headless Chromium is not installed (Debian: apt-get install -y chromium; .ci/run installs it)",
 )
 DASHBOARD = Path(__file__).resolve().parents[3] / "docker" / "monitoring" / "grafana" / "dashboards" / "sapo.json"
-
-
-def page_url(node: NodeProcess) -> str:
-    """The `page on` line, which the node prints right after its `listening on` lines."""
-    return wait_for(lambda: _match(PAGE, node.proc.stdout.readline()), timeout=60, interval=0, what="the page address")
-
-
-def _match(pattern, line):
-    match = pattern.match(line.strip())
-    return match.group(1) if match else None
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ import json
 import random
 
 from sapo.node.core.metrics import moving_average
-from tests.conftest import sapo_node
+from tests.support.processes import sapo_node
 
 
 def test_moving_average():

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.conftest import FAST_TINY, read_metrics, wait_for
+from tests.support.processes import FAST_TINY, read_metrics, wait_for
 
 EXPECTED = [
     "sapo_round",
@@ -71,7 +71,7 @@ def _metrics_url(proc):
 def test_the_accepted_from_series_follow_the_peers_the_node_still_counts():
     from sapo.node.core.counters import NodeCounters, RecentPeerCounts
     from sapo.node.daemon.prometheus import NodeMetrics
-    from tests.node.daemon.test_status import record
+    from tests.support.records import record
 
     counters = NodeCounters(accepted_from=RecentPeerCounts(limit=2))
     metrics = NodeMetrics()

@@ -2,7 +2,7 @@
 
 import json
 
-from tests.conftest import FAST_TINY, read_metrics, sapo_node
+from tests.support.processes import FAST_TINY, read_metrics, sapo_node
 
 REQUIRED_KEYS = {
     "round",

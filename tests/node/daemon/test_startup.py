@@ -5,9 +5,7 @@ loads waits for the intake; Ctrl-C during the warm start stops it at once."""
 import signal
 
 from sapo.node.daemon.status import status_from_data_dir, status_from_url
-from tests.conftest import wait_for
-from tests.node.daemon.test_page import page_url
-from tests.processes import PLUMBING, NodeProcess, with_peers
+from tests.support.processes import PLUMBING, NodeProcess, page_url, wait_for, with_peers
 
 
 def test_a_warm_starting_node_is_dialable_shows_its_progress_and_keeps_what_peers_send(tmp_path, nodes):

@@ -2,7 +2,7 @@
 
 import re
 
-from tests.conftest import read_metrics, sapo_node
+from tests.support.processes import read_metrics, sapo_node
 
 
 def test_swarm_of_three_tiny_nodes_ends_cleanly_with_external_groups(tmp_path):
@@ -68,7 +68,7 @@ def test_ctrl_c_stops_every_node_cleanly(tmp_path):
     import sys
     import time
 
-    from tests.conftest import FAST_TINY, wait_for
+    from tests.support.processes import FAST_TINY, wait_for
 
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
     proc = subprocess.Popen(
@@ -119,7 +119,7 @@ async def test_a_node_log_is_rotated_and_its_oldest_part_dropped(tmp_path, monke
     """A node that talks for weeks fills at most (backups + 1) x the cap: here a DEBUG-level node
     and a 2 KB cap stand in for a SmolLM2 node and 10 MiB."""
     from sapo.node import swarm
-    from tests.conftest import FAST_TINY
+    from tests.support.processes import FAST_TINY
 
     cap = 2 << 10
     monkeypatch.setattr(
@@ -149,7 +149,7 @@ def test_nodes_end_when_their_swarm_is_killed_outright(tmp_path):
     import sys
     import time
 
-    from tests.conftest import FAST_TINY, wait_for
+    from tests.support.processes import FAST_TINY, wait_for
 
     node_flags = [f for f in FAST_TINY if f not in ("--listen", "/ip4/127.0.0.1/tcp/0")]
     proc = subprocess.Popen(

@@ -3,12 +3,7 @@
 import signal
 import time
 
-from tests.conftest import wait_for
-from tests.processes import NodeProcess, with_peers
-
-
-def start_node(data_dir, peers: list[str], extra: list[str]) -> NodeProcess:
-    return NodeProcess(data_dir, with_peers(extra, peers))
+from tests.support.processes import NodeProcess, start_node, wait_for
 
 
 def used_external_from_both_others(node: NodeProcess, others: list[NodeProcess]) -> bool:
@@ -21,9 +16,9 @@ def used_external_from_both_others(node: NodeProcess, others: list[NodeProcess])
 
 def test_three_processes_share_groups_and_a_restarted_node_rejoins(tmp_path, nodes):
     # The untrained tiny model scores 0, so its groups carry no signal: receivers keep them only
-    # because they augment (tests/processes.py PLUMBING); the uniform sampler lets this test
+    # because they augment (tests/support/processes.py PLUMBING); the uniform sampler lets this test
     # watch the plumbing, not the learning.
-    from tests.processes import PLUMBING
+    from tests.support.processes import PLUMBING
 
     extra = list(PLUMBING)
     first = start_node(tmp_path / "n0", [], extra)

@@ -10,8 +10,8 @@ from sapo.node.judge import server
 from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.training import untrusted
 from sapo.training.tasks import PAPER_TASKS
-from tests.hostile_answers import code_execution_answers, witness
-from tests.node.judge.test_judge_service import ask, client, reply, start_judge
+from tests.support.hostile_answers import code_execution_answers, witness
+from tests.support.judge import ask, client, reply, start_judge
 
 
 async def test_no_answer_runs_code_in_the_judge(nursery, tmp_path, monkeypatch):

@@ -32,8 +32,8 @@ from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.protocol import judge_wire as wire
 from sapo.training.rewards import score_completion
 from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
-from tests.node.judge.test_judge_service import client, start_judge
-from tests.releases import ROOT, released
+from tests.support.judge import client, start_judge
+from tests.support.releases import ROOT, released
 
 OLD_DEFAULT_SEED = 1_000_003  # the judge's `--seed` default before #29; its index counted results
 SCAN = 256  # how far past the old default seed the cheat looks for a matching question

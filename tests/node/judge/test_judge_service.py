@@ -1,30 +1,14 @@
 """The judge service in-process on 127.0.0.1: real libp2p hosts, scripted clients (no model)."""
 
-import multiaddr
 import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from sapo.node.judge.server import DB_FILE_NAME, JudgeResult, JudgeService, JudgeSettings, ResultStore, load_results
+from sapo.node.judge.server import DB_FILE_NAME, JudgeResult, ResultStore, load_results
 from sapo.protocol import judge_wire as wire
-from sapo.protocol.hosts import new_noise_host
 from sapo.protocol.identity import peer_id_of
 from sapo.training.tasks import generate_problem
-
-LOOPBACK = "/ip4/127.0.0.1/tcp/0"
-
-
-async def start_judge(nursery, tmp_path, tasks: list[str]) -> JudgeService:
-    """A judge on loopback; close its `store` when done."""
-    settings = JudgeSettings(data_dir=tmp_path, listen=LOOPBACK, tasks=tasks, request_timeout_seconds=5)
-    service = JudgeService(settings, create_new_key_pair(), ResultStore(tmp_path / DB_FILE_NAME))
-    # The test plays the judge's operator, who alone knows the answer keys (the wire does not carry them).
-    issued, draw = [], service._next_spec
-    service._next_spec = lambda: issued.append(draw()) or issued[-1]
-    service.issued = issued
-    await nursery.start(service.run)
-    return service
+from tests.support.judge import ask, client, reply, start_judge
 
 
 @pytest.fixture
@@ -34,55 +18,10 @@ async def judge(tmp_path, nursery):
     service.store.close()
 
 
-class Client:
-    """A dial-only host with its own key, speaking the wire by hand."""
-
-    def __init__(self, host, judge_addr):
-        self.host, self.judge = host, info_from_p2p_addr(multiaddr.Multiaddr(judge_addr))
-        self.peer_id = host.get_id().to_base58()
-
-    async def open(self):
-        with trio.fail_after(10):
-            await self.host.connect(self.judge)
-            return await self.host.new_stream(self.judge.peer_id, [wire.PROTOCOL_ID])
-
-    def request(self, **overrides):
-        fields = dict(peer_id=self.peer_id, model_id="scripted", node_round=3, swarm_peers_seen=1)
-        return wire.EvalRequest(**{**fields, **overrides})
-
-
-async def client(nursery, judge):
-    host = new_noise_host(create_new_key_pair(), [multiaddr.Multiaddr(LOOPBACK)])
-    ready = trio.Event()
-    done = trio.Event()
-
-    async def run():
-        async with host.run([multiaddr.Multiaddr(LOOPBACK)]):
-            ready.set()
-            await done.wait()
-            await host.close()
-
-    nursery.start_soon(run)
-    await ready.wait()
-    return Client(host, judge.listen_addrs[0])
-
-
 def correct(judge, question: wire.Question) -> str:
     """The right answer, from the spec the judge drew (never sent) for this question's text."""
     problems = [generate_problem(spec) for spec in judge.issued]
     return f"<answer>{next(p.answer for p in reversed(problems) if p.question == question.question)}</answer>"
-
-
-async def ask(stream, request) -> wire.Question:
-    with trio.fail_after(10):
-        await wire.write_message(stream, request)
-        return await wire.read_message(stream, wire.Question)
-
-
-async def reply(stream, question, text) -> float:
-    with trio.fail_after(10):
-        await wire.write_message(stream, wire.Answer(id=question.id, text=text))
-        return (await wire.read_message(stream, wire.Score)).score
 
 
 async def test_a_correct_answer_scores_one_and_is_stored(judge, nursery, tmp_path):

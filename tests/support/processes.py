@@ -1,8 +1,11 @@
-"""Real `sapo-node` processes for the tests: started through the CLI, optionally inside a
-network namespace, with their "listening on" line parsed for the address peers dial."""
+"""Real `sapo-node` processes for the tests: the CLI run to its end (`sapo_node`), or a node
+started through it (`NodeProcess`), optionally inside a network namespace, with its "listening
+on" and "page on" lines parsed for the addresses peers dial and a browser opens."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import socket
@@ -11,14 +14,70 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import TINY, read_metrics, wait_for
+LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
+
+# Small, fast node settings for tests that exercise the daemon rather than learning; each test
+# that picks its own address takes TINY, the rest FAST_TINY.
+TINY = [
+    "--model",
+    "tiny",
+    "--tasks",
+    "basic_arithmetic",
+    "--max-new-tokens",
+    "24",
+    "--generations",
+    "4",
+    "--warm-start-steps",
+    "0",
+    "--torch-threads",
+    "1",
+]
+FAST_TINY = [*TINY, "--listen", LOOPBACK_LISTEN]
+
+
+def sapo_node(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "sapo.node.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def read_metrics(data_dir: Path) -> list[dict]:
+    path = data_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
 
 LISTEN = re.compile(r"listening on (/ip4/[\d.]+/tcp/\d+/p2p/(\w+))")
+PAGE = re.compile(r"^page on (http://\S+)$")
 
 # The untrained tiny model scores 0 on every completion, so its groups carry no signal and a
 # receiver refuses them (`no_signal`) unless it adds completions of its own to peers' questions
 # (--augment-external); with that and the uniform sampler, tests watch the plumbing.
 PLUMBING = ["--local", "2", "--external", "2", "--sampler", "uniform", "--augment-external", "1", "--rounds", "0"]
+# PLUMBING without --augment-external: a node that cannot learn from a group of equal rewards
+NO_AUGMENT = [arg for arg in PLUMBING if arg not in ("--augment-external", "1")]
 
 
 def free_port() -> int:
@@ -29,7 +88,7 @@ def free_port() -> int:
 
 class NodeProcess:
     """One node; `prefix` runs it under another command (e.g. `ip netns exec NS`), `python` is
-    the interpreter of the sapo release to run (this one by default; tests/releases.py)."""
+    the interpreter of the sapo release to run (this one by default; tests/support/releases.py)."""
 
     def __init__(
         self,
@@ -129,3 +188,17 @@ def deadline(seconds: float) -> float:
 
 def with_peers(args: list[str], peers: list[str]) -> list[str]:
     return [*args, "--peers", *peers] if peers else list(args)
+
+
+def start_node(data_dir, peers: list[str], extra: list[str]) -> NodeProcess:
+    return NodeProcess(data_dir, with_peers(extra, peers))
+
+
+def page_url(node: NodeProcess) -> str:
+    """The `page on` line, which the node prints right after its `listening on` lines."""
+    return wait_for(lambda: _match(PAGE, node.proc.stdout.readline()), timeout=60, interval=0, what="the page address")
+
+
+def _match(pattern, line):
+    match = pattern.match(line.strip())
+    return match.group(1) if match else None

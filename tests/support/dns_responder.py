@@ -1,7 +1,7 @@
 """A tiny authoritative DNS server for tests inside a network namespace: A and TXT records from
 a JSON zone, over UDP, nothing else (no recursion, so it never asks anyone).
 
-    ip netns exec NS python tests/dns_responder.py --listen 198.51.100.2 --zone '{"a.test": {"A": ["1.2.3.4"]}}'
+    ip netns exec NS python tests/support/dns_responder.py --listen 198.51.100.2 --zone '{"a.test": {"A": ["1.2.3.4"]}}'
 
 Prints "ready" once bound; answers until killed. Unknown names get NXDOMAIN."""
 

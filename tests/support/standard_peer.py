@@ -9,7 +9,7 @@ standard host, never dials a circuit again on its own. With `{"reserve": "<relay
 in --settings it holds a slot on that relay, so it can be reached through it.
 
 Its command line and event lines are bench/gossip_peer.py's (`up`, `pub`, `recv`, `state`),
-so `gossip_peer.PeerProcess(..., script=STANDARD_PEER)` runs and reads it. --settings takes
+so `bench.gossip_peer.PeerProcess(..., module=STANDARD_PEER)` runs and reads it. --settings takes
 `swarm` (the topic's swarm name, default "bench") and `reserve`.
 """
 
@@ -36,8 +36,9 @@ from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-STANDARD_PEER = Path(__file__).resolve()
+from bench.gossip_peer import parse_args
+
+STANDARD_PEER = "tests.support.standard_peer"  # run as `python -m`, from the repository root
 FIRST_DIAL_SECONDS = 60.0
 
 
@@ -195,9 +196,6 @@ async def peer_main(args, emit) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(BENCH))
-    from gossip_peer import parse_args
-
     args = parse_args(argv)
     with open(args.events, "a", buffering=1) as events:  # line-buffered: the parent sees each event
 

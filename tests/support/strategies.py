@@ -7,7 +7,7 @@ of `decode` on any of them is a RolloutGroup or `Rejected`.
 
 A bench can run many more cases than the test suite, e.g.:
 
-    from tests.protocol.strategies import hostile_frames
+    from tests.support.strategies import hostile_frames
     @settings(max_examples=100_000, deadline=None) @given(hostile_frames()) ...
 """
 

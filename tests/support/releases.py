@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHANGELOG = ROOT / "CHANGELOG.md"
 # "## 0.1.0: commit 36e7e26, 2026-12-01"
 RELEASE = re.compile(r"^## (\d+\.\d+\.\d+)\b.*?\bcommit ([0-9a-f]{7,40})\b", re.MULTILINE)
