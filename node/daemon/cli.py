@@ -33,7 +33,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     # Generation runs in a worker thread and holds the GIL between torch ops; the trio loop,
     # which serves gossip, gets it at the next forced switch. 1 ms instead of Python's 5: the
     # GIL's share of a 1 ms sleeper's p99 during tiny-model generation fell from 5-8 ms to
-    # 1-2 ms (docs/bench/gossip-during-update.md, gil_probe.py), for a hand-off every 1 ms while both want it.
+    # 1-2 ms (docs/bench/gossip-during-update.md), for a hand-off every 1 ms while both want it.
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     trio.run(run_node, settings, args.stop_with_parent)
     # Everything is saved (run_node checkpoints on the way out). Spare the interpreter's exit
