@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +59,7 @@ from sapo.protocol.peer_records import (
     read_frame,
     seal_own_record,
 )
+from sapo.training.bounded import BoundedMap
 
 if TYPE_CHECKING:
     from sapo.protocol.peer_protocols import PeerProtocols
@@ -86,7 +86,7 @@ class PeerTable:
 
     def __init__(self, max_peers: int) -> None:
         self.max_peers = max_peers
-        self._peers: OrderedDict[ID, KnownPeer] = OrderedDict()
+        self._peers: BoundedMap[ID, KnownPeer] = BoundedMap(max_peers)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -101,11 +101,9 @@ class PeerTable:
             if entry.seq >= known.seq:
                 known.addrs, known.seq, known.envelope = entry.addrs, entry.seq, entry.envelope
                 known.observed_ip = entry.observed_ip or known.observed_ip
-            self._peers.move_to_end(entry.peer_id)
+            self._peers.touch(entry.peer_id)
             return False
-        self._peers[entry.peer_id] = entry
-        while len(self._peers) > self.max_peers:
-            self._peers.popitem(last=False)
+        self._peers.put(entry.peer_id, entry)
         return True
 
     def remove(self, peer_id: ID) -> None:

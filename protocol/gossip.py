@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.hosts import peer_str
 from sapo.protocol.recent import RecentByAuthor
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.gossip")
 
@@ -62,7 +62,7 @@ class Delivery:
         self.incoming = incoming
         self.count = count
         self.seen: RecentByAuthor[None] = RecentByAuthor(SEEN_IDS_PER_AUTHOR, SEEN_IDS)
-        self._gossiping: OrderedDict[bytes, float] = OrderedDict()  # author -> last group on the topic
+        self._gossiping: BoundedMap[bytes, float] = BoundedMap(GOSSIPING_AUTHORS)  # author -> last group on the topic
 
     def gossips(self, author: bytes, now: float) -> bool:
         """Whether `author`'s groups came on the rollouts topic within GOSSIPING_SECONDS."""
@@ -79,10 +79,7 @@ class Delivery:
         now = time.time()
         self.seen.put(msg.from_id, message_id, None, stamp=now, now=now)
         if self.topics[0] in msg.topicIDs:
-            self._gossiping[msg.from_id] = now
-            self._gossiping.move_to_end(msg.from_id)
-            while len(self._gossiping) > GOSSIPING_AUTHORS:
-                self._gossiping.popitem(last=False)
+            self._gossiping.put(msg.from_id, now)
         self.count("received")
         received = ReceivedMessage(
             sender=peer_str(msg.from_id),

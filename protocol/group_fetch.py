@@ -32,7 +32,6 @@ import logging
 import math
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,7 @@ from sapo.protocol.group_wire import (
     response_limit,
 )
 from sapo.protocol.hosts import close_stream, open_peers, reset_stream
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.fetch")
 
@@ -121,7 +121,7 @@ class GroupServer:
         self.may_serve = may_serve
         self.count = count
         self.clock = clock
-        self._budgets: OrderedDict[ID, tuple[float, float]] = OrderedDict()  # peer -> (tokens, at)
+        self._budgets: BoundedMap[ID, tuple[float, float]] = BoundedMap(MAX_TRACKED_ASKERS)  # peer -> (tokens, at)
         self._serving = 0
         self._held: set[ID] = set()  # peers with a request waiting for our next group
 
@@ -167,9 +167,7 @@ class GroupServer:
         now = self.clock()
         tokens, at = self._budgets.pop(peer, (float(SERVE_BURST), now))
         tokens = min(float(SERVE_BURST), tokens + (now - at) / SERVE_INTERVAL_SECONDS)
-        self._budgets[peer] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)
-        while len(self._budgets) > MAX_TRACKED_ASKERS:
-            self._budgets.popitem(last=False)
+        self._budgets.put(peer, (tokens - 1.0 if tokens >= 1.0 else tokens, now))
         return tokens >= 1.0
 
 
@@ -217,9 +215,9 @@ class GroupFetcher:
         send, self._wants = trio.open_memory_channel[int](1)
         self._send_want = send
         # the newest round we hold from each author, so that it sends each group once
-        self._newest: OrderedDict[ID, int] = OrderedDict()
-        self._dialled: OrderedDict[ID, None] = OrderedDict()
-        self._asked: OrderedDict[ID, float] = OrderedDict()  # when we last asked each author
+        self._newest: BoundedMap[ID, int] = BoundedMap(MAX_TRACKED_ASKERS)
+        self._dialled: BoundedMap[ID, None] = BoundedMap(FETCH_LINGER)  # links we opened to fetch, oldest first
+        self._asked: BoundedMap[ID, float] = BoundedMap(MAX_TRACKED_ASKERS)  # when we last asked each author
         self._kept: set[ID] = set()  # links we opened that `keep` says are not ours to close
         self._timeouts = 0  # requests that timed out, ever
         self._calm_until = -math.inf  # no dials before this (OVERLOAD_SECONDS after a timeout)
@@ -333,21 +331,15 @@ class GroupFetcher:
         if self.keep(author.peer_id):
             self._kept.add(author.peer_id)
             return True
-        self._dialled[author.peer_id] = None
-        self._dialled.move_to_end(author.peer_id)
-        while len(self._dialled) > FETCH_LINGER:
-            oldest, _ = self._dialled.popitem(last=False)
-            if not self.keep(oldest):
-                await self._hang_up(oldest)
+        evicted = self._dialled.put(author.peer_id, None)
+        if evicted is not None and not self.keep(evicted[0]):
+            await self._hang_up(evicted[0])
         return True
 
     async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
         stream = None
         self.count("fetch_requests", 1)
-        self._asked[peer] = self.clock()
-        self._asked.move_to_end(peer)
-        while len(self._asked) > MAX_TRACKED_ASKERS:
-            self._asked.popitem(last=False)
+        self._asked.put(peer, self.clock())
         try:
             with trio.fail_after(STREAM_TIMEOUT_SECONDS):
                 stream = await self.host.new_stream(peer, [PROTOCOL_ID])
@@ -372,10 +364,7 @@ class GroupFetcher:
         return []
 
     def _remember(self, peer: ID, round_index: int) -> None:
-        self._newest[peer] = max(round_index, self._newest.get(peer, -1))
-        self._newest.move_to_end(peer)
-        while len(self._newest) > MAX_TRACKED_ASKERS:
-            self._newest.popitem(last=False)
+        self._newest.put(peer, max(round_index, self._newest.get(peer, -1)))
 
     async def _hang_up(self, peer: ID) -> None:
         with trio.move_on_after(1.0):

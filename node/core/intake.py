@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +42,7 @@ from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.verify import VerifyPolicy, verify, work_seconds
 from sapo.sampling.inbox import Inbox
+from sapo.training.bounded import BoundedMap
 from sapo.training.grpo import has_signal
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
@@ -113,7 +113,7 @@ class Intake:
         self._frames: RecentByAuthor[None] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
         self._contents: RecentByAuthor[bytes] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
         # author -> (verifications left, when counted), least recently heard first
-        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._budgets: BoundedMap[str, tuple[float, float]] = BoundedMap(BUDGET_AUTHORS)
         self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
         self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
@@ -121,7 +121,7 @@ class Intake:
         # from a group whose completions all score alike: the contrast comes from its own.
         self.keep_groups_without_signal = keep_groups_without_signal
         # (author, group digest) -> (log-probs, arrival time), oldest first; `_pending_values` bounds them
-        self._pending: OrderedDict[tuple[str, bytes], tuple[BehaviorLogprobs, float]] = OrderedDict()
+        self._pending: BoundedMap[tuple[str, bytes], tuple[BehaviorLogprobs, float]] = BoundedMap(LOGPROBS_MAX_VALUES)
         self._pending_values = 0
 
     def accept(self, frame: bytes, signer: str, now: float) -> QuestionGroup | None:
@@ -201,9 +201,7 @@ class Intake:
         """Take one verification from `author`'s budget, or refuse (over_budget) when it has none."""
         tokens, updated = self._budgets.pop(author, (float(VERIFY_BURST), now))
         tokens = min(float(VERIFY_BURST), tokens + max(0.0, now - updated) * VERIFY_RATE)
-        self._budgets[author] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)  # newest last
-        if len(self._budgets) > BUDGET_AUTHORS:
-            self._budgets.popitem(last=False)
+        self._budgets.put(author, (tokens - 1.0 if tokens >= 1.0 else tokens, now))  # newest last
         if tokens < 1.0:
             raise Rejected(RejectReason.over_budget, f"over its budget of {VERIFY_RATE:g} verified groups a second")
 
@@ -213,7 +211,7 @@ class Intake:
         if extra <= 0.0:
             return
         tokens, updated = self._budgets[author]
-        self._budgets[author] = (max(-float(VERIFY_BURST), tokens - extra), updated)
+        self._budgets.replace(author, (max(-float(VERIFY_BURST), tokens - extra), updated))
 
     def _check_envelope(self, sender: str, swarm: str, created_at: float, signer: str, now: float) -> None:
         if sender != signer:
@@ -228,15 +226,19 @@ class Intake:
 
     def _hold(self, key: tuple[str, bytes], behavior: BehaviorLogprobs, now: float) -> None:
         self._take(key)
-        self._pending[key] = (behavior, now)
         self._pending_values += _values(behavior)
-        while self._pending and (
-            self._pending_values > LOGPROBS_MAX_VALUES
-            or now - next(iter(self._pending.values()))[1] > LOGPROBS_WAIT_SECONDS
+        dropped = self._pending.put(key, (behavior, now))
+        if dropped is not None:
+            self._unmatched(dropped[1][0])
+        while (oldest := self._pending.oldest()) is not None and (
+            self._pending_values > LOGPROBS_MAX_VALUES or now - oldest[1][1] > LOGPROBS_WAIT_SECONDS
         ):
-            _, (dropped, _) = self._pending.popitem(last=False)
-            self._pending_values -= _values(dropped)
-            self.counters.logprobs["unmatched"] += 1
+            self._unmatched(self._pending.pop_oldest()[1][0])
+
+    def _unmatched(self, behavior: BehaviorLogprobs) -> None:
+        """Log-probs whose group never came, forgotten."""
+        self._pending_values -= _values(behavior)
+        self.counters.logprobs["unmatched"] += 1
 
     def _take(self, key: tuple[str, bytes]) -> BehaviorLogprobs | None:
         """The log-probs held for (author, group digest), no longer held."""
@@ -275,10 +277,15 @@ class Intake:
         """Take the memories `to_json` saved into this intake, built with the same settings."""
         _restore_memory(self._frames, saved["frames"])
         _restore_memory(self._contents, saved["contents"])
-        self._budgets = OrderedDict((author, (tokens, updated)) for author, tokens, updated in saved["budgets"])
-        self._pending = OrderedDict(
-            ((author, bytes.fromhex(digest)), (BehaviorLogprobs.model_validate(behavior), arrived))
-            for author, digest, behavior, arrived in saved["pending"]
+        self._budgets = BoundedMap(
+            BUDGET_AUTHORS, ((author, (tokens, updated)) for author, tokens, updated in saved["budgets"])
+        )
+        self._pending = BoundedMap(
+            LOGPROBS_MAX_VALUES,
+            (
+                ((author, bytes.fromhex(digest)), (BehaviorLogprobs.model_validate(behavior), arrived))
+                for author, digest, behavior, arrived in saved["pending"]
+            ),
         )
         self._pending_values = sum(_values(behavior) for behavior, _ in self._pending.values())
 
