@@ -41,6 +41,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
+from sapo.protocol.buckets import TokenBuckets
 from sapo.protocol.frames import FrameError, read_frame
 from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.group_wire import (
@@ -121,14 +122,19 @@ class GroupServer:
         self.may_serve = may_serve
         self.count = count
         self.clock = clock
-        self._budgets: BoundedMap[ID, tuple[float, float]] = BoundedMap(MAX_TRACKED_ASKERS)  # peer -> (tokens, at)
+        # each asker's requests left: SERVE_BURST in a row, then one per SERVE_INTERVAL_SECONDS
+        self._budgets: TokenBuckets[ID] = TokenBuckets(1 / SERVE_INTERVAL_SECONDS, SERVE_BURST, MAX_TRACKED_ASKERS)
         self._serving = 0
         self._held: set[ID] = set()  # peers with a request waiting for our next group
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
         peer = stream.muxed_conn.peer_id
-        if self._serving >= MAX_CONCURRENT_SERVES or not self.may_serve(peer) or not self._take(peer):
+        if (
+            self._serving >= MAX_CONCURRENT_SERVES
+            or not self.may_serve(peer)
+            or not self._budgets.take(peer, self.clock())
+        ):
             self.count("fetch_refused")
             await reset_stream(stream)
             return
@@ -161,14 +167,6 @@ class GroupServer:
         finally:
             self._serving += 1
             self._held.discard(peer)
-
-    def _take(self, peer: ID) -> bool:
-        """One token from `peer`'s bucket (SERVE_BURST deep, one back per SERVE_INTERVAL)."""
-        now = self.clock()
-        tokens, at = self._budgets.pop(peer, (float(SERVE_BURST), now))
-        tokens = min(float(SERVE_BURST), tokens + (now - at) / SERVE_INTERVAL_SECONDS)
-        self._budgets.put(peer, (tokens - 1.0 if tokens >= 1.0 else tokens, now))
-        return tokens >= 1.0
 
 
 @dataclass(frozen=True)

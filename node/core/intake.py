@@ -37,6 +37,7 @@ from typing import Any
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.refusal_log import RefusalLog
+from sapo.protocol.buckets import TokenBuckets
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.recent import RecentByAuthor
@@ -112,8 +113,10 @@ class Intake:
         per_author = min(seen_capacity, math.ceil(VERIFY_RATE * (max_age_seconds + CLOCK_SKEW_SECONDS)) + VERIFY_BURST)
         self._frames: RecentByAuthor[None] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
         self._contents: RecentByAuthor[bytes] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
-        # author -> (verifications left, when counted), least recently heard first
-        self._budgets: BoundedMap[str, tuple[float, float]] = BoundedMap(BUDGET_AUTHORS)
+        # each author's verifications left, least recently heard first; a costly one runs a debt
+        self._budgets: TokenBuckets[str] = TokenBuckets(
+            VERIFY_RATE, VERIFY_BURST, BUDGET_AUTHORS, floor=-float(VERIFY_BURST)
+        )
         self.on_reject = on_reject
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
         self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
@@ -199,10 +202,7 @@ class Intake:
 
     def _spend_verification(self, author: str, now: float) -> None:
         """Take one verification from `author`'s budget, or refuse (over_budget) when it has none."""
-        tokens, updated = self._budgets.pop(author, (float(VERIFY_BURST), now))
-        tokens = min(float(VERIFY_BURST), tokens + max(0.0, now - updated) * VERIFY_RATE)
-        self._budgets.put(author, (tokens - 1.0 if tokens >= 1.0 else tokens, now))  # newest last
-        if tokens < 1.0:
+        if not self._budgets.take(author, now):
             raise Rejected(RejectReason.over_budget, f"over its budget of {VERIFY_RATE:g} verified groups a second")
 
     def _charge_cpu(self, author: str, seconds: float) -> None:
@@ -210,8 +210,7 @@ class Intake:
         extra = seconds / VERIFY_CPU_SECONDS - 1.0
         if extra <= 0.0:
             return
-        tokens, updated = self._budgets[author]
-        self._budgets.replace(author, (max(-float(VERIFY_BURST), tokens - extra), updated))
+        self._budgets.charge(author, extra)
 
     def _check_envelope(self, sender: str, swarm: str, created_at: float, signer: str, now: float) -> None:
         if sender != signer:
@@ -266,7 +265,7 @@ class Intake:
         return {
             "frames": _memory_to_json(self._frames),
             "contents": _memory_to_json(self._contents),
-            "budgets": [[author, tokens, updated] for author, (tokens, updated) in self._budgets.items()],
+            "budgets": [[author, tokens, updated] for author, tokens, updated in self._budgets.entries()],
             "pending": [
                 [author, digest.hex(), behavior.model_dump(mode="json"), arrived]
                 for (author, digest), (behavior, arrived) in self._pending.items()
@@ -277,9 +276,7 @@ class Intake:
         """Take the memories `to_json` saved into this intake, built with the same settings."""
         _restore_memory(self._frames, saved["frames"])
         _restore_memory(self._contents, saved["contents"])
-        self._budgets = BoundedMap(
-            BUDGET_AUTHORS, ((author, (tokens, updated)) for author, tokens, updated in saved["budgets"])
-        )
+        self._budgets.restore(saved["budgets"])  # [author, tokens, when], least recently heard first
         self._pending = BoundedMap(
             LOGPROBS_MAX_VALUES,
             (
