@@ -64,8 +64,11 @@ class TokenBucket:
         self.tokens = 0.0
         return cost - tokens
 
-    def charge(self, cost: float) -> None:
-        """Spend `cost` tokens whatever is left, down to `floor`."""
+    def charge(self, cost: float, now: float | None = None) -> None:
+        """Spend `cost` tokens whatever is left, down to `floor`; refilled to `now` first, if given
+        (else what it held when last refilled pays, as the intake charges a verification's CPU)."""
+        if now is not None:
+            self.refill(now)
         self.tokens = max(self.floor, self.tokens - cost)
 
     def debt_seconds(self) -> float:
@@ -95,12 +98,12 @@ class TokenBuckets(Generic[K]):
         self._buckets.put(key, bucket)
         return bucket.take(now, cost)
 
-    def charge(self, key: K, cost: float) -> None:
+    def charge(self, key: K, cost: float, now: float | None = None) -> None:
         """Spend `cost` of `key`'s tokens whatever it has left, down to the floor (a debt its
-        refills pay back first); nothing for a key not held."""
+        refills pay back first), refilled to `now` first if given; nothing for a key not held."""
         bucket = self._buckets.get(key)
         if bucket is not None:
-            bucket.charge(cost)
+            bucket.charge(cost, now)
 
     def entries(self) -> list[tuple[K, float, float]]:
         """(key, tokens, when last refilled) of each bucket, least recently used first."""

@@ -45,8 +45,10 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.hosts import close_stream, is_relayed, open_peers, reset_stream
+from sapo.protocol import streams
+from sapo.protocol.hosts import open_peers
 from sapo.protocol.peer_records import (
+    MAX_FRAME_BYTES,
     PROTOCOL_ID,
     RECORDS_PER_RESPONSE,
     BadRecord,
@@ -56,9 +58,9 @@ from sapo.protocol.peer_records import (
     decode_response,
     encode_request,
     encode_response,
-    read_frame,
     seal_own_record,
 )
+from sapo.protocol.streams import Request, ServeLimits, StreamServer
 from sapo.training.bounded import BoundedMap
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ FAST_INTERVAL_SECONDS = 1.0
 # A peer asking more often than this is refused: answering costs a signature check.
 MIN_SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
+MAX_SERVES_PER_PEER = 2
 # Failed dials back off 2, 4, 8... s (at most a minute); after this many the record is dropped.
 MAX_DIAL_FAILURES = 4
 
@@ -194,8 +197,16 @@ class PeerDiscovery:
         # our record, sealed of the addresses we advertise (`advertise` seals it again)
         self._advertised = list(addrs)
         self._own = seal_own_record(self.key_pair, self._advertised)
-        self._last_served: dict[ID, float] = {}
-        self._serving = 0
+        # each peer's requests: one per MIN_SERVE_INTERVAL_SECONDS (answering costs a signature check)
+        limits = ServeLimits(
+            seconds=STREAM_TIMEOUT_SECONDS,
+            total=MAX_CONCURRENT_SERVES,
+            per_peer=MAX_SERVES_PER_PEER,
+            rate=1 / MIN_SERVE_INTERVAL_SECONDS,
+            burst=1,
+            max_tracked=max_tracked,
+        )
+        self._server = StreamServer("discovery", limits, may_serve=may_dial, count=count, clock=clock)
 
     def attach(self) -> None:
         """Start answering requests."""
@@ -210,33 +221,13 @@ class PeerDiscovery:
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
-        peer = stream.muxed_conn.peer_id
-        now = self.clock()
-        busy = (
-            self._serving >= MAX_CONCURRENT_SERVES
-            or now - self._last_served.get(peer, -1e9) < MIN_SERVE_INTERVAL_SECONDS
-        )
-        if busy or not self.may_dial(peer):
-            self.count("discovery_refused")
-            await reset_stream(stream)
-            return
-        self._remember_served(peer, now)
-        self._serving += 1
-        try:
-            with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
-                theirs = decode_request(await read_frame(stream))
-                self._learn(theirs, _remote_ip(stream), expect_peer=peer)
-                connected = [p for p in open_peers(self._host) if p != peer]
-                await stream.write(encode_response(self._own, self.table.records_to_share(connected)))
-                self.count("discovery_served")
-            with trio.move_on_after(1.0):
-                await stream.close()
-        except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
-            self.count("discovery_bad_request")
-            logger.debug("discovery request from %s refused: %s", peer, error)
-            await reset_stream(stream)
-        finally:
-            self._serving -= 1
+        await self._server.answer(stream, MAX_FRAME_BYTES, self._respond)
+
+    async def _respond(self, request: Request) -> bytes:
+        theirs = decode_request(request.payload)
+        self._learn(theirs, request.remote_ip, expect_peer=request.peer)
+        connected = [p for p in open_peers(self._host) if p != request.peer]
+        return encode_response(self._own, self.table.records_to_share(connected))
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Ask and dial until cancelled."""
@@ -262,25 +253,26 @@ class PeerDiscovery:
 
     async def ask(self, peer: ID) -> None:
         """One exchange with `peer`: our record out, its record and its peers' records in."""
-        stream = None
         try:
-            with trio.fail_after(STREAM_TIMEOUT_SECONDS):
-                stream = await self._host.new_stream(peer, [PROTOCOL_ID])
-                await stream.write(encode_request(self._own))
-                own, peers = decode_response(await read_frame(stream))
-            self.count("discovery_asked")
-            self._learn(own, _remote_ip(stream), expect_peer=peer)
-            for envelope, observed_ip in peers:
-                self._learn(envelope, observed_ip)
+            reply = await streams.ask(
+                self._host,
+                peer,
+                PROTOCOL_ID,
+                encode_request(self._own),
+                max_reply_bytes=MAX_FRAME_BYTES,
+                seconds=STREAM_TIMEOUT_SECONDS,
+            )
+            own, peers = decode_response(reply.payload)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not asked again soon
             if self.protocols is not None and self.protocols.refused(peer, PROTOCOL_ID, error):
                 return  # a peer without discovery is not a failure; it is remembered and not asked again
             self.count("discovery_failed")
             logger.debug("asking %s for peers failed: %s: %s", peer, type(error).__name__, error)
-        finally:
-            if stream is not None:
-                with trio.move_on_after(1.0):
-                    await close_stream(stream)
+            return
+        self.count("discovery_asked")
+        self._learn(own, reply.remote_ip, expect_peer=peer)
+        for envelope, observed_ip in peers:
+            self._learn(envelope, observed_ip)
 
     async def dial_some(self) -> None:
         """Dial random known, unconnected, dialable peers until `target` are connected."""
@@ -329,20 +321,3 @@ class PeerDiscovery:
             return
         if self.table.add(entry):
             self.count("peers_discovered")
-
-    def _remember_served(self, peer: ID, now: float) -> None:
-        self._last_served[peer] = now
-        if len(self._last_served) > self.max_tracked:
-            cutoff = now - MIN_SERVE_INTERVAL_SECONDS
-            self._last_served = {p: t for p, t in self._last_served.items() if t >= cutoff}
-
-
-def _remote_ip(stream: Any) -> str | None:
-    """The IP a peer's stream comes from; None over a relay (that IP is the relay's)."""
-    if is_relayed(stream.muxed_conn):
-        return None
-    try:
-        remote = stream.get_remote_address()
-    except Exception:  # noqa: BLE001 - not every transport knows
-        return None
-    return remote[0] if remote else None

@@ -41,8 +41,8 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.buckets import TokenBuckets
-from sapo.protocol.frames import FrameError, read_frame
+from sapo.protocol import streams
+from sapo.protocol.frames import FrameError
 from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
@@ -57,7 +57,8 @@ from sapo.protocol.group_wire import (
     encode_response,
     response_limit,
 )
-from sapo.protocol.hosts import close_stream, open_peers, reset_stream
+from sapo.protocol.hosts import open_peers
+from sapo.protocol.streams import Request, ServeLimits, StreamServer
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.fetch")
@@ -105,8 +106,8 @@ GROUPS_PER_AUTHOR = 2
 
 
 class GroupServer:
-    """Answers `/sapo/groups/1` from `outbox`. `may_serve(peer)` is the network's allow list and
-    bans; `count(name)` its counters."""
+    """Answers `/sapo/groups/1` from `outbox`, within the limits above (streams.py serves each
+    request). `may_serve(peer)` is the network's allow list and bans; `count(name)` its counters."""
 
     def __init__(
         self,
@@ -115,58 +116,41 @@ class GroupServer:
         swarm: str,
         may_serve: Callable[[ID], bool],
         count: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.outbox = outbox
         self.swarm = swarm
-        self.may_serve = may_serve
-        self.count = count
-        self.clock = clock
-        # each asker's requests left: SERVE_BURST in a row, then one per SERVE_INTERVAL_SECONDS
-        self._budgets: TokenBuckets[ID] = TokenBuckets(1 / SERVE_INTERVAL_SECONDS, SERVE_BURST, MAX_TRACKED_ASKERS)
-        self._serving = 0
+        limits = ServeLimits(
+            seconds=STREAM_TIMEOUT_SECONDS,
+            total=MAX_CONCURRENT_SERVES,
+            per_peer=SERVE_BURST,
+            rate=1 / SERVE_INTERVAL_SECONDS,
+            burst=SERVE_BURST,
+            max_tracked=MAX_TRACKED_ASKERS,
+        )
+        self.server = StreamServer("fetch", limits, may_serve=may_serve, count=count)
         self._held: set[ID] = set()  # peers with a request waiting for our next group
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
-        peer = stream.muxed_conn.peer_id
-        if (
-            self._serving >= MAX_CONCURRENT_SERVES
-            or not self.may_serve(peer)
-            or not self._budgets.take(peer, self.clock())
-        ):
-            self.count("fetch_refused")
-            await reset_stream(stream)
-            return
-        self._serving += 1
-        try:
-            with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
-                request = decode_request(await read_frame(stream, MAX_REQUEST_BYTES))
-                await stream.write(encode_response(await self._answer(peer, request)))
-                self.count("fetch_served")
-            with trio.move_on_after(1.0):
-                await stream.close()
-        except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
-            self.count("fetch_bad_request")
-            logger.debug("group request from %s refused: %s", peer, error)
-            await reset_stream(stream)
-        finally:
-            self._serving -= 1
+        await self.server.answer(stream, MAX_REQUEST_BYTES, self._respond)
 
-    async def _answer(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
-        if request.swarm != self.swarm:
+    async def _respond(self, request: Request) -> bytes:
+        return encode_response(await self._answer(request))
+
+    async def _answer(self, request: Request) -> list[ServedGroup]:
+        asked = decode_request(request.payload)
+        if asked.swarm != self.swarm:
             return []
-        groups = self.outbox.newer_than(request)
-        if groups or peer in self._held or len(self._held) >= MAX_HELD:
+        groups = self.outbox.newer_than(asked)
+        if groups or request.peer in self._held or len(self._held) >= MAX_HELD:
             return groups
         # Held outside the serving slots: a wait costs us a stream, not a place in the queue.
-        self._held.add(peer)
-        self._serving -= 1
+        self._held.add(request.peer)
+        request.set_aside()
         try:
-            return await self.outbox.newer_within(request, HOLD_SECONDS)
+            return await self.outbox.newer_within(asked, HOLD_SECONDS)
         finally:
-            self._serving += 1
-            self._held.discard(peer)
+            self._held.discard(request.peer)
 
 
 @dataclass(frozen=True)
@@ -196,10 +180,8 @@ class GroupFetcher:
         refused: Callable[[ID, str, BaseException], bool],
         count: Callable[[str, int], None],
         keep: Callable[[ID], bool],
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
-        self.clock = clock
         self.swarm = swarm
         self.topic = topic
         self.max_message_bytes = max_message_bytes
@@ -250,7 +232,7 @@ class GroupFetcher:
         at most `dials` of them; how many groups came and how many authors were dialled. A want's dials are
         bounded by its groups: a short fetch is retried, and were each retry to dial afresh, a
         node whose dials time out (its loop busy) would only dial more."""
-        now = self.clock()
+        now = time.monotonic()
         if now < self._calm_until:
             dials = 0
         connected = set(open_peers(self.host))
@@ -335,30 +317,29 @@ class GroupFetcher:
         return True
 
     async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
-        stream = None
         self.count("fetch_requests", 1)
-        self._asked.put(peer, self.clock())
+        self._asked.put(peer, time.monotonic())
         try:
-            with trio.fail_after(STREAM_TIMEOUT_SECONDS):
-                stream = await self.host.new_stream(peer, [PROTOCOL_ID])
-                await stream.write(encode_request(request))
-                payload = await read_frame(stream, response_limit(request.max_groups, self.max_message_bytes))
-            return decode_response(payload, request, self.max_message_bytes)
+            reply = await streams.ask(
+                self.host,
+                peer,
+                PROTOCOL_ID,
+                encode_request(request),
+                max_reply_bytes=response_limit(request.max_groups, self.max_message_bytes),
+                seconds=STREAM_TIMEOUT_SECONDS,
+            )
+            return decode_response(reply.payload, request, self.max_message_bytes)
         except FrameError as error:
             self.count("fetch_bad_response", 1)
             logger.info("peer %s answered a group request badly: %s", peer, error)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not heard from
-            if is_timeout(error):
+            if isinstance(error, trio.TooSlowError):  # our deadline: a loop (ours or its) too busy
                 self._timeouts += 1
-                self._calm_until = self.clock() + OVERLOAD_SECONDS
+                self._calm_until = time.monotonic() + OVERLOAD_SECONDS
                 self.count("fetch_timeouts", 1)
             if not self.refused(peer, PROTOCOL_ID, error):
                 self.count("fetch_failed", 1)
                 logger.debug("fetching groups from %s failed: %s: %s", peer, type(error).__name__, error)
-        finally:
-            if stream is not None:
-                with trio.move_on_after(1.0):
-                    await close_stream(stream)
         return []
 
     def _remember(self, peer: ID, round_index: int) -> None:
@@ -370,11 +351,6 @@ class GroupFetcher:
                 await self.host.disconnect(peer)
             except Exception as error:  # noqa: BLE001 - already gone is fine
                 logger.debug("closing the fetch link to %s failed: %s", peer, error)
-
-
-def is_timeout(error: BaseException) -> bool:
-    """Our own deadline, or py-libp2p's stream negotiation giving up ("... timed out after 10s")."""
-    return isinstance(error, trio.TooSlowError) or "timed out" in str(error)
 
 
 def is_relayed_addr(address: multiaddr.Multiaddr) -> bool:

@@ -50,6 +50,7 @@ from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
 from sapo.protocol.hosts import direct_peers, is_relayed
+from sapo.protocol.streams import ServeLimits, StreamServer
 
 if TYPE_CHECKING:
     from sapo.protocol.peer_protocols import PeerProtocols
@@ -60,7 +61,9 @@ logger = logging.getLogger("sapo.reachability")
 DIALBACK_TIMEOUT_SECONDS = 5.0
 MAX_DIALBACK_ADDRS = 4
 MAX_CONCURRENT_DIALBACKS = 8
+MAX_DIALBACKS_PER_PEER = 2
 MIN_ASK_INTERVAL_SECONDS = 10.0
+MAX_TRACKED_ASKERS = 1024
 # A request, including the server's dial-back (which may try a few addresses).
 QUERY_TIMEOUT_SECONDS = 4 * DIALBACK_TIMEOUT_SECONDS
 SERVERS_PER_CHECK = 2
@@ -261,32 +264,23 @@ class ReachabilityService:
         # network group -> (verdict, when, server): one voice per group, its latest
         self._verdicts: dict[str, tuple[bool, float, ID]] = {}
         self._next_ask: dict[ID, float] = {}
-        self._served_at: dict[ID, float] = {}
-        self._serving = 0
+        # one request per peer per MIN_ASK_INTERVAL_SECONDS: a dial-back costs us a connection
+        limits = ServeLimits(
+            seconds=QUERY_TIMEOUT_SECONDS,
+            total=MAX_CONCURRENT_DIALBACKS,
+            per_peer=MAX_DIALBACKS_PER_PEER,
+            rate=1 / MIN_ASK_INTERVAL_SECONDS,
+            burst=1,
+            max_tracked=MAX_TRACKED_ASKERS,
+        )
+        self._server = StreamServer("autonat", limits, may_serve=may_use, count=count, clock=clock)
 
     def attach(self) -> None:
         self.host.set_stream_handler(AUTONAT_PROTOCOL_ID, self.handle)
 
     async def handle(self, stream: Any) -> None:
         """Serve one request, unless the peer is refused, asked too recently, or we are busy."""
-        peer = stream.muxed_conn.peer_id
-        now = self.clock()
-        too_soon = now - self._served_at.get(peer, -1e9) < MIN_ASK_INTERVAL_SECONDS
-        if too_soon or self._serving >= MAX_CONCURRENT_DIALBACKS or not self.may_use(peer):
-            self.count("autonat_refused")
-            with trio.move_on_after(DIALBACK_TIMEOUT_SECONDS):
-                await stream.reset()
-            return
-        self._served_at[peer] = now
-        if len(self._served_at) > 1024:
-            self._served_at = {p: t for p, t in self._served_at.items() if now - t < MIN_ASK_INTERVAL_SECONDS}
-        self._serving += 1
-        try:
-            with trio.move_on_after(QUERY_TIMEOUT_SECONDS):
-                await self._autonat.handle_stream(stream)
-            self.count("autonat_served")
-        finally:
-            self._serving -= 1
+        await self._server.handle(stream, self._autonat.handle_stream)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Ask peers to dial us back, now and then; runs until cancelled."""

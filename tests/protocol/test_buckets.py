@@ -32,6 +32,8 @@ def test_a_charge_runs_a_debt_down_to_the_floor_which_refills_pay_back_first():
     assert bucket.tokens == -5.0  # the floor
     assert not bucket.take(0.5)  # 5 back: out of debt, nothing to spend yet
     assert bucket.take(0.75)
+    bucket.charge(1.0, now=100.0)  # refilled to the burst first
+    assert bucket.tokens == 4.0
 
 
 def test_a_debt_without_floor_is_waited_out():
