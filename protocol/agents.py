@@ -21,6 +21,7 @@ from libp2p.peer.id import ID
 from libp2p.utils import decode_varint_with_size, varint
 from libp2p.utils.varint import read_length_prefixed_protobuf
 
+from sapo.protocol.peer_gate import PeerGate
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.agents")
@@ -74,10 +75,10 @@ class _AgentStamped:
 class PeerAgents:
     """The agent string each peer's identify gave, asked once per peer (again after a failure)."""
 
-    def __init__(self, host: Any, peers: Callable[[], list[ID]], may_ask: Callable[[ID], bool]) -> None:
+    def __init__(self, host: Any, peers: Callable[[], list[ID]], gate: PeerGate) -> None:
         self.host = host
         self.peers = peers  # the peers connected now
-        self.may_ask = may_ask  # not banned, allowed
+        self.may_ask = gate.may_use  # not banned, allowed
         self._agents: BoundedMap[str, str] = BoundedMap(MAX_REMEMBERED)
         self._failed: BoundedMap[str, float] = BoundedMap(MAX_REMEMBERED)  # peer -> when to ask it again
         self._asking: set[str] = set()

@@ -18,6 +18,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.hosts import peer_str
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.recent import RecentByAuthor
 from sapo.training.bounded import BoundedMap
 
@@ -103,17 +104,15 @@ class Delivery:
             self.count("inbox_closed")
 
 
-def size_validator(
-    max_bytes: int, my_id: ID, count: Callable[[str], None], penalize: Callable[[ID, str], None]
-) -> Callable[[ID, rpc_pb2.Message], bool]:
+def size_validator(max_bytes: int, my_id: ID, gate: PeerGate) -> Callable[[ID, rpc_pb2.Message], bool]:
     """A topic validator: runs before a message is forwarded or delivered, so an oversized one
     goes no further, and its author pays."""
 
     def validate(forwarder: ID, msg: rpc_pb2.Message) -> bool:
         if len(msg.data) > max_bytes:
-            count("oversized")
+            gate.count("oversized")
             if msg.from_id != my_id.to_bytes():  # signature already checked: the author pays
-                penalize(ID(msg.from_id), "oversized")
+                gate.penalize(ID(msg.from_id), "oversized")
             logger.warning(
                 "rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
                 len(msg.data),

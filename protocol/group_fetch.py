@@ -32,9 +32,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import multiaddr
 import trio
@@ -58,6 +58,7 @@ from sapo.protocol.group_wire import (
     response_limit,
 )
 from sapo.protocol.hosts import open_peers
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.streams import Request, ServeLimits, StreamServer
 from sapo.training.bounded import BoundedMap
 
@@ -107,16 +108,9 @@ GROUPS_PER_AUTHOR = 2
 
 class GroupServer:
     """Answers `/sapo/groups/1` from `outbox`, within the limits above (streams.py serves each
-    request). `may_serve(peer)` is the network's allow list and bans; `count(name)` its counters."""
+    request); the `gate` says whom (peer_gate.py: allow list, bans) and counts."""
 
-    def __init__(
-        self,
-        outbox: Outbox,
-        *,
-        swarm: str,
-        may_serve: Callable[[ID], bool],
-        count: Callable[[str], None],
-    ) -> None:
+    def __init__(self, outbox: Outbox, *, swarm: str, gate: PeerGate) -> None:
         self.outbox = outbox
         self.swarm = swarm
         limits = ServeLimits(
@@ -127,7 +121,7 @@ class GroupServer:
             burst=SERVE_BURST,
             max_tracked=MAX_TRACKED_ASKERS,
         )
-        self.server = StreamServer("fetch", limits, may_serve=may_serve, count=count)
+        self.server = StreamServer("fetch", limits, gate)
         self._held: set[ID] = set()  # peers with a request waiting for our next group
 
     async def handle(self, stream: Any) -> None:
@@ -161,10 +155,22 @@ class Author:
     addrs: tuple[multiaddr.Multiaddr, ...]
 
 
+class Links(Protocol):
+    """What the fetcher needs of the network's dialer (dialing.py)."""
+
+    async def dial(self, info: PeerInfo) -> bool:
+        """One bounded dial, unless the gate refuses the peer: whether it is connected after."""
+        ...
+
+    def keeps(self, peer: ID) -> bool:
+        """A link that is not a fetch's to close (bootstrap peers, relays, relayed links)."""
+        ...
+
+
 class GroupFetcher:
     """Brings groups on `want(count)`: from authors drawn uniformly from `authors()`, handed to
-    `hand` as `ReceivedMessage`s on `topic`. The network passes in its host, its bounded `dial`,
-    which peers may be used and which lack the protocol, and its counters."""
+    `hand` as `ReceivedMessage`s on `topic`. The network passes in its host, its `gate` (who may
+    be asked, which peers lack the protocol, the counters) and its dialer (`links`)."""
 
     def __init__(
         self,
@@ -173,32 +179,27 @@ class GroupFetcher:
         swarm: str,
         topic: str,
         max_message_bytes: int,
+        gate: PeerGate,
+        links: Links,
         authors: Callable[[], list[Author]],
-        dial: Callable[[PeerInfo], Awaitable[bool]],
         hand: Callable[[ReceivedMessage], None],
-        lacks: Callable[[ID, str], bool],
-        refused: Callable[[ID, str, BaseException], bool],
-        count: Callable[[str, int], None],
-        keep: Callable[[ID], bool],
     ) -> None:
         self.host = host
         self.swarm = swarm
         self.topic = topic
         self.max_message_bytes = max_message_bytes
+        self.gate = gate
+        self.count = gate.count
+        self.links = links
         self.authors = authors
-        self.dial = dial
         self.hand = hand
-        self.lacks = lacks
-        self.refused = refused
-        self.count = count
-        self.keep = keep  # peers whose link is not ours to close (bootstrap peers, relays)
         send, self._wants = trio.open_memory_channel[int](1)
         self._send_want = send
         # the newest round we hold from each author, so that it sends each group once
         self._newest: BoundedMap[ID, int] = BoundedMap(MAX_TRACKED_ASKERS)
         self._dialled: BoundedMap[ID, None] = BoundedMap(FETCH_LINGER)  # links we opened to fetch, oldest first
         self._asked: BoundedMap[ID, float] = BoundedMap(MAX_TRACKED_ASKERS)  # when we last asked each author
-        self._kept: set[ID] = set()  # links we opened that `keep` says are not ours to close
+        self._kept: set[ID] = set()  # links we opened that `links.keeps`: not ours to close
         self._timeouts = 0  # requests that timed out, ever
         self._calm_until = -math.inf  # no dials before this (OVERLOAD_SECONDS after a timeout)
 
@@ -240,7 +241,7 @@ class GroupFetcher:
             a
             for a in self.authors()
             if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
-            and not self.lacks(a.peer_id, PROTOCOL_ID)
+            and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
         ]
         random.shuffle(pool)
         got = dialled = 0
@@ -305,14 +306,14 @@ class GroupFetcher:
             self.count("fetch_relayed_full", 1)
             return False
         self.count("fetch_dials", 1)
-        if not author.addrs or not await self.dial(PeerInfo(author.peer_id, list(author.addrs))):
+        if not author.addrs or not await self.links.dial(PeerInfo(author.peer_id, list(author.addrs))):
             self.count("fetch_failed", 1)
             return False
-        if self.keep(author.peer_id):
+        if self.links.keeps(author.peer_id):
             self._kept.add(author.peer_id)
             return True
         evicted = self._dialled.put(author.peer_id, None)
-        if evicted is not None and not self.keep(evicted[0]):
+        if evicted is not None and not self.links.keeps(evicted[0]):
             await self._hang_up(evicted[0])
         return True
 
@@ -337,7 +338,7 @@ class GroupFetcher:
                 self._timeouts += 1
                 self._calm_until = time.monotonic() + OVERLOAD_SECONDS
                 self.count("fetch_timeouts", 1)
-            if not self.refused(peer, PROTOCOL_ID, error):
+            if not self.gate.refused(peer, PROTOCOL_ID, error):
                 self.count("fetch_failed", 1)
                 logger.debug("fetching groups from %s failed: %s: %s", peer, type(error).__name__, error)
         return []

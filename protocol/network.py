@@ -29,19 +29,20 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.agents import PeerAgents
-from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
+from sapo.protocol.dialing import BootstrapKeeper, Dialer
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.gossip import Delivery, ReceivedMessage, size_validator
 from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.group_fetch import Author, GroupFetcher, GroupServer
 from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.protocol.group_wire import Outbox
-from sapo.protocol.hosts import connection_addresses, direct_ip, is_relayed, new_noise_host, open_peers
+from sapo.protocol.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.peer_policy import PeerPolicy
 from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
-from sapo.protocol.pubsub_guards import PubsubHooks, cut_connections
+from sapo.protocol.pubsub_guards import cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService, network_group
-from sapo.protocol.relay import RelayService
+from sapo.protocol.relay import RelayService, Reservations
 from sapo.protocol.relayed_links import RelayedLinks
 from sapo.protocol.settings import NetworkSettings
 
@@ -79,10 +80,11 @@ class Network:
         pubsub: Pubsub,
         policy: PeerPolicy,
         protocols: PeerProtocols,
+        gate: PeerGate,
         nat: ReachabilityService,
         relay: RelayService,
         discovery: PeerDiscovery,
-        dialer: OneDialPerPeer,
+        dialer: Dialer,
         agents: PeerAgents,
         keeper: BootstrapKeeper,
         outbox: Outbox,
@@ -96,6 +98,7 @@ class Network:
         self.pubsub = pubsub
         self.policy = policy  # the allow list, the peer score and its bans
         self.protocols = protocols  # which optional protocols each peer lacks
+        self.gate = gate  # the one answer every service gets about a peer
         self.nat = nat  # our reachability (public, private, unknown), and the dial-backs we serve
         self.relay = relay
         self.discovery = discovery
@@ -247,16 +250,7 @@ class Network:
 
     async def dial(self, info: PeerInfo) -> bool:
         """One bounded dial (directly, else through a relay), unless the peer is refused."""
-        return await dial_unless_refused(self.policy, self.dialer, info)
-
-
-async def dial_unless_refused(policy: PeerPolicy, dialer: OneDialPerPeer, info: PeerInfo) -> bool:
-    if policy.refusal(info.peer_id) is not None:
-        return False
-    error = await dialer.dial(info)
-    if error is not None:
-        logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
-    return error is None
+        return await self.dialer.dial(info)
 
 
 def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -> list[multiaddr.Multiaddr]:
@@ -286,28 +280,25 @@ async def open_network(
     bans_in, bans_out = trio.open_memory_channel[ID](PENDING_BANS)
     policy = PeerPolicy(settings, my_id, count, on_ban=partial(_queue_ban, bans_in))
     # identify's addresses are the host's (DCUtR needs our listen port there) and our relayed
-    # ones; the relay needs the host, so it joins this list once it is built.
-    relays: list[RelayService] = []
-    host = new_noise_host(
-        key_pair,
-        [listen],
-        psk=settings.psk,
-        addrs_factory=lambda candidates: [*candidates, *(a for r in relays for a in r.relayed_addrs())],
-    )
+    # ones: the relay slots are held before the relay service that keeps them, which needs the host
+    reservations = Reservations()
+    host = new_noise_host(key_pair, [listen], psk=settings.psk, addrs_factory=reservations.with_relayed)
     protocols = PeerProtocols(host, count)
+    gate = PeerGate(
+        refusal=policy.refusal, penalize=policy.penalize, count=count, lacks=protocols.lacks, refused=protocols.refused
+    )
     router = gossip_router(settings)
     delivery = Delivery(my_id, topics, incoming, count)
-    pubsub = guarded_pubsub(host, router, _hooks(settings, policy, protocols, delivery), settings)
+    pubsub = guarded_pubsub(host, router, settings, gate, policy, delivery)
 
     # quiet_refusals: a peer without an optional protocol is not an ERROR
     async with quiet_refusals(), host.run([listen]):
         try:
             async with background_trio_service(pubsub), background_trio_service(router):
-                await _subscribe(
-                    pubsub, topics, size_validator(settings.max_message_bytes, my_id, count, policy.penalize)
+                await _subscribe(pubsub, topics, size_validator(settings.max_message_bytes, my_id, gate))
+                network = _services(
+                    settings, key_pair, topics, host, pubsub, policy, protocols, gate, delivery, reservations, counters
                 )
-                network = _services(settings, key_pair, topics, host, pubsub, policy, protocols, delivery, counters)
-                relays.append(network.relay)
                 logger.info(
                     "gossip up: peer %s listening on %s, topic %s",
                     network.peer_id,
@@ -320,21 +311,6 @@ async def open_network(
                     nursery.cancel_scope.cancel()
         finally:
             await _close(host, settings.close_timeout_seconds)
-
-
-def _hooks(settings: NetworkSettings, policy: PeerPolicy, protocols: PeerProtocols, delivery: Delivery) -> PubsubHooks:
-    """What the guarded pubsub may ask: the policy's checks, the delivery, the protocols peers lack."""
-    return PubsubHooks(
-        refusal=policy.refusal,
-        refusal_bytes=policy.refusal_bytes,
-        admit_author=policy.admit_author,
-        penalize=policy.penalize,
-        count=policy.count,
-        deliver=delivery.deliver,
-        lacks=protocols.lacks,
-        refused=protocols.refused,
-        close_timeout=settings.close_timeout_seconds,
-    )
 
 
 async def _subscribe(pubsub: Pubsub, topics: tuple[str, ...], validate: Callable[..., bool]) -> None:
@@ -354,83 +330,40 @@ def _services(
     pubsub: Pubsub,
     policy: PeerPolicy,
     protocols: PeerProtocols,
+    gate: PeerGate,
     delivery: Delivery,
+    reservations: Reservations,
     counters: dict[str, int],
 ) -> Network:
-    """The NAT services, then discovery, then group fetching, around a host whose pubsub is up:
-    the `Network`."""
-    count = policy.count
-    bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
-
-    def readvertise() -> None:  # our relay slots or reachability changed
-        discovery.advertise(advertised_addrs(host, relay, nat))
-
-    def on_reachability(status: Reachability) -> None:
-        count(f"reachability_{status.value}")
-        relay.set_reachability(status)
-        readvertise()
-
-    # Both callbacks run only from the services' own tasks, which `_start` starts once discovery,
-    # which they re-advertise through, exists.
+    """The NAT services, then the dialer, discovery and group fetching, each handed the gate and
+    what it uses of those built before it, around a host whose pubsub is up: the `Network`."""
+    bootstrap_ids: set[ID] = set()  # resolved `peers`, filled by the keeper: the relays a NATed node tries first
     nat, relay = nat_services(
-        host,
-        settings,
-        protocols,
-        may_use=policy.may_use,
-        count=count,
-        on_reachability=on_reachability,
-        on_addrs_changed=readvertise,
-        preferred_relays=lambda: sorted(bootstrap_ids, key=str),
+        host, settings, gate, reservations, preferred_relays=lambda: sorted(bootstrap_ids, key=str)
     )
-    dialer = OneDialPerPeer(host, relay)
+    dialer = Dialer(host, relay, gate, bootstrap_ids)
     discovery = PeerDiscovery(
         key_pair,
         host,
-        advertised_addrs(host, relay, nat),
+        addresses=partial(advertised_addrs, host, relay, nat),
         target=settings.discover_peers,
         interval=settings.discovery_interval_seconds,
         max_tracked=settings.max_tracked_peers,
-        may_dial=policy.may_use,
-        dial=partial(dial_unless_refused, policy, dialer),
-        count=count,
-        protocols=protocols,
+        gate=gate,
+        dialer=dialer,
     )
     discovery.attach()  # answer requests even with discovery off
     outbox = Outbox()
-    host.set_stream_handler(
-        GROUPS_PROTOCOL_ID, GroupServer(outbox, swarm=settings.swarm, may_serve=policy.may_use, count=count).handle
-    )
-
-    def authors() -> list[Author]:
-        """Everyone we may ask: our connections and discovery's table, each once, but those
-        whose groups come on the topic anyway (an older release, or a node beside one)."""
-        now = time.time()
-
-        def askable(peer: ID) -> bool:
-            return policy.may_use(peer) and not delivery.gossips(peer.to_bytes(), now)
-
-        connected = {peer: Author(peer, ()) for peer in open_peers(host) if askable(peer)}
-        known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if askable(e.peer_id)}
-        return list({**known, **connected}.values())
-
-    def keep(peer: ID) -> bool:
-        """Links a fetch must not close: bootstrap peers, relays we hold a slot on, and relayed
-        links (relayed_links.py would dial those again at once)."""
-        connections = host.get_network().get_connections(peer)
-        return peer in bootstrap_ids or peer in relay.reservations or any(is_relayed(c) for c in connections)
-
+    host.set_stream_handler(GROUPS_PROTOCOL_ID, GroupServer(outbox, swarm=settings.swarm, gate=gate).handle)
     fetcher = GroupFetcher(
         host,
         swarm=settings.swarm,
         topic=settings.topic,
         max_message_bytes=settings.max_message_bytes,
-        authors=authors,
-        dial=partial(dial_unless_refused, policy, dialer),
+        gate=gate,
+        links=dialer,
+        authors=partial(_authors, host, gate, delivery, discovery),
         hand=delivery.hand,
-        lacks=protocols.lacks,
-        refused=protocols.refused,
-        count=counter(counters),
-        keep=keep,
     )
     return Network(
         settings=settings,
@@ -440,28 +373,37 @@ def _services(
         pubsub=pubsub,
         policy=policy,
         protocols=protocols,
+        gate=gate,
         nat=nat,
         relay=relay,
         discovery=discovery,
         dialer=dialer,
-        agents=PeerAgents(host, lambda: open_peers(host), policy.may_use),
-        keeper=BootstrapKeeper(host, settings, policy.my_id, policy.refusal, relay, count, bootstrap_ids),
+        agents=PeerAgents(host, partial(open_peers, host), gate),
+        keeper=BootstrapKeeper(host, settings, gate, relay, bootstrap_ids),
         outbox=outbox,
         fetcher=fetcher,
         counters=counters,
     )
 
 
+def _authors(host: Any, gate: PeerGate, delivery: Delivery, discovery: PeerDiscovery) -> list[Author]:
+    """Everyone a fetch may ask: our connections and discovery's table, each once, but those
+    whose groups come on the topic anyway (an older release, or a node beside one)."""
+    now = time.time()
+
+    def askable(peer: ID) -> bool:
+        return gate.may_use(peer) and not delivery.gossips(peer.to_bytes(), now)
+
+    connected = {peer: Author(peer, ()) for peer in open_peers(host) if askable(peer)}
+    known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if askable(e.peer_id)}
+    return list({**known, **connected}.values())
+
+
 async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryReceiveChannel[ID]) -> None:
     """Run the network's services in `nursery`, in the order they were built."""
-    settings, relay, policy = network.settings, network.relay, network.policy
+    settings, relay = network.settings, network.relay
     links = RelayedLinks(
-        network.host,
-        relay.slots(),
-        dial=network.dial,
-        known_addrs=network.discovery.addrs_of,
-        refused=lambda peer: policy.refusal(peer) is not None,
-        count=network.count,
+        network.host, relay.slots(), dialer=network.dialer, gate=network.gate, known_addrs=network.discovery.addrs_of
     )
     nursery.start_soon(_cut_off_banned, bans, network.host, network.discovery, settings.close_timeout_seconds)
     await nursery.start(relay.run)

@@ -40,7 +40,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import multiaddr
 import trio
@@ -50,10 +50,8 @@ from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
 from sapo.protocol.hosts import direct_peers, is_relayed
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.streams import ServeLimits, StreamServer
-
-if TYPE_CHECKING:
-    from sapo.protocol.peer_protocols import PeerProtocols
 
 logger = logging.getLogger("sapo.reachability")
 
@@ -230,10 +228,11 @@ class ReachabilityService:
     """Serves AutoNAT dial-backs and keeps this node's own `status` current.
 
     `mode` "public"/"private" fixes the status (no checks; requests are still served).
-    `may_use(peer)` is the network's allow/ban rule (peer_policy.py); `on_change(status)` is called
-    (synchronously) whenever the status changes. With `protocols`, peers known to lack AutoNAT
-    (peer_protocols.py) are never asked. `bootstrap(peer)` says whether the operator named the
-    peer (it is asked at once); any other peer only once connected `min_server_age` seconds."""
+    The `gate` (peer_gate.py) says whom we serve and ask (allow list, bans; peers known to lack
+    AutoNAT are never asked) and counts (`reachability_<status>` at each change);
+    `on_change(status)` is called (synchronously) whenever the status changes. `bootstrap(peer)`
+    says whether the operator named the peer (it is asked at once); any other peer only once
+    connected `min_server_age` seconds."""
 
     def __init__(
         self,
@@ -241,20 +240,18 @@ class ReachabilityService:
         *,
         mode: str,
         interval: float,
-        may_use: Callable[[ID], bool],
-        count: Callable[[str], None],
+        gate: PeerGate,
         on_change: Callable[[Reachability], None],
-        protocols: PeerProtocols | None = None,
         bootstrap: Callable[[ID], bool] = lambda peer: False,
         min_server_age: float = MIN_SERVER_AGE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
-        self.protocols = protocols
+        self.gate = gate
         self.mode = mode
         self.interval = interval
-        self.may_use = may_use
-        self.count = count
+        self.may_use = gate.may_use
+        self.count = gate.count
         self.on_change = on_change
         self.clock = clock
         self.bootstrap = bootstrap
@@ -273,7 +270,7 @@ class ReachabilityService:
             burst=1,
             max_tracked=MAX_TRACKED_ASKERS,
         )
-        self._server = StreamServer("autonat", limits, may_serve=may_use, count=count, clock=clock)
+        self._server = StreamServer("autonat", limits, gate, clock)
 
     def attach(self) -> None:
         self.host.set_stream_handler(AUTONAT_PROTOCOL_ID, self.handle)
@@ -305,7 +302,7 @@ class ReachabilityService:
             for peer in established
             if self.may_use(peer)
             and self._next_ask.get(peer, 0.0) <= now
-            and (self.protocols is None or not self.protocols.lacks(peer, AUTONAT_PROTOCOL_ID))
+            and not self.gate.lacks(peer, AUTONAT_PROTOCOL_ID)
         ]
         answered = 0
         for server in random.sample(servers, min(SERVERS_PER_CHECK, len(servers))):
@@ -345,7 +342,7 @@ class ReachabilityService:
         try:
             status, _ = await self._autonat.query_server(server, addrs=addrs, timeout=QUERY_TIMEOUT_SECONDS)
         except Exception as error:  # noqa: BLE001 - no AutoNAT there, reset, timeout
-            if self.protocols is None or not self.protocols.refused(server, AUTONAT_PROTOCOL_ID, error):
+            if not self.gate.refused(server, AUTONAT_PROTOCOL_ID, error):
                 logger.debug("AutoNAT request to %s failed: %s", server, error)
             return None
         self.count("reachability_checks")
@@ -371,4 +368,5 @@ class ReachabilityService:
                 len(self._verdicts),
             )
             self.status = new
+            self.count(f"reachability_{new.value}")
             self.on_change(new)

@@ -47,6 +47,7 @@ from libp2p.relay.circuit_v2.utils import maybe_consume_signed_record, read_deli
 from libp2p.security.pnet.protector import new_protected_conn
 
 from sapo.protocol.buckets import UNBOUNDED_DEBT, TokenBucket
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.settings import RELAY_BYTES_PER_HOUR, RELAY_BYTES_PER_SECOND, RELAY_MAX_CIRCUITS
 
 logger = logging.getLogger("sapo.relay")
@@ -111,17 +112,10 @@ class RelayBudget:
 class GuardedRelayProtocol(CircuitV2Protocol):
     """0.8.1's relay protocol, answering only peers the network accepts, within one budget."""
 
-    def __init__(
-        self,
-        *args: Any,
-        may_use: Callable[[ID], bool],
-        count: Callable[[str], None],
-        budget: RelayBudget | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, *args: Any, gate: PeerGate, budget: RelayBudget | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._may_use = may_use
-        self._count = count
+        self._may_use = gate.may_use
+        self._count = gate.count
         self.budget = budget or RelayBudget()
 
     async def _handle_hop_stream(self, stream: Any) -> None:

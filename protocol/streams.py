@@ -39,6 +39,7 @@ from libp2p.peer.id import ID
 from sapo.protocol.buckets import TokenBuckets
 from sapo.protocol.frames import read_frame
 from sapo.protocol.hosts import close_stream, is_relayed, reset_stream
+from sapo.protocol.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.streams")
 
@@ -70,22 +71,16 @@ class Request:
 
 
 class StreamServer:
-    """Serves one protocol's streams within `limits`: see the module docstring. `may_serve(peer)`
-    is the network's gate; `count(name)` its counters, named `<name>_...`."""
+    """Serves one protocol's streams within `limits`: see the module docstring. The `gate` says
+    whom we serve (peer_gate.py) and counts, named `<name>_...`."""
 
     def __init__(
-        self,
-        name: str,
-        limits: ServeLimits,
-        *,
-        may_serve: Callable[[ID], bool],
-        count: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
+        self, name: str, limits: ServeLimits, gate: PeerGate, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.name = name
         self.limits = limits
-        self.may_serve = may_serve
-        self.count = count
+        self.gate = gate
+        self.count = gate.count
         self.clock = clock
         self._serving = trio.CapacityLimiter(limits.total)
         self._open: dict[ID, int] = {}  # requests being served per peer; at most `total` keys, and those set aside
@@ -148,7 +143,7 @@ class StreamServer:
         if (
             self._serving.available_tokens < 1
             or self._open.get(peer, 0) >= self.limits.per_peer
-            or not self.may_serve(peer)
+            or not self.gate.may_use(peer)
             or not self._rates.take(peer, self.clock())
         ):
             return None

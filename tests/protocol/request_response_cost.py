@@ -16,6 +16,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.request_response import BytesCodec, RequestResponse, RequestResponseConfig
 
 from sapo.protocol.frames import length_prefixed
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.streams import ServeLimits, StreamServer, ask
 from tests.protocol.test_reachability import two_connected_hosts
 
@@ -29,7 +30,7 @@ async def ours(server, client, count: int) -> None:
         return length_prefixed(request.payload)
 
     limits = ServeLimits(seconds=5.0, total=8, per_peer=4, rate=1e9, burst=1e9)
-    served = StreamServer("bench", limits, may_serve=lambda peer: True, count=lambda name: None)
+    served = StreamServer("bench", limits, PeerGate())
     server.set_stream_handler(OURS, lambda stream: served.answer(stream, 256, echo))
     for _ in range(count):
         reply = await ask(client, server.get_id(), OURS, length_prefixed(PAYLOAD), max_reply_bytes=256, seconds=5)

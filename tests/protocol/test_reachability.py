@@ -13,6 +13,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol import reachability
 from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
@@ -73,8 +74,7 @@ async def test_our_dial_back_really_dials_and_answers_a_peer_once_per_interval()
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: counters.__setitem__(name, counters.get(name, 0) + 1),
+                gate=PeerGate(count=lambda name: counters.__setitem__(name, counters.get(name, 0) + 1)),
                 on_change=lambda status: None,
                 clock=lambda: now[0],
             ).attach()
@@ -99,8 +99,7 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: False,
-                count=lambda name: None,
+                gate=PeerGate(refusal=lambda peer: "not_allowed"),
                 on_change=lambda status: None,
             ).attach()
             changes: list[Reachability] = []
@@ -109,8 +108,7 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
                 client,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=changes.append,
                 bootstrap=lambda peer: peer == server.get_id(),
             )
@@ -120,8 +118,7 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=lambda status: None,
             ).attach()
             service._next_ask.clear()
@@ -157,8 +154,7 @@ async def test_a_dial_back_proves_who_answered_and_leaves_no_error_in_the_reques
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=lambda status: None,
             ).attach()
             live = client.get_transport_addrs()[0]

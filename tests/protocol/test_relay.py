@@ -15,6 +15,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol import relay_guards, relayed_links
 from sapo.protocol.hosts import is_relayed, new_noise_host
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.relay import RelayService, relay_limits
 from tests.protocol.test_gossip import receive_all, start_node
 
@@ -136,9 +137,7 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
         relays_to_reserve=0,
         hole_punching=False,
         preferred_relays=list,
-        may_use=may_use,
-        count=lambda name: None,
-        on_addrs_changed=lambda: None,
+        gate=PeerGate(refusal=lambda peer: None if may_use(peer) else "banned"),
     )
     circuit = multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/9/p2p/{refused}/p2p-circuit")
     error = await service.dial(PeerInfo(target, [circuit]))
@@ -158,9 +157,7 @@ async def test_a_relays_refusal_is_forgotten_once_its_backoff_has_run_out():
         relays_to_reserve=1,
         hole_punching=False,
         preferred_relays=list,
-        may_use=lambda peer: True,
-        count=lambda name: None,
-        on_addrs_changed=lambda: None,
+        gate=PeerGate(),
         clock=lambda: now[0],
     )
     refusers = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3)]
@@ -245,9 +242,7 @@ async def test_a_bootstrap_relay_that_refused_is_asked_again_sooner(monkeypatch)
         relays_to_reserve=2,
         hole_punching=False,
         preferred_relays=lambda: [boot],
-        may_use=lambda peer: True,
-        count=lambda name: None,
-        on_addrs_changed=lambda: None,
+        gate=PeerGate(),
         clock=lambda: now[0],
     )
     service.relay_address = lambda relay: multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/9")

@@ -13,6 +13,7 @@ from libp2p.rcmgr import Direction, new_resource_manager
 
 from sapo.protocol.frames import FrameError, FrameLengthError, length_prefixed, read_frame
 from sapo.protocol.group_wire import MAX_REQUEST_BYTES, GroupRequest, encode_request
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.streams import Request, ServeLimits, StreamServer, ask
 from tests.protocol.test_reachability import two_connected_hosts
 
@@ -58,16 +59,10 @@ class FakeStream:
         return ("10.1.2.3", 4001)
 
 
-def server(limits=LIMITS, may_serve=lambda peer: True):
+def server(limits=LIMITS, refusal=lambda peer: None):
     counts: dict[str, int] = {}
-    served = StreamServer(
-        "echo",
-        limits,
-        may_serve=may_serve,
-        count=lambda name: counts.__setitem__(name, counts.get(name, 0) + 1),
-        clock=trio.current_time,
-    )
-    return served, counts
+    gate = PeerGate(refusal=refusal, count=lambda name: counts.__setitem__(name, counts.get(name, 0) + 1))
+    return StreamServer("echo", limits, gate, clock=trio.current_time), counts
 
 
 async def echo(request: Request) -> bytes:
@@ -90,7 +85,7 @@ async def test_a_request_is_read_answered_and_closed():
 
 
 async def test_a_refused_peer_is_reset_before_a_byte_is_read():
-    served, counts = server(may_serve=lambda peer: peer != "banned")
+    served, counts = server(refusal=lambda peer: "banned" if peer == "banned" else None)
     stream = FakeStream("banned")
     await served.answer(stream, 64, echo)
     assert stream.was_reset and stream.reads == 0 and counts == {"echo_refused": 1}
