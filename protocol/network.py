@@ -2,8 +2,9 @@
 
 `open_network` builds, in this order, the py-libp2p 0.8.1 host, its GossipSub pubsub with the
 guards 0.8.1 lacks (pubsub_guards.py), the NAT services (reachability, relay), discovery and the
-keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: publish,
-peers, penalise, counters, and what the page and the daemon read. When the block ends the
+keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: what the
+exchange uses (share, want, publish, refusal, penalize, network group), and one `status()` for
+the page. When the block ends the
 nursery is cancelled and the host closed. Nothing of a `Network` is missing while it is up;
 there is no half-built state to guard against.
 
@@ -17,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -24,7 +26,6 @@ import multiaddr
 import trio
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -66,51 +67,45 @@ def counter(counters: dict[str, int]) -> Callable[..., None]:
     return count
 
 
+@dataclass(frozen=True)
+class NetworkStatus:
+    """What the page (and a bench) reads of a running network, at one moment."""
+
+    reachability: str  # 'public', 'private' or 'unknown' (reachability.py)
+    relaying: bool  # whether we serve circuits for other peers now
+    relayed_addrs: list[str]  # ours through the relays we hold a slot on, ending in /p2p/<our id>
+    advertised_addrs: list[str]  # what our signed peer record says (only the relayed ones behind NAT)
+    connected: list[str]  # peers with an open connection
+    addresses: dict[str, list[str]]  # the transport address of each open connection, per peer
+    agents: dict[str, str]  # what each peer's identify said it runs ("sapo/0.4.0", "py-libp2p/0.8.1")
+    scores: dict[str, float]  # the peer guard's score of each connected peer (0: nothing held against it)
+    bans: list[str]
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True, eq=False)
 class Network:
-    """A running node's network; only `open_network` makes one. Every attribute is set for as
-    long as the `async with` block runs."""
+    """A running node's network; only `open_network` makes one, whole, and nothing of it changes
+    while the `async with` block runs. The services are public for tests and benches to look at."""
 
-    def __init__(
-        self,
-        *,
-        settings: NetworkSettings,
-        topics: tuple[str, ...],
-        my_id: ID,
-        host: Any,
-        pubsub: Pubsub,
-        policy: PeerPolicy,
-        protocols: PeerProtocols,
-        gate: PeerGate,
-        nat: ReachabilityService,
-        relay: RelayService,
-        discovery: PeerDiscovery,
-        dialer: Dialer,
-        agents: PeerAgents,
-        keeper: BootstrapKeeper,
-        outbox: Outbox,
-        fetcher: GroupFetcher,
-        counters: dict[str, int],
-    ) -> None:
-        self.settings = settings
-        self.topics = topics  # the rollouts topic, then any others this node reads
-        self.my_id = my_id
-        self.host = host
-        self.pubsub = pubsub
-        self.policy = policy  # the allow list, the peer score and its bans
-        self.protocols = protocols  # which optional protocols each peer lacks
-        self.gate = gate  # the one answer every service gets about a peer
-        self.nat = nat  # our reachability (public, private, unknown), and the dial-backs we serve
-        self.relay = relay
-        self.discovery = discovery
-        self.dialer = dialer
-        self.agents = agents  # what each peer's identify says it runs
-        self.keeper = keeper  # keeps each `peers` entry dialled
-        self.outbox = outbox  # our own recent groups, served over /sapo/groups/1
-        self.fetcher = fetcher  # brings the groups `want` asks for
-        self.counters = counters
-        self.count = counter(counters)
+    settings: NetworkSettings
+    topics: tuple[str, ...]  # the rollouts topic, then any others this node reads
+    my_id: ID
+    host: Any
+    pubsub: Pubsub
+    policy: PeerPolicy  # the allow list, the peer score and its bans
+    gate: PeerGate  # the one answer every service gets about a peer
+    nat: ReachabilityService  # our reachability (public, private, unknown), and the dial-backs we serve
+    relay: RelayService
+    discovery: PeerDiscovery
+    dialer: Dialer
+    agents: PeerAgents  # what each peer's identify says it runs
+    keeper: BootstrapKeeper  # keeps each `peers` entry dialled
+    outbox: Outbox  # our own recent groups, served over /sapo/groups/1
+    fetcher: GroupFetcher  # brings the groups `want` asks for
+    counters: dict[str, int]
 
-    # --- who we are --------------------------------------------------------------------------
+    # --- who we are, and what the page shows --------------------------------------------------
 
     @property
     def peer_id(self) -> str:
@@ -121,29 +116,21 @@ class Network:
         """Full multiaddrs, ending /p2p/<id>."""
         return [str(address) for address in self.host.get_addrs()]
 
-    @property
-    def reachability(self) -> str:
-        """'public', 'private' or 'unknown' (reachability.py)."""
-        return self.nat.status.value
-
-    @property
-    def relayed_addrs(self) -> list[str]:
-        """Our addresses through the relays we hold a slot on, ending in /p2p/<our id>."""
-        return [f"{address}/p2p/{self.peer_id}" for address in self.relay.relayed_addrs()]
-
-    @property
-    def relaying(self) -> bool:
-        """Whether this node currently serves circuits for other peers."""
-        return self.relay.serving
-
-    def advertised_addrs(self) -> list[multiaddr.Multiaddr]:
-        """What our signed peer record says: behind NAT with a relay slot, only the relayed
-        addresses (our own would cost every dialler a full timeout); otherwise our listen
-        addresses."""
-        return advertised_addrs(self.host, self.relay, self.nat)
-
-    def counters_snapshot(self) -> dict[str, int]:
-        return dict(self.counters)
+    def status(self) -> NetworkStatus:
+        connected = open_peers(self.host)
+        guard = self.policy.guard
+        return NetworkStatus(
+            reachability=self.nat.status.value,
+            relaying=self.relay.serving,
+            relayed_addrs=[f"{address}/p2p/{self.peer_id}" for address in self.relay.relayed_addrs()],
+            advertised_addrs=[str(a) for a in advertised_addrs(self.host, self.relay, self.nat)],
+            connected=sorted(peer.to_base58() for peer in connected),
+            addresses=connection_addresses(self.host),
+            agents=self.agents.agents(),
+            scores={peer.to_base58(): round(guard.score(peer.to_bytes()), 3) for peer in connected},
+            bans=self.policy.banned_peers(),
+            counters=dict(self.counters),
+        )
 
     # --- groups ------------------------------------------------------------------------------
 
@@ -154,7 +141,7 @@ class Network:
         if len(frame) > self.settings.max_message_bytes:
             return await self.publish(frame)  # refused and counted there, one way for both
         self.outbox.put(round_index, frame)
-        self.count("shared")
+        self.gate.count("shared")
         if self.settings.exchange == "gossip" or self.legacy_peers():
             return await self.publish(frame)
         return True
@@ -167,7 +154,7 @@ class Network:
 
     def legacy_peers(self) -> list[str]:
         """Connected peers that read the rollouts topic but cannot fetch (releases before 0.4.0)."""
-        lacks = self.protocols.lacks
+        lacks = self.gate.lacks
         gossip = self.pubsub.protocols[0]
         return sorted(
             peer.to_base58()
@@ -181,7 +168,7 @@ class Network:
         """Sign and gossip `data` on `topic` (the rollouts topic by default; we need not read a
         topic to publish on it); False (and counted) if it was dropped here."""
         if len(data) > self.settings.max_message_bytes:
-            self.count("publish_dropped")
+            self.gate.count("publish_dropped")
             logger.warning(
                 "publish of %d bytes refused: over max_message_bytes=%d", len(data), self.settings.max_message_bytes
             )
@@ -190,50 +177,29 @@ class Network:
             try:
                 await self.pubsub.publish(topic or self.settings.topic, data)
             except Exception as error:
-                self.count("publish_dropped")
+                self.gate.count("publish_dropped")
                 logger.warning("publish failed: %s: %s", type(error).__name__, error)
                 return False
         if scope.cancelled_caught:
-            self.count("publish_dropped")
+            self.gate.count("publish_dropped")
             logger.warning("publish timed out after %.0f s", PUBLISH_TIMEOUT_SECONDS)
             return False
-        self.count("published")
+        self.gate.count("published")
         return True
 
     # --- peers -------------------------------------------------------------------------------
 
-    def refusal(self, peer_id: ID) -> str | None:
-        """Why this peer may not connect, send or be dialled ('not_allowed', 'banned'), or None."""
-        return self.policy.refusal(peer_id)
-
     def refusal_bytes(self, peer_id: bytes) -> str | None:
+        """Why this peer (its raw id) may not connect, send or be dialled ('not_allowed', 'banned'), or None."""
         return self.policy.refusal_bytes(peer_id)
 
-    def penalize(self, peer_id: ID, reason: str) -> None:
-        """Charge a peer for an offence named by a reject reason (peer_guard.PENALTIES); past
-        the threshold it is banned and disconnected."""
-        self.policy.penalize(peer_id, reason)
-
-    penalise = penalize
-
     def penalize_sender(self, sender: str, reason: str) -> None:
-        """`penalize` for the application's checks, which name the signer in base58."""
+        """Charge the signer (base58) of what the intake refused (peer_guard.PENALTIES); past the
+        threshold it is banned and disconnected."""
         self.policy.penalize_sender(sender, reason)
-
-    def banned_peers(self) -> list[str]:
-        return self.policy.banned_peers()
 
     def connected_peers(self) -> list[str]:
         return sorted(peer.to_base58() for peer in open_peers(self.host))
-
-    def peer_agents(self) -> dict[str, str]:
-        """What each peer's libp2p identify said it runs ("sapo/0.3.0", "py-libp2p/0.8.1", ...)."""
-        return self.agents.agents()
-
-    def peer_scores(self) -> dict[str, float]:
-        """The peer guard's score of each connected peer (0 = nothing held against it)."""
-        guard = self.policy.guard
-        return {peer.to_base58(): round(guard.score(peer.to_bytes()), 3) for peer in open_peers(self.host)}
 
     def network_group_of(self, peer: str) -> str | None:
         """The network address group (reachability.network_group: IPv4 /16, IPv6 /32, or one
@@ -243,14 +209,6 @@ class Network:
         except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
             return None
         return network_group(ip) if ip is not None else None
-
-    def peer_addresses(self) -> dict[str, list[str]]:
-        """The transport address of each open connection, per connected peer (for the status page)."""
-        return connection_addresses(self.host)
-
-    async def dial(self, info: PeerInfo) -> bool:
-        """One bounded dial (directly, else through a relay), unless the peer is refused."""
-        return await self.dialer.dial(info)
 
 
 def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -> list[multiaddr.Multiaddr]:
@@ -297,7 +255,7 @@ async def open_network(
             async with background_trio_service(pubsub), background_trio_service(router):
                 await _subscribe(pubsub, topics, size_validator(settings.max_message_bytes, my_id, gate))
                 network = _services(
-                    settings, key_pair, topics, host, pubsub, policy, protocols, gate, delivery, reservations, counters
+                    settings, key_pair, topics, host, pubsub, policy, gate, delivery, reservations, counters
                 )
                 logger.info(
                     "gossip up: peer %s listening on %s, topic %s",
@@ -329,7 +287,6 @@ def _services(
     host: Any,
     pubsub: Pubsub,
     policy: PeerPolicy,
-    protocols: PeerProtocols,
     gate: PeerGate,
     delivery: Delivery,
     reservations: Reservations,
@@ -372,7 +329,6 @@ def _services(
         host=host,
         pubsub=pubsub,
         policy=policy,
-        protocols=protocols,
         gate=gate,
         nat=nat,
         relay=relay,

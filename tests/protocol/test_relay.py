@@ -39,23 +39,23 @@ async def relay_and_two_private(nursery, psk=None, **private):
     private = {**private, "psk": psk}
     a = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
     b = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
-    await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+    await wait_until(lambda: a.service.status().relayed_addrs and b.service.status().relayed_addrs, 20)
     return relay, a, b
 
 
 async def dial_through_relay(a, b) -> None:
-    (circuit,) = b.service.relayed_addrs
+    (circuit,) = b.service.status().relayed_addrs
     info = PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
-    assert await a.service.dial(info)  # directly, else through the relay: connected
+    assert await a.service.dialer.dial(info)  # directly, else through the relay: connected
 
 
 async def test_private_peers_meet_through_the_relay_and_gossip_over_the_circuit():
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             relay, a, b = await relay_and_two_private(nursery)
-            assert relay.service.relaying and not a.service.relaying
+            assert relay.service.status().relaying and not a.service.status().relaying
             # a private peer's record names only its relayed address: its own would not answer
-            (address,) = a.service.advertised_addrs()
+            (address,) = a.service.status().advertised_addrs
             assert str(address) == f"{relay.addr}/p2p-circuit", address
             await dial_through_relay(a, b)
             await wait_until(lambda: kinds(a, b) == {True} and kinds(b, a) == {True}, 30)
@@ -185,7 +185,7 @@ async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
             assert [m.data for m in await receive_all(b, 1)] == [b"inside the private swarm"]
             outsider = await start_node(nursery, peers=[relay.addr], **PRIVATE)  # no key
             await trio.sleep(3)
-            assert not outsider.service.relayed_addrs and not outsider.service.connected_peers()
+            assert not outsider.service.status().relayed_addrs and not outsider.service.connected_peers()
             nursery.cancel_scope.cancel()
 
 
@@ -196,7 +196,7 @@ async def test_a_circuit_cut_at_the_relays_byte_limit_is_dialled_again():
             relay = await start_node(nursery, relay="on", reachability="public", relay_max_circuit_bytes=48 * 1024)
             a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
             b = await start_node(nursery, peers=[relay.addr], **PRIVATE)
-            await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+            await wait_until(lambda: a.service.status().relayed_addrs and b.service.status().relayed_addrs, 20)
             await dial_through_relay(a, b)
             await wait_until(lambda: kinds(a, b) == {True}, 20)
             await trio.sleep(2)
