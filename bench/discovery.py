@@ -88,7 +88,7 @@ async def dial_candidates(member: Member, candidates, target: int) -> None:
     ]
     random.shuffle(pool)
     for info in pool[: max(0, target - len(connected))]:
-        if not await service.dial(info):
+        if not await service.dialer.dial(info):
             member.dial_failures += 1
 
 

@@ -117,12 +117,13 @@ async def receive_frames(incoming, limits) -> None:
 async def report_state(args: argparse.Namespace, service) -> None:
     """A `state` line every --state-seconds: CPU, reachability, relaying, connections, counters."""
     while True:
+        seen = service.status()
         emit(
             ev="state",
             cpu=time.process_time(),
-            reachability=service.reachability,
-            relaying=service.relaying,
-            relayed=service.relayed_addrs,
+            reachability=seen.reachability,
+            relaying=seen.relaying,
+            relayed=seen.relayed_addrs,
             conns=connection_kinds(service),
             counters=service.counters,
         )

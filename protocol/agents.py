@@ -10,7 +10,6 @@ ours (`identify_as`: libp2p's own handler, with the agent field of its answer re
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,9 @@ from libp2p.identity.identify.pb.identify_pb2 import Identify
 from libp2p.peer.id import ID
 from libp2p.utils import decode_varint_with_size, varint
 from libp2p.utils.varint import read_length_prefixed_protobuf
+
+from sapo.protocol.peer_gate import PeerGate
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.agents")
 
@@ -73,16 +75,16 @@ class _AgentStamped:
 class PeerAgents:
     """The agent string each peer's identify gave, asked once per peer (again after a failure)."""
 
-    def __init__(self, host: Any, peers: Callable[[], list[ID]], may_ask: Callable[[ID], bool]) -> None:
+    def __init__(self, host: Any, peers: Callable[[], list[ID]], gate: PeerGate) -> None:
         self.host = host
         self.peers = peers  # the peers connected now
-        self.may_ask = may_ask  # not banned, allowed
-        self._agents: OrderedDict[str, str] = OrderedDict()
-        self._failed: OrderedDict[str, float] = OrderedDict()  # peer -> when to ask it again
+        self.may_ask = gate.may_use  # not banned, allowed
+        self._agents: BoundedMap[str, str] = BoundedMap(MAX_REMEMBERED)
+        self._failed: BoundedMap[str, float] = BoundedMap(MAX_REMEMBERED)  # peer -> when to ask it again
         self._asking: set[str] = set()
 
     def agents(self) -> dict[str, str]:
-        return dict(self._agents)
+        return dict(self._agents.items())
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -108,16 +110,11 @@ class PeerAgents:
         finally:
             self._asking.discard(name)
         if agent is None:
-            self._failed[name] = trio.current_time() + RETRY_SECONDS
-            self._failed.move_to_end(name)
-            while len(self._failed) > MAX_REMEMBERED:  # peers that failed once and left, for months
-                self._failed.popitem(last=False)
+            # bounded: a node meets peers that fail once and leave, for months
+            self._failed.put(name, trio.current_time() + RETRY_SECONDS)
             return
         self._failed.pop(name, None)
-        self._agents[name] = agent
-        self._agents.move_to_end(name)
-        while len(self._agents) > MAX_REMEMBERED:
-            self._agents.popitem(last=False)
+        self._agents.put(name, agent)
 
     async def ask(self, peer: ID) -> str | None:
         """`peer`'s agent string, printable and bounded, or None if it did not answer in time."""

@@ -4,7 +4,6 @@ one `--peers` entry connected for as long as the node runs."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -12,6 +11,8 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.addresses import AddressError, resolve_peer_address
+from sapo.protocol.hosts import is_relayed
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.settings import NetworkSettings
 
 if TYPE_CHECKING:
@@ -70,50 +71,58 @@ async def dial_direct(host: Any, info: PeerInfo) -> BaseException | None:
     return error
 
 
-class OneDialPerPeer:
-    """`dial`, with one dial per peer at a time: discovery and the relayed-link keeper may want
-    the same peer at once, and two circuits to one peer are one too many. A second caller waits
-    for the first dial and shares its outcome."""
+class Dialer:
+    """The network's one way to dial a peer it chose (discovery, fetching, relayed links): one
+    bounded dial (directly, else through a relay), never of a peer the gate refuses, and one per
+    peer at a time (discovery and the relayed-link keeper may want the same peer at once, and two
+    circuits to one peer are one too many: a second caller waits for the first dial and shares
+    its outcome). It also knows which links a fetch must not close (`keeps`)."""
 
-    def __init__(self, host: Any, relay: RelayService | None) -> None:
+    def __init__(self, host: Any, relay: RelayService, gate: PeerGate, bootstrap_ids: set[ID]) -> None:
         self.host = host
         self.relay = relay
+        self.gate = gate
+        self.bootstrap_ids = bootstrap_ids  # filled by the bootstrap keeper as it resolves `peers`
         self._pending: dict[ID, trio.Event] = {}
 
-    async def dial(self, info: PeerInfo) -> BaseException | None:
+    async def dial(self, info: PeerInfo) -> bool:
+        """Whether `info.peer_id` is connected after one bounded dial (False if the gate refuses it)."""
+        if self.gate.refusal(info.peer_id) is not None:
+            return False
         pending = self._pending.get(info.peer_id)
         if pending is not None:
             await pending.wait()
-            connected = is_connected(self.host.get_network(), info.peer_id)
-            return None if connected else ConnectionError("a dial of this peer already in progress failed")
+            return is_connected(self.host.get_network(), info.peer_id)
         done = self._pending[info.peer_id] = trio.Event()
         try:
-            return await dial(self.host, info, self.relay)
+            error = await dial(self.host, info, self.relay)
         finally:
             del self._pending[info.peer_id]
             done.set()
+        if error is not None:
+            logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
+        return error is None
+
+    def keeps(self, peer: ID) -> bool:
+        """A link a fetch must not close: to a bootstrap peer, a relay we hold a slot on, or
+        relayed (relayed_links.py would dial it again at once)."""
+        connections = self.host.get_network().get_connections(peer)
+        return peer in self.bootstrap_ids or peer in self.relay.reservations or any(is_relayed(c) for c in connections)
 
 
 class BootstrapKeeper:
-    """Keeps `--peers` entries connected; the network (network.py) owns the host and decides whom
-    it refuses (`refusal`: allow list, bans)."""
+    """Keeps `--peers` entries connected; the network (network.py) owns the host and its gate
+    decides whom it refuses (allow list, bans)."""
 
     def __init__(
-        self,
-        host: Any,
-        settings: NetworkSettings,
-        my_id: ID,
-        refusal: Callable[[ID], str | None],
-        relay: RelayService | None,
-        count: Callable[..., None],
-        bootstrap_ids: set[ID],
+        self, host: Any, settings: NetworkSettings, gate: PeerGate, relay: RelayService | None, bootstrap_ids: set[ID]
     ) -> None:
         self.host = host
         self.settings = settings
-        self.my_id = my_id
-        self.refusal = refusal
+        self.my_id = host.get_id()
+        self.refusal = gate.refusal
         self.relay = relay
-        self.count = count
+        self.count = gate.count
         self.bootstrap_ids = bootstrap_ids  # shared with the relay: the relays a NATed node tries first
 
     async def keep(self, address: str) -> None:

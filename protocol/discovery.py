@@ -23,7 +23,7 @@ unsigned); an unspecified address takes the hint's IP. A wrong hint costs a fail
 an impersonation: Noise authenticates the peer id on every connection.
 
 A node behind NAT advertises its relayed addresses instead (`<relay>/p2p/<relay id>/p2p-circuit`,
-relay.py) and re-seals its record (`advertise`) whenever it wins or loses a relay slot. A
+relay.py), and its record is sealed again (`own_record`) when it has won or lost a relay slot. A
 relayed address never takes the hint, and a record that arrives over a relayed connection
 travels without one: the IP seen there is the relay's. Whether the relay may be used (allow
 list, bans) is the dialler's check, like the peer's own.
@@ -36,9 +36,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import multiaddr
 import trio
@@ -46,8 +45,11 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.hosts import close_stream, is_relayed, open_peers, reset_stream
+from sapo.protocol import streams
+from sapo.protocol.hosts import open_peers
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.peer_records import (
+    MAX_FRAME_BYTES,
     PROTOCOL_ID,
     RECORDS_PER_RESPONSE,
     BadRecord,
@@ -57,12 +59,10 @@ from sapo.protocol.peer_records import (
     decode_response,
     encode_request,
     encode_response,
-    read_frame,
     seal_own_record,
 )
-
-if TYPE_CHECKING:
-    from sapo.protocol.peer_protocols import PeerProtocols
+from sapo.protocol.streams import Request, ServeLimits, StreamServer
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.discovery")
 
@@ -74,6 +74,7 @@ FAST_INTERVAL_SECONDS = 1.0
 # A peer asking more often than this is refused: answering costs a signature check.
 MIN_SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
+MAX_SERVES_PER_PEER = 2
 # Failed dials back off 2, 4, 8... s (at most a minute); after this many the record is dropped.
 MAX_DIAL_FAILURES = 4
 
@@ -86,7 +87,7 @@ class PeerTable:
 
     def __init__(self, max_peers: int) -> None:
         self.max_peers = max_peers
-        self._peers: OrderedDict[ID, KnownPeer] = OrderedDict()
+        self._peers: BoundedMap[ID, KnownPeer] = BoundedMap(max_peers)
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -101,11 +102,9 @@ class PeerTable:
             if entry.seq >= known.seq:
                 known.addrs, known.seq, known.envelope = entry.addrs, entry.seq, entry.envelope
                 known.observed_ip = entry.observed_ip or known.observed_ip
-            self._peers.move_to_end(entry.peer_id)
+            self._peers.touch(entry.peer_id)
             return False
-        self._peers[entry.peer_id] = entry
-        while len(self._peers) > self.max_peers:
-            self._peers.popitem(last=False)
+        self._peers.put(entry.peer_id, entry)
         return True
 
     def remove(self, peer_id: ID) -> None:
@@ -158,87 +157,81 @@ class PeerTable:
 # --- the service ----------------------------------------------------------------------------------
 
 
+class Dials(Protocol):
+    """What discovery needs of the network's dialer (dialing.py)."""
+
+    async def dial(self, info: PeerInfo) -> bool: ...
+
+
 class PeerDiscovery:
     """Serves `/sapo/peers/1` and keeps up to `target` peers connected by dialling discovered ones.
 
     The network (network.py) owns the host and passes in what discovery must not decide alone:
-    `may_dial(peer_id)` (allow list, ban list, not ourselves), `dial(PeerInfo) -> bool`
-    (its bounded dial) and `count(name)` (its counters). With `protocols`, peers known to lack
-    `/sapo/peers/1` (peer_protocols.py: any libp2p peer may connect) are never asked."""
+    its `gate` (peer_gate.py: whom we may serve, record and dial, which peers lack
+    `/sapo/peers/1` and so are never asked, and the counters), its `dialer` (one bounded dial),
+    and `addresses()`, what our signed record says now: a relay slot won or lost changes them,
+    and our record is sealed again (a newer sequence number) before it next goes out."""
 
     def __init__(
         self,
         key_pair: KeyPair,
         host: Any,
-        addrs: list[multiaddr.Multiaddr],
         *,
+        addresses: Callable[[], list[multiaddr.Multiaddr]],
         target: int,
         interval: float,
         max_tracked: int,
-        may_dial: Callable[[ID], bool],
-        dial: Callable[[PeerInfo], Awaitable[bool]],
-        count: Callable[[str], None],
-        protocols: PeerProtocols | None = None,
+        gate: PeerGate,
+        dialer: Dials,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key_pair = key_pair
-        self.protocols = protocols
+        self.addresses = addresses
         self.target = target
         self.interval = interval
         self.max_tracked = max_tracked
-        self.may_dial = may_dial
-        self.dial = dial
-        self.count = count
+        self.gate = gate
+        self.may_dial = gate.may_use
+        self.dialer = dialer
+        self.count = gate.count
         self.clock = clock
         self.table = PeerTable(max_tracked)
         self._me = ID.from_pubkey(key_pair.public_key)
         self._host = host
-        # our record, sealed of the addresses we advertise (`advertise` seals it again)
-        self._advertised = list(addrs)
-        self._own = seal_own_record(self.key_pair, self._advertised)
-        self._last_served: dict[ID, float] = {}
-        self._serving = 0
+        self._advertised: list[multiaddr.Multiaddr] = []  # what `_own` was sealed of
+        self._own = b""
+        # each peer's requests: one per MIN_SERVE_INTERVAL_SECONDS (answering costs a signature check)
+        limits = ServeLimits(
+            seconds=STREAM_TIMEOUT_SECONDS,
+            total=MAX_CONCURRENT_SERVES,
+            per_peer=MAX_SERVES_PER_PEER,
+            rate=1 / MIN_SERVE_INTERVAL_SECONDS,
+            burst=1,
+            max_tracked=max_tracked,
+        )
+        self._server = StreamServer("discovery", limits, gate, clock)
 
     def attach(self) -> None:
         """Start answering requests."""
         self._host.set_stream_handler(PROTOCOL_ID, self.handle)
 
-    def advertise(self, addrs: list[multiaddr.Multiaddr]) -> None:
-        """Re-seal our record with these addresses (a newer sequence number), e.g. when a
-        relay slot was won or lost; peers learn it from our next ask or answer."""
-        if addrs != self._advertised:
+    def own_record(self) -> bytes:
+        """Our signed record of the addresses we advertise now, sealed again when they changed."""
+        addrs = self.addresses()
+        if addrs != self._advertised or not self._own:
             self._advertised = list(addrs)
             self._own = seal_own_record(self.key_pair, self._advertised)
+        return self._own
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
-        peer = stream.muxed_conn.peer_id
-        now = self.clock()
-        busy = (
-            self._serving >= MAX_CONCURRENT_SERVES
-            or now - self._last_served.get(peer, -1e9) < MIN_SERVE_INTERVAL_SECONDS
-        )
-        if busy or not self.may_dial(peer):
-            self.count("discovery_refused")
-            await reset_stream(stream)
-            return
-        self._remember_served(peer, now)
-        self._serving += 1
-        try:
-            with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
-                theirs = decode_request(await read_frame(stream))
-                self._learn(theirs, _remote_ip(stream), expect_peer=peer)
-                connected = [p for p in open_peers(self._host) if p != peer]
-                await stream.write(encode_response(self._own, self.table.records_to_share(connected)))
-                self.count("discovery_served")
-            with trio.move_on_after(1.0):
-                await stream.close()
-        except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
-            self.count("discovery_bad_request")
-            logger.debug("discovery request from %s refused: %s", peer, error)
-            await reset_stream(stream)
-        finally:
-            self._serving -= 1
+        await self._server.answer(stream, MAX_FRAME_BYTES, self._respond)
+
+    async def _respond(self, request: Request) -> bytes:
+        theirs = decode_request(request.payload)
+        self._learn(theirs, request.remote_ip, expect_peer=request.peer)
+        connected = [p for p in open_peers(self._host) if p != request.peer]
+        return encode_response(self.own_record(), self.table.records_to_share(connected))
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Ask and dial until cancelled."""
@@ -247,7 +240,7 @@ class PeerDiscovery:
         fruitless = 0  # asks in a row that taught us nobody new
         while True:
             connected = list(open_peers(self._host))
-            askable = [p for p in connected if self.protocols is None or not self.protocols.lacks(p, PROTOCOL_ID)]
+            askable = [p for p in connected if not self.gate.lacks(p, PROTOCOL_ID)]
             known = len(self.table)
             if askable:
                 await self.ask(random.choice(askable))
@@ -264,25 +257,26 @@ class PeerDiscovery:
 
     async def ask(self, peer: ID) -> None:
         """One exchange with `peer`: our record out, its record and its peers' records in."""
-        stream = None
         try:
-            with trio.fail_after(STREAM_TIMEOUT_SECONDS):
-                stream = await self._host.new_stream(peer, [PROTOCOL_ID])
-                await stream.write(encode_request(self._own))
-                own, peers = decode_response(await read_frame(stream))
-            self.count("discovery_asked")
-            self._learn(own, _remote_ip(stream), expect_peer=peer)
-            for envelope, observed_ip in peers:
-                self._learn(envelope, observed_ip)
+            reply = await streams.ask(
+                self._host,
+                peer,
+                PROTOCOL_ID,
+                encode_request(self.own_record()),
+                max_reply_bytes=MAX_FRAME_BYTES,
+                seconds=STREAM_TIMEOUT_SECONDS,
+            )
+            own, peers = decode_response(reply.payload)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not asked again soon
-            if self.protocols is not None and self.protocols.refused(peer, PROTOCOL_ID, error):
+            if self.gate.refused(peer, PROTOCOL_ID, error):
                 return  # a peer without discovery is not a failure; it is remembered and not asked again
             self.count("discovery_failed")
             logger.debug("asking %s for peers failed: %s: %s", peer, type(error).__name__, error)
-        finally:
-            if stream is not None:
-                with trio.move_on_after(1.0):
-                    await close_stream(stream)
+            return
+        self.count("discovery_asked")
+        self._learn(own, reply.remote_ip, expect_peer=peer)
+        for envelope, observed_ip in peers:
+            self._learn(envelope, observed_ip)
 
     async def dial_some(self) -> None:
         """Dial random known, unconnected, dialable peers until `target` are connected."""
@@ -301,7 +295,7 @@ class PeerDiscovery:
 
     async def _dial_one(self, entry: KnownPeer) -> None:
         self.count("discovery_dials")
-        if await self.dial(PeerInfo(entry.peer_id, entry.addrs)):
+        if await self.dialer.dial(PeerInfo(entry.peer_id, entry.addrs)):
             self.table.dial_ok(entry.peer_id)
             self.count("discovery_connected")
             logger.info("connected to discovered peer %s", entry.peer_id)
@@ -331,20 +325,3 @@ class PeerDiscovery:
             return
         if self.table.add(entry):
             self.count("peers_discovered")
-
-    def _remember_served(self, peer: ID, now: float) -> None:
-        self._last_served[peer] = now
-        if len(self._last_served) > self.max_tracked:
-            cutoff = now - MIN_SERVE_INTERVAL_SECONDS
-            self._last_served = {p: t for p, t in self._last_served.items() if t >= cutoff}
-
-
-def _remote_ip(stream: Any) -> str | None:
-    """The IP a peer's stream comes from; None over a relay (that IP is the relay's)."""
-    if is_relayed(stream.muxed_conn):
-        return None
-    try:
-        remote = stream.get_remote_address()
-    except Exception:  # noqa: BLE001 - not every transport knows
-        return None
-    return remote[0] if remote else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +18,9 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
 from sapo.protocol.hosts import peer_str
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.recent import RecentByAuthor
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.gossip")
 
@@ -62,7 +63,7 @@ class Delivery:
         self.incoming = incoming
         self.count = count
         self.seen: RecentByAuthor[None] = RecentByAuthor(SEEN_IDS_PER_AUTHOR, SEEN_IDS)
-        self._gossiping: OrderedDict[bytes, float] = OrderedDict()  # author -> last group on the topic
+        self._gossiping: BoundedMap[bytes, float] = BoundedMap(GOSSIPING_AUTHORS)  # author -> last group on the topic
 
     def gossips(self, author: bytes, now: float) -> bool:
         """Whether `author`'s groups came on the rollouts topic within GOSSIPING_SECONDS."""
@@ -79,10 +80,7 @@ class Delivery:
         now = time.time()
         self.seen.put(msg.from_id, message_id, None, stamp=now, now=now)
         if self.topics[0] in msg.topicIDs:
-            self._gossiping[msg.from_id] = now
-            self._gossiping.move_to_end(msg.from_id)
-            while len(self._gossiping) > GOSSIPING_AUTHORS:
-                self._gossiping.popitem(last=False)
+            self._gossiping.put(msg.from_id, now)
         self.count("received")
         received = ReceivedMessage(
             sender=peer_str(msg.from_id),
@@ -106,17 +104,15 @@ class Delivery:
             self.count("inbox_closed")
 
 
-def size_validator(
-    max_bytes: int, my_id: ID, count: Callable[[str], None], penalize: Callable[[ID, str], None]
-) -> Callable[[ID, rpc_pb2.Message], bool]:
+def size_validator(max_bytes: int, my_id: ID, gate: PeerGate) -> Callable[[ID, rpc_pb2.Message], bool]:
     """A topic validator: runs before a message is forwarded or delivered, so an oversized one
     goes no further, and its author pays."""
 
     def validate(forwarder: ID, msg: rpc_pb2.Message) -> bool:
         if len(msg.data) > max_bytes:
-            count("oversized")
+            gate.count("oversized")
             if msg.from_id != my_id.to_bytes():  # signature already checked: the author pays
-                penalize(ID(msg.from_id), "oversized")
+                gate.penalize(ID(msg.from_id), "oversized")
             logger.warning(
                 "rejected %d-byte message from %s (forwarded by %s): over max_message_bytes=%d",
                 len(msg.data),

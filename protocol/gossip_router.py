@@ -10,10 +10,12 @@ from typing import Any
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 
-from sapo.protocol.peer_protocols import PeerProtocols
-from sapo.protocol.pubsub_guards import GuardedPubsub, PubsubHooks
-from sapo.protocol.reachability import Reachability, ReachabilityService
-from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.gossip import Delivery
+from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.peer_policy import PeerPolicy
+from sapo.protocol.pubsub_guards import GuardedPubsub
+from sapo.protocol.reachability import ReachabilityService
+from sapo.protocol.relay import RelayService, Reservations, relay_limits
 from sapo.protocol.relay_guards import RelayBudget
 from sapo.protocol.settings import NetworkSettings
 
@@ -52,12 +54,18 @@ def gossip_router(settings: NetworkSettings) -> GossipSub:
     )
 
 
-def guarded_pubsub(host: Any, router: GossipSub, hooks: PubsubHooks, settings: NetworkSettings) -> GuardedPubsub:
-    """`hooks` are the peer policy's checks and the delivery that the pubsub calls."""
+def guarded_pubsub(
+    host: Any, router: GossipSub, settings: NetworkSettings, gate: PeerGate, policy: PeerPolicy, delivery: Delivery
+) -> GuardedPubsub:
+    """The pubsub with its guards: the network's `gate`, the `policy`'s bucket per author, the
+    `delivery` of what comes in."""
     return GuardedPubsub(
         host,
         router,
-        hooks=hooks,
+        gate=gate,
+        admit_author=policy.admit_author,
+        deliver=delivery.deliver,
+        close_timeout=settings.close_timeout_seconds,
         strict_signing=True,  # every message is Ed25519-signed and verified on every hop
         # Inbound frames bigger than this reset the stream before parsing. Leave room for
         # a couple of max-size messages plus envelope so the topic validator, not the
@@ -69,25 +77,13 @@ def guarded_pubsub(host: Any, router: GossipSub, hooks: PubsubHooks, settings: N
 def nat_services(
     host: Any,
     settings: NetworkSettings,
-    protocols: PeerProtocols,
-    *,
-    may_use: Callable[[ID], bool],
-    count: Callable[..., None],
-    on_reachability: Callable[[Reachability], None],
-    on_addrs_changed: Callable[[], None],
+    gate: PeerGate,
+    reservations: Reservations,
     preferred_relays: Callable[[], list[ID]],
 ) -> tuple[ReachabilityService, RelayService]:
-    reachability = ReachabilityService(
-        host,
-        mode=settings.reachability,
-        interval=settings.reachability_check_seconds,
-        may_use=may_use,
-        count=count,
-        on_change=on_reachability,
-        protocols=protocols,
-        bootstrap=lambda peer: peer in preferred_relays(),  # the operator named them: asked at once
-    )
-    reachability.attach()  # answer dial-back requests whatever our own status
+    """The relay (keeping `reservations`, which the host's identify reads), then reachability,
+    which tells it when to relay and when to reserve; `preferred_relays()` are the operator's
+    bootstrap peers, tried first and asked for dial-backs at once."""
     relay = RelayService(
         host,
         relay=settings.relay,
@@ -99,14 +95,22 @@ def nat_services(
         ),
         relays_to_reserve=settings.relays_to_reserve,
         hole_punching=settings.hole_punching,
+        gate=gate,
         preferred_relays=preferred_relays,
-        may_use=may_use,
-        count=count,
-        on_addrs_changed=on_addrs_changed,
+        reservations=reservations,
         budget=RelayBudget(
             max_circuits=settings.relay_max_circuits,
             bytes_per_second=settings.relay_max_bytes_per_second,
             bytes_per_hour=settings.relay_max_bytes_per_hour,
         ),
     )
+    reachability = ReachabilityService(
+        host,
+        mode=settings.reachability,
+        interval=settings.reachability_check_seconds,
+        gate=gate,
+        on_change=relay.set_reachability,
+        bootstrap=lambda peer: peer in preferred_relays(),  # the operator named them: asked at once
+    )
+    reachability.attach()  # answer dial-back requests whatever our own status
     return reachability, relay

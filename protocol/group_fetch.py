@@ -32,17 +32,17 @@ import logging
 import math
 import random
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import multiaddr
 import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.frames import FrameError, read_frame
+from sapo.protocol import streams
+from sapo.protocol.frames import FrameError
 from sapo.protocol.gossip import ReceivedMessage
 from sapo.protocol.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
@@ -57,7 +57,10 @@ from sapo.protocol.group_wire import (
     encode_response,
     response_limit,
 )
-from sapo.protocol.hosts import close_stream, open_peers, reset_stream
+from sapo.protocol.hosts import open_peers
+from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.streams import Request, ServeLimits, StreamServer
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.fetch")
 
@@ -104,73 +107,44 @@ GROUPS_PER_AUTHOR = 2
 
 
 class GroupServer:
-    """Answers `/sapo/groups/1` from `outbox`. `may_serve(peer)` is the network's allow list and
-    bans; `count(name)` its counters."""
+    """Answers `/sapo/groups/1` from `outbox`, within the limits above (streams.py serves each
+    request); the `gate` says whom (peer_gate.py: allow list, bans) and counts."""
 
-    def __init__(
-        self,
-        outbox: Outbox,
-        *,
-        swarm: str,
-        may_serve: Callable[[ID], bool],
-        count: Callable[[str], None],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, outbox: Outbox, *, swarm: str, gate: PeerGate) -> None:
         self.outbox = outbox
         self.swarm = swarm
-        self.may_serve = may_serve
-        self.count = count
-        self.clock = clock
-        self._budgets: OrderedDict[ID, tuple[float, float]] = OrderedDict()  # peer -> (tokens, at)
-        self._serving = 0
+        limits = ServeLimits(
+            seconds=STREAM_TIMEOUT_SECONDS,
+            total=MAX_CONCURRENT_SERVES,
+            per_peer=SERVE_BURST,
+            rate=1 / SERVE_INTERVAL_SECONDS,
+            burst=SERVE_BURST,
+            max_tracked=MAX_TRACKED_ASKERS,
+        )
+        self.server = StreamServer("fetch", limits, gate)
         self._held: set[ID] = set()  # peers with a request waiting for our next group
 
     async def handle(self, stream: Any) -> None:
         """Answer one request. Never raises: a bad or slow peer costs its own stream."""
-        peer = stream.muxed_conn.peer_id
-        if self._serving >= MAX_CONCURRENT_SERVES or not self.may_serve(peer) or not self._take(peer):
-            self.count("fetch_refused")
-            await reset_stream(stream)
-            return
-        self._serving += 1
-        try:
-            with trio.move_on_after(STREAM_TIMEOUT_SECONDS):
-                request = decode_request(await read_frame(stream, MAX_REQUEST_BYTES))
-                await stream.write(encode_response(await self._answer(peer, request)))
-                self.count("fetch_served")
-            with trio.move_on_after(1.0):
-                await stream.close()
-        except Exception as error:  # noqa: BLE001 - hostile or dead peer: drop the stream, keep serving
-            self.count("fetch_bad_request")
-            logger.debug("group request from %s refused: %s", peer, error)
-            await reset_stream(stream)
-        finally:
-            self._serving -= 1
+        await self.server.answer(stream, MAX_REQUEST_BYTES, self._respond)
 
-    async def _answer(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
-        if request.swarm != self.swarm:
+    async def _respond(self, request: Request) -> bytes:
+        return encode_response(await self._answer(request))
+
+    async def _answer(self, request: Request) -> list[ServedGroup]:
+        asked = decode_request(request.payload)
+        if asked.swarm != self.swarm:
             return []
-        groups = self.outbox.newer_than(request)
-        if groups or peer in self._held or len(self._held) >= MAX_HELD:
+        groups = self.outbox.newer_than(asked)
+        if groups or request.peer in self._held or len(self._held) >= MAX_HELD:
             return groups
         # Held outside the serving slots: a wait costs us a stream, not a place in the queue.
-        self._held.add(peer)
-        self._serving -= 1
+        self._held.add(request.peer)
+        request.set_aside()
         try:
-            return await self.outbox.newer_within(request, HOLD_SECONDS)
+            return await self.outbox.newer_within(asked, HOLD_SECONDS)
         finally:
-            self._serving += 1
-            self._held.discard(peer)
-
-    def _take(self, peer: ID) -> bool:
-        """One token from `peer`'s bucket (SERVE_BURST deep, one back per SERVE_INTERVAL)."""
-        now = self.clock()
-        tokens, at = self._budgets.pop(peer, (float(SERVE_BURST), now))
-        tokens = min(float(SERVE_BURST), tokens + (now - at) / SERVE_INTERVAL_SECONDS)
-        self._budgets[peer] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)
-        while len(self._budgets) > MAX_TRACKED_ASKERS:
-            self._budgets.popitem(last=False)
-        return tokens >= 1.0
+            self._held.discard(request.peer)
 
 
 @dataclass(frozen=True)
@@ -181,10 +155,22 @@ class Author:
     addrs: tuple[multiaddr.Multiaddr, ...]
 
 
+class Links(Protocol):
+    """What the fetcher needs of the network's dialer (dialing.py)."""
+
+    async def dial(self, info: PeerInfo) -> bool:
+        """One bounded dial, unless the gate refuses the peer: whether it is connected after."""
+        ...
+
+    def keeps(self, peer: ID) -> bool:
+        """A link that is not a fetch's to close (bootstrap peers, relays, relayed links)."""
+        ...
+
+
 class GroupFetcher:
     """Brings groups on `want(count)`: from authors drawn uniformly from `authors()`, handed to
-    `hand` as `ReceivedMessage`s on `topic`. The network passes in its host, its bounded `dial`,
-    which peers may be used and which lack the protocol, and its counters."""
+    `hand` as `ReceivedMessage`s on `topic`. The network passes in its host, its `gate` (who may
+    be asked, which peers lack the protocol, the counters) and its dialer (`links`)."""
 
     def __init__(
         self,
@@ -193,34 +179,27 @@ class GroupFetcher:
         swarm: str,
         topic: str,
         max_message_bytes: int,
+        gate: PeerGate,
+        links: Links,
         authors: Callable[[], list[Author]],
-        dial: Callable[[PeerInfo], Awaitable[bool]],
         hand: Callable[[ReceivedMessage], None],
-        lacks: Callable[[ID, str], bool],
-        refused: Callable[[ID, str, BaseException], bool],
-        count: Callable[[str, int], None],
-        keep: Callable[[ID], bool],
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
-        self.clock = clock
         self.swarm = swarm
         self.topic = topic
         self.max_message_bytes = max_message_bytes
+        self.gate = gate
+        self.count = gate.count
+        self.links = links
         self.authors = authors
-        self.dial = dial
         self.hand = hand
-        self.lacks = lacks
-        self.refused = refused
-        self.count = count
-        self.keep = keep  # peers whose link is not ours to close (bootstrap peers, relays)
         send, self._wants = trio.open_memory_channel[int](1)
         self._send_want = send
         # the newest round we hold from each author, so that it sends each group once
-        self._newest: OrderedDict[ID, int] = OrderedDict()
-        self._dialled: OrderedDict[ID, None] = OrderedDict()
-        self._asked: OrderedDict[ID, float] = OrderedDict()  # when we last asked each author
-        self._kept: set[ID] = set()  # links we opened that `keep` says are not ours to close
+        self._newest: BoundedMap[ID, int] = BoundedMap(MAX_TRACKED_ASKERS)
+        self._dialled: BoundedMap[ID, None] = BoundedMap(FETCH_LINGER)  # links we opened to fetch, oldest first
+        self._asked: BoundedMap[ID, float] = BoundedMap(MAX_TRACKED_ASKERS)  # when we last asked each author
+        self._kept: set[ID] = set()  # links we opened that `links.keeps`: not ours to close
         self._timeouts = 0  # requests that timed out, ever
         self._calm_until = -math.inf  # no dials before this (OVERLOAD_SECONDS after a timeout)
 
@@ -254,7 +233,7 @@ class GroupFetcher:
         at most `dials` of them; how many groups came and how many authors were dialled. A want's dials are
         bounded by its groups: a short fetch is retried, and were each retry to dial afresh, a
         node whose dials time out (its loop busy) would only dial more."""
-        now = self.clock()
+        now = time.monotonic()
         if now < self._calm_until:
             dials = 0
         connected = set(open_peers(self.host))
@@ -262,7 +241,7 @@ class GroupFetcher:
             a
             for a in self.authors()
             if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
-            and not self.lacks(a.peer_id, PROTOCOL_ID)
+            and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
         ]
         random.shuffle(pool)
         got = dialled = 0
@@ -327,55 +306,45 @@ class GroupFetcher:
             self.count("fetch_relayed_full", 1)
             return False
         self.count("fetch_dials", 1)
-        if not author.addrs or not await self.dial(PeerInfo(author.peer_id, list(author.addrs))):
+        if not author.addrs or not await self.links.dial(PeerInfo(author.peer_id, list(author.addrs))):
             self.count("fetch_failed", 1)
             return False
-        if self.keep(author.peer_id):
+        if self.links.keeps(author.peer_id):
             self._kept.add(author.peer_id)
             return True
-        self._dialled[author.peer_id] = None
-        self._dialled.move_to_end(author.peer_id)
-        while len(self._dialled) > FETCH_LINGER:
-            oldest, _ = self._dialled.popitem(last=False)
-            if not self.keep(oldest):
-                await self._hang_up(oldest)
+        evicted = self._dialled.put(author.peer_id, None)
+        if evicted is not None and not self.links.keeps(evicted[0]):
+            await self._hang_up(evicted[0])
         return True
 
     async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
-        stream = None
         self.count("fetch_requests", 1)
-        self._asked[peer] = self.clock()
-        self._asked.move_to_end(peer)
-        while len(self._asked) > MAX_TRACKED_ASKERS:
-            self._asked.popitem(last=False)
+        self._asked.put(peer, time.monotonic())
         try:
-            with trio.fail_after(STREAM_TIMEOUT_SECONDS):
-                stream = await self.host.new_stream(peer, [PROTOCOL_ID])
-                await stream.write(encode_request(request))
-                payload = await read_frame(stream, response_limit(request.max_groups, self.max_message_bytes))
-            return decode_response(payload, request, self.max_message_bytes)
+            reply = await streams.ask(
+                self.host,
+                peer,
+                PROTOCOL_ID,
+                encode_request(request),
+                max_reply_bytes=response_limit(request.max_groups, self.max_message_bytes),
+                seconds=STREAM_TIMEOUT_SECONDS,
+            )
+            return decode_response(reply.payload, request, self.max_message_bytes)
         except FrameError as error:
             self.count("fetch_bad_response", 1)
             logger.info("peer %s answered a group request badly: %s", peer, error)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not heard from
-            if is_timeout(error):
+            if isinstance(error, trio.TooSlowError):  # our deadline: a loop (ours or its) too busy
                 self._timeouts += 1
-                self._calm_until = self.clock() + OVERLOAD_SECONDS
+                self._calm_until = time.monotonic() + OVERLOAD_SECONDS
                 self.count("fetch_timeouts", 1)
-            if not self.refused(peer, PROTOCOL_ID, error):
+            if not self.gate.refused(peer, PROTOCOL_ID, error):
                 self.count("fetch_failed", 1)
                 logger.debug("fetching groups from %s failed: %s: %s", peer, type(error).__name__, error)
-        finally:
-            if stream is not None:
-                with trio.move_on_after(1.0):
-                    await close_stream(stream)
         return []
 
     def _remember(self, peer: ID, round_index: int) -> None:
-        self._newest[peer] = max(round_index, self._newest.get(peer, -1))
-        self._newest.move_to_end(peer)
-        while len(self._newest) > MAX_TRACKED_ASKERS:
-            self._newest.popitem(last=False)
+        self._newest.put(peer, max(round_index, self._newest.get(peer, -1)))
 
     async def _hang_up(self, peer: ID) -> None:
         with trio.move_on_after(1.0):
@@ -383,11 +352,6 @@ class GroupFetcher:
                 await self.host.disconnect(peer)
             except Exception as error:  # noqa: BLE001 - already gone is fine
                 logger.debug("closing the fetch link to %s failed: %s", peer, error)
-
-
-def is_timeout(error: BaseException) -> bool:
-    """Our own deadline, or py-libp2p's stream negotiation giving up ("... timed out after 10s")."""
-    return isinstance(error, trio.TooSlowError) or "timed out" in str(error)
 
 
 def is_relayed_addr(address: multiaddr.Multiaddr) -> bool:

@@ -13,8 +13,9 @@ id that the judge alone maps back to the problem. Version 1 is retired: a v1 fra
 (`RetiredVersionRefusal`, a v1 JudgeError). An old judge's refusal of our v2 request is shown
 the same way, with its own reason and detail.
 
-A frame is a 4-byte big-endian payload length, then the payload: one msgpack map, which is the
-message's `model_dump(mode="json")` (keys sorted) including `schema_version` and `kind`.
+A frame is frames.py's, as our other stream protocols': a 4-byte big-endian payload length, then
+the payload, one msgpack map, which is the message's `model_dump(mode="json")` (keys sorted)
+including `schema_version` and `kind`.
 Decoding never trusts its input: the length is checked against `max_frame_bytes` before a byte
 of payload is read, msgpack is bounded, and the map must validate strictly as the one message
 kind expected at that step. Anything wrong raises `JudgeWireError(reason, detail)`.
@@ -23,13 +24,13 @@ kind expected at that step. Anything wrong raises `JudgeWireError(reason, detail
 from __future__ import annotations
 
 import enum
-import struct
 from typing import Literal, Protocol, TypeVar
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sapo.protocol.codec import canonical_bytes
+from sapo.protocol.frames import FrameLengthError, FrameTruncated, length_prefixed, read_frame, unframe
 
 PROTOCOL_ID = "/sapo/judge/1"
 # Bump on any change a peer of the previous version would misread.
@@ -40,7 +41,6 @@ RETIRED_SCHEMA_VERSIONS = (1,)
 # An answer is one greedy completion of at most a few hundred tokens; 64 KiB is plenty and
 # keeps one frame inside one yamux window.
 MAX_FRAME_BYTES = 64 * 1024
-_HEADER = struct.Struct(">I")
 
 _BASE58 = r"^[1-9A-HJ-NP-Za-km-z]+$"
 _ID = r"^[0-9a-f]{16,64}$"
@@ -137,7 +137,7 @@ def encode(msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
     payload = canonical_bytes(msg)
     if len(payload) > max_frame_bytes:
         raise ValueError(f"{type(msg).__name__} is {len(payload)} bytes, over the {max_frame_bytes}-byte frame limit")
-    return _HEADER.pack(len(payload)) + payload
+    return length_prefixed(payload)
 
 
 def decode_payload(payload: bytes, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:
@@ -218,15 +218,19 @@ def _retired_detail(obj: dict, version: int) -> str:
 
 def decode(frame: bytes, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:
     """Like `decode_payload`, for a whole frame (length prefix included, and checked)."""
-    if len(frame) < _HEADER.size:
-        raise JudgeWireError(WireErrorReason.truncated, f"{len(frame)} bytes, shorter than the length prefix")
-    (length,) = _HEADER.unpack_from(frame)
-    if length > max_frame_bytes:
-        raise JudgeWireError(WireErrorReason.oversized, f"declared {length} bytes, limit {max_frame_bytes}")
-    payload = frame[_HEADER.size :]
-    if len(payload) != length:
-        raise JudgeWireError(WireErrorReason.truncated, f"declared {length} bytes, got {len(payload)}")
+    try:
+        payload = unframe(frame, max_frame_bytes)
+    except FrameTruncated as error:
+        raise JudgeWireError(WireErrorReason.truncated, str(error)) from None
+    except FrameLengthError as error:
+        raise _length_refused(error, max_frame_bytes) from None
     return decode_payload(payload, expected, max_frame_bytes)
+
+
+def _length_refused(error: FrameLengthError, max_frame_bytes: int) -> JudgeWireError:
+    if error.length == 0:
+        return JudgeWireError(WireErrorReason.empty, "zero-length payload")
+    return JudgeWireError(WireErrorReason.oversized, f"declared {error.length} bytes, limit {max_frame_bytes}")
 
 
 class ByteStream(Protocol):
@@ -237,32 +241,20 @@ class ByteStream(Protocol):
     async def write(self, data: bytes) -> None: ...
 
 
-async def _read_exactly(stream: ByteStream, n: int) -> bytes:
-    chunks: list[bytes] = []
-    remaining = n
-    while remaining:
-        try:
-            chunk = await stream.read(remaining)
-        except Exception as exc:  # noqa: BLE001 - libp2p raises StreamEOF/StreamReset/...
-            raise JudgeWireError(
-                WireErrorReason.truncated, f"stream ended after {n - remaining} of {n} bytes ({type(exc).__name__})"
-            ) from None
-        if not chunk:
-            raise JudgeWireError(WireErrorReason.truncated, f"stream ended after {n - remaining} of {n} bytes")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
 async def read_message(stream: ByteStream, expected: type[M], max_frame_bytes: int = MAX_FRAME_BYTES) -> M:
     """Read one frame and decode it as `expected`. The length is checked before the payload is
     read, so a hostile length costs us 4 bytes, not an allocation. Callers bound it in time."""
-    (length,) = _HEADER.unpack(await _read_exactly(stream, _HEADER.size))
-    if length > max_frame_bytes:
-        raise JudgeWireError(WireErrorReason.oversized, f"declared {length} bytes, limit {max_frame_bytes}")
-    if length == 0:
-        raise JudgeWireError(WireErrorReason.empty, "zero-length payload")
-    return decode_payload(await _read_exactly(stream, length), expected, max_frame_bytes)
+    try:
+        payload = await read_frame(stream, max_frame_bytes)
+    except FrameLengthError as error:
+        raise _length_refused(error, max_frame_bytes) from None
+    except FrameTruncated as error:
+        raise JudgeWireError(WireErrorReason.truncated, str(error)) from None
+    except Exception as error:  # noqa: BLE001 - libp2p raises StreamEOF/StreamReset/...
+        raise JudgeWireError(
+            WireErrorReason.truncated, f"the stream ended inside a frame ({type(error).__name__})"
+        ) from None
+    return decode_payload(payload, expected, max_frame_bytes)
 
 
 async def write_message(stream: ByteStream, msg: _Message, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:

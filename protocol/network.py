@@ -2,8 +2,9 @@
 
 `open_network` builds, in this order, the py-libp2p 0.8.1 host, its GossipSub pubsub with the
 guards 0.8.1 lacks (pubsub_guards.py), the NAT services (reachability, relay), discovery and the
-keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: publish,
-peers, penalise, counters, and what the page and the daemon read. When the block ends the
+keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: what the
+exchange uses (share, want, publish, refusal, penalize, network group), and one `status()` for
+the page. When the block ends the
 nursery is cancelled and the host closed. Nothing of a `Network` is missing while it is up;
 there is no half-built state to guard against.
 
@@ -17,6 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -24,24 +26,24 @@ import multiaddr
 import trio
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.agents import PeerAgents
-from sapo.protocol.dialing import BootstrapKeeper, OneDialPerPeer
+from sapo.protocol.dialing import BootstrapKeeper, Dialer
 from sapo.protocol.discovery import PeerDiscovery
 from sapo.protocol.gossip import Delivery, ReceivedMessage, size_validator
 from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.group_fetch import Author, GroupFetcher, GroupServer
 from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.protocol.group_wire import Outbox
-from sapo.protocol.hosts import connection_addresses, direct_ip, is_relayed, new_noise_host, open_peers
+from sapo.protocol.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.peer_policy import PeerPolicy
 from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
-from sapo.protocol.pubsub_guards import PubsubHooks, cut_connections
+from sapo.protocol.pubsub_guards import cut_connections
 from sapo.protocol.reachability import Reachability, ReachabilityService, network_group
-from sapo.protocol.relay import RelayService
+from sapo.protocol.relay import RelayService, Reservations
 from sapo.protocol.relayed_links import RelayedLinks
 from sapo.protocol.settings import NetworkSettings
 
@@ -65,49 +67,45 @@ def counter(counters: dict[str, int]) -> Callable[..., None]:
     return count
 
 
+@dataclass(frozen=True)
+class NetworkStatus:
+    """What the page (and a bench) reads of a running network, at one moment."""
+
+    reachability: str  # 'public', 'private' or 'unknown' (reachability.py)
+    relaying: bool  # whether we serve circuits for other peers now
+    relayed_addrs: list[str]  # ours through the relays we hold a slot on, ending in /p2p/<our id>
+    advertised_addrs: list[str]  # what our signed peer record says (only the relayed ones behind NAT)
+    connected: list[str]  # peers with an open connection
+    addresses: dict[str, list[str]]  # the transport address of each open connection, per peer
+    agents: dict[str, str]  # what each peer's identify said it runs ("sapo/0.4.0", "py-libp2p/0.8.1")
+    scores: dict[str, float]  # the peer guard's score of each connected peer (0: nothing held against it)
+    bans: list[str]
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True, eq=False)
 class Network:
-    """A running node's network; only `open_network` makes one. Every attribute is set for as
-    long as the `async with` block runs."""
+    """A running node's network; only `open_network` makes one, whole, and nothing of it changes
+    while the `async with` block runs. The services are public for tests and benches to look at."""
 
-    def __init__(
-        self,
-        *,
-        settings: NetworkSettings,
-        topics: tuple[str, ...],
-        my_id: ID,
-        host: Any,
-        pubsub: Pubsub,
-        policy: PeerPolicy,
-        protocols: PeerProtocols,
-        nat: ReachabilityService,
-        relay: RelayService,
-        discovery: PeerDiscovery,
-        dialer: OneDialPerPeer,
-        agents: PeerAgents,
-        keeper: BootstrapKeeper,
-        outbox: Outbox,
-        fetcher: GroupFetcher,
-        counters: dict[str, int],
-    ) -> None:
-        self.settings = settings
-        self.topics = topics  # the rollouts topic, then any others this node reads
-        self.my_id = my_id
-        self.host = host
-        self.pubsub = pubsub
-        self.policy = policy  # the allow list, the peer score and its bans
-        self.protocols = protocols  # which optional protocols each peer lacks
-        self.nat = nat  # our reachability (public, private, unknown), and the dial-backs we serve
-        self.relay = relay
-        self.discovery = discovery
-        self.dialer = dialer
-        self.agents = agents  # what each peer's identify says it runs
-        self.keeper = keeper  # keeps each `peers` entry dialled
-        self.outbox = outbox  # our own recent groups, served over /sapo/groups/1
-        self.fetcher = fetcher  # brings the groups `want` asks for
-        self.counters = counters
-        self.count = counter(counters)
+    settings: NetworkSettings
+    topics: tuple[str, ...]  # the rollouts topic, then any others this node reads
+    my_id: ID
+    host: Any
+    pubsub: Pubsub
+    policy: PeerPolicy  # the allow list, the peer score and its bans
+    gate: PeerGate  # the one answer every service gets about a peer
+    nat: ReachabilityService  # our reachability (public, private, unknown), and the dial-backs we serve
+    relay: RelayService
+    discovery: PeerDiscovery
+    dialer: Dialer
+    agents: PeerAgents  # what each peer's identify says it runs
+    keeper: BootstrapKeeper  # keeps each `peers` entry dialled
+    outbox: Outbox  # our own recent groups, served over /sapo/groups/1
+    fetcher: GroupFetcher  # brings the groups `want` asks for
+    counters: dict[str, int]
 
-    # --- who we are --------------------------------------------------------------------------
+    # --- who we are, and what the page shows --------------------------------------------------
 
     @property
     def peer_id(self) -> str:
@@ -118,29 +116,21 @@ class Network:
         """Full multiaddrs, ending /p2p/<id>."""
         return [str(address) for address in self.host.get_addrs()]
 
-    @property
-    def reachability(self) -> str:
-        """'public', 'private' or 'unknown' (reachability.py)."""
-        return self.nat.status.value
-
-    @property
-    def relayed_addrs(self) -> list[str]:
-        """Our addresses through the relays we hold a slot on, ending in /p2p/<our id>."""
-        return [f"{address}/p2p/{self.peer_id}" for address in self.relay.relayed_addrs()]
-
-    @property
-    def relaying(self) -> bool:
-        """Whether this node currently serves circuits for other peers."""
-        return self.relay.serving
-
-    def advertised_addrs(self) -> list[multiaddr.Multiaddr]:
-        """What our signed peer record says: behind NAT with a relay slot, only the relayed
-        addresses (our own would cost every dialler a full timeout); otherwise our listen
-        addresses."""
-        return advertised_addrs(self.host, self.relay, self.nat)
-
-    def counters_snapshot(self) -> dict[str, int]:
-        return dict(self.counters)
+    def status(self) -> NetworkStatus:
+        connected = open_peers(self.host)
+        guard = self.policy.guard
+        return NetworkStatus(
+            reachability=self.nat.status.value,
+            relaying=self.relay.serving,
+            relayed_addrs=[f"{address}/p2p/{self.peer_id}" for address in self.relay.relayed_addrs()],
+            advertised_addrs=[str(a) for a in advertised_addrs(self.host, self.relay, self.nat)],
+            connected=sorted(peer.to_base58() for peer in connected),
+            addresses=connection_addresses(self.host),
+            agents=self.agents.agents(),
+            scores={peer.to_base58(): round(guard.score(peer.to_bytes()), 3) for peer in connected},
+            bans=self.policy.banned_peers(),
+            counters=dict(self.counters),
+        )
 
     # --- groups ------------------------------------------------------------------------------
 
@@ -151,7 +141,7 @@ class Network:
         if len(frame) > self.settings.max_message_bytes:
             return await self.publish(frame)  # refused and counted there, one way for both
         self.outbox.put(round_index, frame)
-        self.count("shared")
+        self.gate.count("shared")
         if self.settings.exchange == "gossip" or self.legacy_peers():
             return await self.publish(frame)
         return True
@@ -164,7 +154,7 @@ class Network:
 
     def legacy_peers(self) -> list[str]:
         """Connected peers that read the rollouts topic but cannot fetch (releases before 0.4.0)."""
-        lacks = self.protocols.lacks
+        lacks = self.gate.lacks
         gossip = self.pubsub.protocols[0]
         return sorted(
             peer.to_base58()
@@ -178,7 +168,7 @@ class Network:
         """Sign and gossip `data` on `topic` (the rollouts topic by default; we need not read a
         topic to publish on it); False (and counted) if it was dropped here."""
         if len(data) > self.settings.max_message_bytes:
-            self.count("publish_dropped")
+            self.gate.count("publish_dropped")
             logger.warning(
                 "publish of %d bytes refused: over max_message_bytes=%d", len(data), self.settings.max_message_bytes
             )
@@ -187,50 +177,29 @@ class Network:
             try:
                 await self.pubsub.publish(topic or self.settings.topic, data)
             except Exception as error:
-                self.count("publish_dropped")
+                self.gate.count("publish_dropped")
                 logger.warning("publish failed: %s: %s", type(error).__name__, error)
                 return False
         if scope.cancelled_caught:
-            self.count("publish_dropped")
+            self.gate.count("publish_dropped")
             logger.warning("publish timed out after %.0f s", PUBLISH_TIMEOUT_SECONDS)
             return False
-        self.count("published")
+        self.gate.count("published")
         return True
 
     # --- peers -------------------------------------------------------------------------------
 
-    def refusal(self, peer_id: ID) -> str | None:
-        """Why this peer may not connect, send or be dialled ('not_allowed', 'banned'), or None."""
-        return self.policy.refusal(peer_id)
-
     def refusal_bytes(self, peer_id: bytes) -> str | None:
+        """Why this peer (its raw id) may not connect, send or be dialled ('not_allowed', 'banned'), or None."""
         return self.policy.refusal_bytes(peer_id)
 
-    def penalize(self, peer_id: ID, reason: str) -> None:
-        """Charge a peer for an offence named by a reject reason (peer_guard.PENALTIES); past
-        the threshold it is banned and disconnected."""
-        self.policy.penalize(peer_id, reason)
-
-    penalise = penalize
-
     def penalize_sender(self, sender: str, reason: str) -> None:
-        """`penalize` for the application's checks, which name the signer in base58."""
+        """Charge the signer (base58) of what the intake refused (peer_guard.PENALTIES); past the
+        threshold it is banned and disconnected."""
         self.policy.penalize_sender(sender, reason)
-
-    def banned_peers(self) -> list[str]:
-        return self.policy.banned_peers()
 
     def connected_peers(self) -> list[str]:
         return sorted(peer.to_base58() for peer in open_peers(self.host))
-
-    def peer_agents(self) -> dict[str, str]:
-        """What each peer's libp2p identify said it runs ("sapo/0.3.0", "py-libp2p/0.8.1", ...)."""
-        return self.agents.agents()
-
-    def peer_scores(self) -> dict[str, float]:
-        """The peer guard's score of each connected peer (0 = nothing held against it)."""
-        guard = self.policy.guard
-        return {peer.to_base58(): round(guard.score(peer.to_bytes()), 3) for peer in open_peers(self.host)}
 
     def network_group_of(self, peer: str) -> str | None:
         """The network address group (reachability.network_group: IPv4 /16, IPv6 /32, or one
@@ -240,23 +209,6 @@ class Network:
         except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
             return None
         return network_group(ip) if ip is not None else None
-
-    def peer_addresses(self) -> dict[str, list[str]]:
-        """The transport address of each open connection, per connected peer (for the status page)."""
-        return connection_addresses(self.host)
-
-    async def dial(self, info: PeerInfo) -> bool:
-        """One bounded dial (directly, else through a relay), unless the peer is refused."""
-        return await dial_unless_refused(self.policy, self.dialer, info)
-
-
-async def dial_unless_refused(policy: PeerPolicy, dialer: OneDialPerPeer, info: PeerInfo) -> bool:
-    if policy.refusal(info.peer_id) is not None:
-        return False
-    error = await dialer.dial(info)
-    if error is not None:
-        logger.debug("dial of discovered peer %s failed: %s", info.peer_id, error)
-    return error is None
 
 
 def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -> list[multiaddr.Multiaddr]:
@@ -286,28 +238,25 @@ async def open_network(
     bans_in, bans_out = trio.open_memory_channel[ID](PENDING_BANS)
     policy = PeerPolicy(settings, my_id, count, on_ban=partial(_queue_ban, bans_in))
     # identify's addresses are the host's (DCUtR needs our listen port there) and our relayed
-    # ones; the relay needs the host, so it joins this list once it is built.
-    relays: list[RelayService] = []
-    host = new_noise_host(
-        key_pair,
-        [listen],
-        psk=settings.psk,
-        addrs_factory=lambda candidates: [*candidates, *(a for r in relays for a in r.relayed_addrs())],
-    )
+    # ones: the relay slots are held before the relay service that keeps them, which needs the host
+    reservations = Reservations()
+    host = new_noise_host(key_pair, [listen], psk=settings.psk, addrs_factory=reservations.with_relayed)
     protocols = PeerProtocols(host, count)
+    gate = PeerGate(
+        refusal=policy.refusal, penalize=policy.penalize, count=count, lacks=protocols.lacks, refused=protocols.refused
+    )
     router = gossip_router(settings)
     delivery = Delivery(my_id, topics, incoming, count)
-    pubsub = guarded_pubsub(host, router, _hooks(settings, policy, protocols, delivery), settings)
+    pubsub = guarded_pubsub(host, router, settings, gate, policy, delivery)
 
     # quiet_refusals: a peer without an optional protocol is not an ERROR
     async with quiet_refusals(), host.run([listen]):
         try:
             async with background_trio_service(pubsub), background_trio_service(router):
-                await _subscribe(
-                    pubsub, topics, size_validator(settings.max_message_bytes, my_id, count, policy.penalize)
+                await _subscribe(pubsub, topics, size_validator(settings.max_message_bytes, my_id, gate))
+                network = _services(
+                    settings, key_pair, topics, host, pubsub, policy, gate, delivery, reservations, counters
                 )
-                network = _services(settings, key_pair, topics, host, pubsub, policy, protocols, delivery, counters)
-                relays.append(network.relay)
                 logger.info(
                     "gossip up: peer %s listening on %s, topic %s",
                     network.peer_id,
@@ -320,21 +269,6 @@ async def open_network(
                     nursery.cancel_scope.cancel()
         finally:
             await _close(host, settings.close_timeout_seconds)
-
-
-def _hooks(settings: NetworkSettings, policy: PeerPolicy, protocols: PeerProtocols, delivery: Delivery) -> PubsubHooks:
-    """What the guarded pubsub may ask: the policy's checks, the delivery, the protocols peers lack."""
-    return PubsubHooks(
-        refusal=policy.refusal,
-        refusal_bytes=policy.refusal_bytes,
-        admit_author=policy.admit_author,
-        penalize=policy.penalize,
-        count=policy.count,
-        deliver=delivery.deliver,
-        lacks=protocols.lacks,
-        refused=protocols.refused,
-        close_timeout=settings.close_timeout_seconds,
-    )
 
 
 async def _subscribe(pubsub: Pubsub, topics: tuple[str, ...], validate: Callable[..., bool]) -> None:
@@ -353,84 +287,40 @@ def _services(
     host: Any,
     pubsub: Pubsub,
     policy: PeerPolicy,
-    protocols: PeerProtocols,
+    gate: PeerGate,
     delivery: Delivery,
+    reservations: Reservations,
     counters: dict[str, int],
 ) -> Network:
-    """The NAT services, then discovery, then group fetching, around a host whose pubsub is up:
-    the `Network`."""
-    count = policy.count
-    bootstrap_ids: set[ID] = set()  # resolved `peers`: the relays a NATed node tries first
-
-    def readvertise() -> None:  # our relay slots or reachability changed
-        discovery.advertise(advertised_addrs(host, relay, nat))
-
-    def on_reachability(status: Reachability) -> None:
-        count(f"reachability_{status.value}")
-        relay.set_reachability(status)
-        readvertise()
-
-    # Both callbacks run only from the services' own tasks, which `_start` starts once discovery,
-    # which they re-advertise through, exists.
+    """The NAT services, then the dialer, discovery and group fetching, each handed the gate and
+    what it uses of those built before it, around a host whose pubsub is up: the `Network`."""
+    bootstrap_ids: set[ID] = set()  # resolved `peers`, filled by the keeper: the relays a NATed node tries first
     nat, relay = nat_services(
-        host,
-        settings,
-        protocols,
-        may_use=policy.may_use,
-        count=count,
-        on_reachability=on_reachability,
-        on_addrs_changed=readvertise,
-        preferred_relays=lambda: sorted(bootstrap_ids, key=str),
+        host, settings, gate, reservations, preferred_relays=lambda: sorted(bootstrap_ids, key=str)
     )
-    dialer = OneDialPerPeer(host, relay)
+    dialer = Dialer(host, relay, gate, bootstrap_ids)
     discovery = PeerDiscovery(
         key_pair,
         host,
-        advertised_addrs(host, relay, nat),
+        addresses=partial(advertised_addrs, host, relay, nat),
         target=settings.discover_peers,
         interval=settings.discovery_interval_seconds,
         max_tracked=settings.max_tracked_peers,
-        may_dial=policy.may_use,
-        dial=partial(dial_unless_refused, policy, dialer),
-        count=count,
-        protocols=protocols,
+        gate=gate,
+        dialer=dialer,
     )
     discovery.attach()  # answer requests even with discovery off
     outbox = Outbox()
-    host.set_stream_handler(
-        GROUPS_PROTOCOL_ID, GroupServer(outbox, swarm=settings.swarm, may_serve=policy.may_use, count=count).handle
-    )
-
-    def authors() -> list[Author]:
-        """Everyone we may ask: our connections and discovery's table, each once, but those
-        whose groups come on the topic anyway (an older release, or a node beside one)."""
-        now = time.time()
-
-        def askable(peer: ID) -> bool:
-            return policy.may_use(peer) and not delivery.gossips(peer.to_bytes(), now)
-
-        connected = {peer: Author(peer, ()) for peer in open_peers(host) if askable(peer)}
-        known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if askable(e.peer_id)}
-        return list({**known, **connected}.values())
-
-    def keep(peer: ID) -> bool:
-        """Links a fetch must not close: bootstrap peers, relays we hold a slot on, and relayed
-        links (relayed_links.py would dial those again at once)."""
-        connections = host.get_network().get_connections(peer)
-        return peer in bootstrap_ids or peer in relay.reservations or any(is_relayed(c) for c in connections)
-
+    host.set_stream_handler(GROUPS_PROTOCOL_ID, GroupServer(outbox, swarm=settings.swarm, gate=gate).handle)
     fetcher = GroupFetcher(
         host,
         swarm=settings.swarm,
         topic=settings.topic,
         max_message_bytes=settings.max_message_bytes,
-        authors=authors,
-        dial=partial(dial_unless_refused, policy, dialer),
+        gate=gate,
+        links=dialer,
+        authors=partial(_authors, host, gate, delivery, discovery),
         hand=delivery.hand,
-        lacks=protocols.lacks,
-        refused=protocols.refused,
-        count=counter(counters),
-        keep=keep,
     )
     return Network(
         settings=settings,
@@ -439,29 +329,37 @@ def _services(
         host=host,
         pubsub=pubsub,
         policy=policy,
-        protocols=protocols,
+        gate=gate,
         nat=nat,
         relay=relay,
         discovery=discovery,
         dialer=dialer,
-        agents=PeerAgents(host, lambda: open_peers(host), policy.may_use),
-        keeper=BootstrapKeeper(host, settings, policy.my_id, policy.refusal, relay, count, bootstrap_ids),
+        agents=PeerAgents(host, partial(open_peers, host), gate),
+        keeper=BootstrapKeeper(host, settings, gate, relay, bootstrap_ids),
         outbox=outbox,
         fetcher=fetcher,
         counters=counters,
     )
 
 
+def _authors(host: Any, gate: PeerGate, delivery: Delivery, discovery: PeerDiscovery) -> list[Author]:
+    """Everyone a fetch may ask: our connections and discovery's table, each once, but those
+    whose groups come on the topic anyway (an older release, or a node beside one)."""
+    now = time.time()
+
+    def askable(peer: ID) -> bool:
+        return gate.may_use(peer) and not delivery.gossips(peer.to_bytes(), now)
+
+    connected = {peer: Author(peer, ()) for peer in open_peers(host) if askable(peer)}
+    known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if askable(e.peer_id)}
+    return list({**known, **connected}.values())
+
+
 async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryReceiveChannel[ID]) -> None:
     """Run the network's services in `nursery`, in the order they were built."""
-    settings, relay, policy = network.settings, network.relay, network.policy
+    settings, relay = network.settings, network.relay
     links = RelayedLinks(
-        network.host,
-        relay.slots(),
-        dial=network.dial,
-        known_addrs=network.discovery.addrs_of,
-        refused=lambda peer: policy.refusal(peer) is not None,
-        count=network.count,
+        network.host, relay.slots(), dialer=network.dialer, gate=network.gate, known_addrs=network.discovery.addrs_of
     )
     nursery.start_soon(_cut_off_banned, bans, network.host, network.discovery, settings.close_timeout_seconds)
     await nursery.start(relay.run)

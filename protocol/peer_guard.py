@@ -39,6 +39,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sapo.protocol.buckets import TokenBucket
+
 # Score at or below which a peer is banned. With RECOVERY_PER_SECOND = 1 a peer may run at most
 # one point a second in deficit forever; 100 points is 100 s of slack for bursts and slips.
 BAN_SCORE = -100.0
@@ -95,13 +97,12 @@ PENALTIES: dict[str, float] = {
 
 @dataclass
 class _PeerState:
-    tokens: float
+    publishes: TokenBucket  # what the author may publish
+    replays: TokenBucket  # messages numbered at or below the highest: reorders, or replays anyone can forward
     score: float
-    updated: float
+    updated: float  # when the score last recovered
     banned_until: float = 0.0
     highest_seqno: int | None = None
-    # messages numbered at or below the highest: reorders, or replays anyone can forward
-    replay_tokens: float = 0.0
 
 
 class PeerGuard:
@@ -131,7 +132,8 @@ class PeerGuard:
         """None if a message authored by `peer` (with its signed `seqno`) may go on, else why not:
         'banned', 'replayed' (an old number past its own small bucket: dropped, nobody charged),
         or 'rate_limited' (then the author has been charged, and may be banned now)."""
-        state = self._state(self.clock(), peer)
+        now = self.clock()
+        state = self._state(now, peer)
         if state.banned_until:
             return "banned"
         cost = 1.0
@@ -140,18 +142,13 @@ class PeerGuard:
                 # A reordered message was paid for by the gap before it; a replayed one may be
                 # forwarded by anyone (libp2p forgets seen ids after 120 s), so it is never
                 # charged to its author: it draws on a bucket of its own and is only dropped.
-                if state.replay_tokens < 1.0:
-                    return "replayed"
-                state.replay_tokens -= 1.0
-                return None
+                return None if state.replays.take(now) else "replayed"
             if state.highest_seqno is not None:
                 cost = float(min(seqno - state.highest_seqno, self.burst))
             state.highest_seqno = seqno
-        if state.tokens >= cost:
-            state.tokens -= cost
+        over = state.publishes.take_short(now, cost)
+        if not over:
             return None
-        over = cost - state.tokens
-        state.tokens = 0.0
         self.penalize(peer, "rate_limited", times=over)
         return "rate_limited"
 
@@ -186,19 +183,26 @@ class PeerGuard:
     def _state(self, now: float, peer: bytes) -> _PeerState:
         state = self._peers.get(peer)
         if state is None:
-            state = self._peers[peer] = _PeerState(tokens=self.burst, score=0.0, updated=now, replay_tokens=self.burst)
+            state = self._peers[peer] = self._fresh(now)
             self._evict()
             return state
         self._peers.move_to_end(peer)
         if state.banned_until and now >= state.banned_until:
-            # the ban is served: a clean slate, as if we had never met
-            state.banned_until, state.score, state.tokens, state.replay_tokens = 0.0, 0.0, self.burst, self.burst
+            # the ban is served: a clean slate, as if we had never met (its numbering aside)
+            state.banned_until, state.score = 0.0, 0.0
+            state.publishes, state.replays = self._full(now), self._full(now)
         elapsed = max(0.0, now - state.updated)
         state.updated = now
-        state.tokens = min(self.burst, state.tokens + elapsed * self.rate)
-        state.replay_tokens = min(self.burst, state.replay_tokens + elapsed * self.rate)
+        state.publishes.refill(now)
+        state.replays.refill(now)
         state.score = min(0.0, state.score + elapsed * RECOVERY_PER_SECOND)
         return state
+
+    def _fresh(self, now: float) -> _PeerState:
+        return _PeerState(publishes=self._full(now), replays=self._full(now), score=0.0, updated=now)
+
+    def _full(self, now: float) -> TokenBucket:
+        return TokenBucket(self.rate, self.burst, now)
 
     def _evict(self) -> None:
         while len(self._peers) > self.max_tracked:

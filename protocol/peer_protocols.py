@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,6 +36,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 
 from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.protocol.peer_records import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
+from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.gossip")
 
@@ -85,8 +85,8 @@ class PeerProtocols:
         self.count = count
         self.max_remembered = max_remembered
         self.clock = clock
-        self._missing: OrderedDict[tuple[ID, str], float] = OrderedDict()  # -> ask again after
-        self._told: OrderedDict[tuple[ID, str], None] = OrderedDict()  # logged and counted already
+        self._missing: BoundedMap[tuple[ID, str], float] = BoundedMap(max_remembered)  # -> ask again after
+        self._told: BoundedMap[tuple[ID, str], None] = BoundedMap(max_remembered)  # logged and counted already
 
     def lacks(self, peer: ID, protocol: str) -> bool:
         listed = self._identified_protocols(peer)
@@ -97,7 +97,7 @@ class PeerProtocols:
         if until is not None:
             if self.clock() < until:
                 return True
-            del self._missing[(peer, protocol)]
+            self._missing.pop((peer, protocol))
             return False  # long enough: ask once more (a refusal is remembered again, quietly)
         if listed is not None:  # identified, and the protocol is not among its list
             self._remember(peer, protocol, "identify does not list it")
@@ -112,15 +112,10 @@ class PeerProtocols:
 
     def _remember(self, peer: ID, protocol: str, how: str) -> None:
         key = (peer, protocol)
-        self._missing[key] = self.clock() + REMEMBER_SECONDS
-        self._missing.move_to_end(key)
-        while len(self._missing) > self.max_remembered:
-            self._missing.popitem(last=False)
+        self._missing.put(key, self.clock() + REMEMBER_SECONDS)
         if key in self._told:
             return
-        self._told[key] = None
-        while len(self._told) > self.max_remembered:
-            self._told.popitem(last=False)
+        self._told.put(key, None)
         what, counter = OPTIONAL.get(protocol, (protocol, "peers_without_other"))
         self.count(counter)
         logger.info("peer %s does not speak %s (%s; %s): not asking it again", peer, protocol, what, how)

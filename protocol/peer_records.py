@@ -27,7 +27,6 @@ from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
 
 from sapo.protocol.frames import FrameError, length_prefixed, unpack_map
-from sapo.protocol.frames import read_frame as read_bounded_frame
 
 # The stream protocol discovery speaks (discovery.py); frames are `v` WIRE_VERSION inside it.
 PROTOCOL_ID = "/sapo/peers/1"
@@ -217,8 +216,3 @@ def _record_bytes(value: Any) -> bytes:
     if not isinstance(value, bytes) or not 0 < len(value) <= MAX_RECORD_BYTES:
         raise BadRecord(f"a record must be 1..{MAX_RECORD_BYTES} bytes")
     return value
-
-
-async def read_frame(stream: Any) -> bytes:
-    """One discovery frame's payload (frames.py), at most MAX_FRAME_BYTES."""
-    return await read_bounded_frame(stream, MAX_FRAME_BYTES)

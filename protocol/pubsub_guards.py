@@ -1,15 +1,15 @@
 """The guards py-libp2p 0.8.1's Pubsub lacks, as a subclass whose every override calls the
 original (protocol/README.md, "Transport"). It touches private internals of that exact release,
 which is why pyproject pins `libp2p==0.8.1`. The policy (who is refused, who pays for what)
-stays in peer_policy.py and delivery in gossip.py; this module only puts their checks, handed
-in as `PubsubHooks`, where libp2p would otherwise crash, drop silently or interleave frames."""
+stays in peer_policy.py and delivery in gossip.py; this module only puts their checks (the
+network's `PeerGate`, the author's bucket, the delivery) where libp2p would otherwise crash, drop
+silently or interleave frames."""
 
 from __future__ import annotations
 
 import logging
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -19,26 +19,13 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
+from sapo.protocol.peer_gate import PeerGate
+
 logger = logging.getLogger("sapo.gossip")
 
 # libp2p's per-peer outbound queue holds 32 RPCs; at 50 msg/s that is 0.6 s of slack before
 # silent drops. 128 slots is 2.5 s, and at most 128 x 256 KiB = 32 MiB per slow peer.
 OUTBOUND_QUEUE_SLOTS = 128
-
-
-@dataclass(frozen=True)
-class PubsubHooks:
-    """What the guarded pubsub asks of the network (network.py), and no more."""
-
-    refusal: Callable[[ID], str | None]  # why a peer may not connect or send, or None
-    refusal_bytes: Callable[[bytes], str | None]  # the same for a message's author
-    admit_author: Callable[[rpc_pb2.Message], str | None]  # charge a new message to its author
-    penalize: Callable[[ID, str], None]  # charge a peer for an offence (peer_guard.PENALTIES)
-    count: Callable[[str], None]
-    deliver: Callable[[rpc_pb2.Message, bytes], None]  # a message on our topics, and its id
-    lacks: Callable[[ID, str], bool]  # the peer is known to lack this protocol (peer_protocols.py)
-    refused: Callable[[ID, str, BaseException], bool]  # the error says the peer lacks it; noted
-    close_timeout: float  # seconds, for cutting a peer off
 
 
 class GuardedPubsub(Pubsub):
@@ -67,15 +54,30 @@ class GuardedPubsub(Pubsub):
       cost the peer that sent them.
     """
 
-    def __init__(self, *args: Any, hooks: PubsubHooks, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        gate: PeerGate,
+        admit_author: Callable[[rpc_pb2.Message], str | None],
+        deliver: Callable[[rpc_pb2.Message, bytes], None],
+        close_timeout: float,
+        **kwargs: Any,
+    ) -> None:
+        """`gate`: who may connect or send, who pays, which peers lack gossip (peer_gate.py);
+        `admit_author(msg)` charges a new message to its author's bucket (peer_policy.py) and
+        says why it is dropped, or None; `deliver(msg, message_id)` hands a message on our
+        topics to the node (gossip.py); `close_timeout` bounds cutting a peer off."""
         super().__init__(*args, **kwargs)
-        self.hooks = hooks
+        self.gate = gate
+        self.admit_author = admit_author
+        self.deliver = deliver
+        self.close_timeout = close_timeout
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def _refuse(self, peer_id: ID, reason: str, stream: Any = None) -> None:
-        self.hooks.count(reason)
+        self.gate.count(reason)
         logger.info("refusing peer %s: %s", peer_id, reason)
-        with trio.move_on_after(self.hooks.close_timeout):
+        with trio.move_on_after(self.close_timeout):
             if stream is not None:
                 try:
                     await stream.reset()
@@ -85,17 +87,17 @@ class GuardedPubsub(Pubsub):
 
     async def stream_handler(self, stream: Any) -> None:
         peer_id = stream.muxed_conn.peer_id
-        refusal = self.hooks.refusal(peer_id)
+        refusal = self.gate.refusal(peer_id)
         if refusal is not None:
             await self._refuse(peer_id, refusal, stream)
             return
         try:
             await super().stream_handler(stream)
         except Exception as error:  # hostile input must cost the sender, not this node
-            self.hooks.count("malformed_frame")
-            self.hooks.penalize(peer_id, "malformed_frame")
+            self.gate.count("malformed_frame")
+            self.gate.penalize(peer_id, "malformed_frame")
             logger.warning("dropping peer %s: bad pubsub frame (%s: %s)", peer_id, type(error).__name__, error)
-            with trio.move_on_after(self.hooks.close_timeout):
+            with trio.move_on_after(self.close_timeout):
                 try:
                     await stream.reset()
                 except Exception:
@@ -107,36 +109,36 @@ class GuardedPubsub(Pubsub):
                     logger.debug("closing connection to %s failed: %s", peer_id, close_error)
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
-        hooks = self.hooks
-        refusal = hooks.refusal(msg_forwarder) or hooks.refusal_bytes(msg.from_id)
+        gate = self.gate
+        refusal = gate.refusal(msg_forwarder) or gate.refusal(ID(msg.from_id))
         if refusal is not None:
-            hooks.count(refusal)
+            gate.count(refusal)
             return
         if msg_forwarder != self.my_id and not self._is_msg_seen(msg):
             # libp2p drops these silently under strict signing; check first so they are counted
             # and charged to the peer that sent them (honest peers check before forwarding).
             if not msg.signature:
-                hooks.count("unsigned")
-                hooks.penalize(msg_forwarder, "unsigned")
+                gate.count("unsigned")
+                gate.penalize(msg_forwarder, "unsigned")
                 return
             try:
                 valid = signature_validator(msg)
             except Exception:  # noqa: BLE001 - a garbage key is a bad signature too
                 valid = False
             if not valid:
-                hooks.count("bad_signature")
-                hooks.penalize(msg_forwarder, "bad_signature")
+                gate.count("bad_signature")
+                gate.penalize(msg_forwarder, "bad_signature")
                 return
             # The signature names the author: now its bucket, not the relay's, pays.
-            verdict = hooks.admit_author(msg)
+            verdict = self.admit_author(msg)
             if verdict is not None:
-                hooks.count(verdict)
+                gate.count(verdict)
                 return
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as error:  # hostile input must cost the peer that sent it
-            hooks.count("malformed_message")
-            hooks.penalize(msg_forwarder, "malformed_message")
+            gate.count("malformed_message")
+            gate.penalize(msg_forwarder, "malformed_message")
             logger.warning(
                 "dropped message forwarded by %s: %s: %s",
                 msg_forwarder,
@@ -153,19 +155,19 @@ class GuardedPubsub(Pubsub):
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         if any(topic in self.topic_ids for topic in publish_message.topicIDs):
-            self.hooks.deliver(publish_message, self.get_message_id(publish_message))
+            self.deliver(publish_message, self.get_message_id(publish_message))
 
     async def _handle_new_peer(self, peer_id: ID) -> None:
-        refusal = self.hooks.refusal(peer_id)
+        refusal = self.gate.refusal(peer_id)
         if refusal is not None:
             await self._refuse(peer_id, refusal)
             return
-        if self.hooks.lacks(peer_id, self.protocols[0]):
+        if self.gate.lacks(peer_id, self.protocols[0]):
             return
         try:
             await super()._handle_new_peer(peer_id)
         except StreamFailure as error:
-            if not self.hooks.refused(peer_id, self.protocols[0], error):
+            if not self.gate.refused(peer_id, self.protocols[0], error):
                 raise
             return
         queue = self.peer_queues.get(peer_id)

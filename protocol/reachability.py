@@ -40,7 +40,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import multiaddr
 import trio
@@ -50,9 +50,8 @@ from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
 from sapo.protocol.hosts import direct_peers, is_relayed
-
-if TYPE_CHECKING:
-    from sapo.protocol.peer_protocols import PeerProtocols
+from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.streams import ServeLimits, StreamServer
 
 logger = logging.getLogger("sapo.reachability")
 
@@ -60,7 +59,9 @@ logger = logging.getLogger("sapo.reachability")
 DIALBACK_TIMEOUT_SECONDS = 5.0
 MAX_DIALBACK_ADDRS = 4
 MAX_CONCURRENT_DIALBACKS = 8
+MAX_DIALBACKS_PER_PEER = 2
 MIN_ASK_INTERVAL_SECONDS = 10.0
+MAX_TRACKED_ASKERS = 1024
 # A request, including the server's dial-back (which may try a few addresses).
 QUERY_TIMEOUT_SECONDS = 4 * DIALBACK_TIMEOUT_SECONDS
 SERVERS_PER_CHECK = 2
@@ -227,10 +228,11 @@ class ReachabilityService:
     """Serves AutoNAT dial-backs and keeps this node's own `status` current.
 
     `mode` "public"/"private" fixes the status (no checks; requests are still served).
-    `may_use(peer)` is the network's allow/ban rule (peer_policy.py); `on_change(status)` is called
-    (synchronously) whenever the status changes. With `protocols`, peers known to lack AutoNAT
-    (peer_protocols.py) are never asked. `bootstrap(peer)` says whether the operator named the
-    peer (it is asked at once); any other peer only once connected `min_server_age` seconds."""
+    The `gate` (peer_gate.py) says whom we serve and ask (allow list, bans; peers known to lack
+    AutoNAT are never asked) and counts (`reachability_<status>` at each change);
+    `on_change(status)` is called (synchronously) whenever the status changes. `bootstrap(peer)`
+    says whether the operator named the peer (it is asked at once); any other peer only once
+    connected `min_server_age` seconds."""
 
     def __init__(
         self,
@@ -238,20 +240,18 @@ class ReachabilityService:
         *,
         mode: str,
         interval: float,
-        may_use: Callable[[ID], bool],
-        count: Callable[[str], None],
+        gate: PeerGate,
         on_change: Callable[[Reachability], None],
-        protocols: PeerProtocols | None = None,
         bootstrap: Callable[[ID], bool] = lambda peer: False,
         min_server_age: float = MIN_SERVER_AGE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
-        self.protocols = protocols
+        self.gate = gate
         self.mode = mode
         self.interval = interval
-        self.may_use = may_use
-        self.count = count
+        self.may_use = gate.may_use
+        self.count = gate.count
         self.on_change = on_change
         self.clock = clock
         self.bootstrap = bootstrap
@@ -261,32 +261,23 @@ class ReachabilityService:
         # network group -> (verdict, when, server): one voice per group, its latest
         self._verdicts: dict[str, tuple[bool, float, ID]] = {}
         self._next_ask: dict[ID, float] = {}
-        self._served_at: dict[ID, float] = {}
-        self._serving = 0
+        # one request per peer per MIN_ASK_INTERVAL_SECONDS: a dial-back costs us a connection
+        limits = ServeLimits(
+            seconds=QUERY_TIMEOUT_SECONDS,
+            total=MAX_CONCURRENT_DIALBACKS,
+            per_peer=MAX_DIALBACKS_PER_PEER,
+            rate=1 / MIN_ASK_INTERVAL_SECONDS,
+            burst=1,
+            max_tracked=MAX_TRACKED_ASKERS,
+        )
+        self._server = StreamServer("autonat", limits, gate, clock)
 
     def attach(self) -> None:
         self.host.set_stream_handler(AUTONAT_PROTOCOL_ID, self.handle)
 
     async def handle(self, stream: Any) -> None:
         """Serve one request, unless the peer is refused, asked too recently, or we are busy."""
-        peer = stream.muxed_conn.peer_id
-        now = self.clock()
-        too_soon = now - self._served_at.get(peer, -1e9) < MIN_ASK_INTERVAL_SECONDS
-        if too_soon or self._serving >= MAX_CONCURRENT_DIALBACKS or not self.may_use(peer):
-            self.count("autonat_refused")
-            with trio.move_on_after(DIALBACK_TIMEOUT_SECONDS):
-                await stream.reset()
-            return
-        self._served_at[peer] = now
-        if len(self._served_at) > 1024:
-            self._served_at = {p: t for p, t in self._served_at.items() if now - t < MIN_ASK_INTERVAL_SECONDS}
-        self._serving += 1
-        try:
-            with trio.move_on_after(QUERY_TIMEOUT_SECONDS):
-                await self._autonat.handle_stream(stream)
-            self.count("autonat_served")
-        finally:
-            self._serving -= 1
+        await self._server.handle(stream, self._autonat.handle_stream)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Ask peers to dial us back, now and then; runs until cancelled."""
@@ -311,7 +302,7 @@ class ReachabilityService:
             for peer in established
             if self.may_use(peer)
             and self._next_ask.get(peer, 0.0) <= now
-            and (self.protocols is None or not self.protocols.lacks(peer, AUTONAT_PROTOCOL_ID))
+            and not self.gate.lacks(peer, AUTONAT_PROTOCOL_ID)
         ]
         answered = 0
         for server in random.sample(servers, min(SERVERS_PER_CHECK, len(servers))):
@@ -351,7 +342,7 @@ class ReachabilityService:
         try:
             status, _ = await self._autonat.query_server(server, addrs=addrs, timeout=QUERY_TIMEOUT_SECONDS)
         except Exception as error:  # noqa: BLE001 - no AutoNAT there, reset, timeout
-            if self.protocols is None or not self.protocols.refused(server, AUTONAT_PROTOCOL_ID, error):
+            if not self.gate.refused(server, AUTONAT_PROTOCOL_ID, error):
                 logger.debug("AutoNAT request to %s failed: %s", server, error)
             return None
         self.count("reachability_checks")
@@ -377,4 +368,5 @@ class ReachabilityService:
                 len(self._verdicts),
             )
             self.status = new
+            self.count(f"reachability_{new.value}")
             self.on_change(new)

@@ -11,16 +11,19 @@ while someone floods.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
+
+from sapo.training.bounded import BoundedMap
 
 V = TypeVar("V")
 
 
 class RecentByAuthor(Generic[V]):
     """key -> value per author, each entry stamped; entries with a stamp older than `ttl` (when
-    given) are forgotten, and so are the oldest past `per_author` or `total`."""
+    given) are forgotten, and so are the oldest past `per_author` or `total`. Past `total`, the
+    author holding the most forgets its oldest (among several holding as many, the one that
+    reached that many first), found in O(1): the authors are kept by how many entries they hold."""
 
     def __init__(self, per_author: int, total: int, ttl: float | None = None) -> None:
         if not 0 < per_author <= total:
@@ -28,7 +31,10 @@ class RecentByAuthor(Generic[V]):
         self.per_author = per_author
         self.total = total
         self.ttl = ttl
-        self._authors: dict[Hashable, OrderedDict[Hashable, tuple[V, float]]] = {}
+        self._authors: dict[Hashable, BoundedMap[Hashable, tuple[V, float]]] = {}
+        # entries held -> the authors holding that many, in the order they came to hold it
+        self._holding: dict[int, dict[Hashable, None]] = {}
+        self._most = 0  # the most any author holds
         self._size = 0
 
     def __len__(self) -> int:
@@ -43,25 +49,25 @@ class RecentByAuthor(Generic[V]):
         return default if entry is None else entry[0]
 
     def contains(self, author: Hashable, key: Hashable) -> bool:
-        return key in self._authors.get(author, {})
+        entries = self._authors.get(author)
+        return entries is not None and key in entries
 
     def put(self, author: Hashable, key: Hashable, value: V, stamp: float, now: float) -> None:
         """Remember `key` for `author`; `stamp` is what `ttl` is measured from, `now` the time."""
-        entries = self._authors.setdefault(author, OrderedDict())
-        if key in entries:
-            self._size -= 1
-        entries[key] = (value, stamp)
-        entries.move_to_end(key)
-        self._size += 1
+        entries = self._authors.get(author)
+        if entries is None:
+            entries = self._authors[author] = BoundedMap(self.per_author)
+        held = len(entries)
+        entries.put(key, (value, stamp))  # past `per_author`, the author's own oldest makes way
+        self._size += len(entries) - held
+        self._recount(author, held, len(entries))
         self._expire(author, now)
-        while len(entries) > self.per_author:
-            self._pop_oldest(author)
         while self._size > self.total:
-            self._pop_oldest(max(self._authors, key=lambda a: len(self._authors[a])))
+            self._pop_oldest(next(iter(self._holding[self._most])))
 
     def entries(self) -> list[tuple[Hashable, list[tuple[Hashable, V, float]]]]:
         """Every author's (key, value, stamp) entries, oldest first, and the authors in the order
-        they came: both decide what is forgotten first, so a saved copy keeps them."""
+        they came: a saved copy keeps what each author forgets first."""
         return [
             (author, [(key, value, stamp) for key, (value, stamp) in entries.items()])
             for author, entries in self._authors.items()
@@ -69,20 +75,41 @@ class RecentByAuthor(Generic[V]):
 
     def restore(self, saved: list[tuple[Hashable, list[tuple[Hashable, V, float]]]]) -> None:
         """Replace what is remembered by what `entries` gave (of a memory with the same bounds)."""
-        self._authors = {
-            author: OrderedDict((key, (value, stamp)) for key, value, stamp in entries) for author, entries in saved
-        }
-        self._size = sum(len(entries) for entries in self._authors.values())
+        self._authors, self._holding, self._most, self._size = {}, {}, 0, 0
+        for author, entries in saved:
+            memory: BoundedMap[Hashable, tuple[V, float]] = BoundedMap(
+                self.per_author, ((key, (value, stamp)) for key, value, stamp in entries)
+            )
+            if memory:
+                self._authors[author] = memory
+                self._size += len(memory)
+                self._recount(author, 0, len(memory))
 
     def _expire(self, author: Hashable, now: float) -> None:
         # Entries are in arrival order, stamps nearly so: stop at the first one still young.
-        entries = self._authors[author]
-        while self.ttl is not None and entries and now - next(iter(entries.values()))[1] > self.ttl:
+        entries = self._authors.get(author)
+        while self.ttl is not None and entries and (oldest := entries.oldest()) and now - oldest[1][1] > self.ttl:
             self._pop_oldest(author)
 
     def _pop_oldest(self, author: Hashable) -> None:
         entries = self._authors[author]
-        entries.popitem(last=False)
+        entries.pop_oldest()
         self._size -= 1
+        self._recount(author, len(entries) + 1, len(entries))
         if not entries:
             del self._authors[author]
+
+    def _recount(self, author: Hashable, held: int, holds: int) -> None:
+        """`author` held `held` entries and now holds `holds` (a step of one, or a restore)."""
+        if held == holds:
+            return
+        if held:
+            authors = self._holding[held]
+            del authors[author]
+            if not authors:
+                del self._holding[held]
+        if holds:
+            self._holding.setdefault(holds, {})[author] = None
+        self._most = max(self._most, holds)
+        while self._most and self._most not in self._holding:
+            self._most -= 1

@@ -48,6 +48,7 @@ from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.hosts import direct_peers, is_relayed, relay_of
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.reachability import Reachability
 from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits, RelayBudget
 from sapo.protocol.relayed_links import RelayCuts, RelaySlots
@@ -81,6 +82,24 @@ class Reservation:
         return multiaddr.Multiaddr(f"{self.address}/p2p/{self.relay}/p2p-circuit")
 
 
+class Reservations(dict[ID, Reservation]):
+    """The relay slots we hold, by relay. Built before the host, whose identify answers list our
+    addresses through them (`with_relayed`), and kept by the relay service (which needs the host)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def relayed_addrs(self) -> list[multiaddr.Multiaddr]:
+        """Our addresses through the relays we hold a slot on (without /p2p/<us>)."""
+        now = self.clock()
+        return [r.circuit for r in self.values() if r.expires > now]
+
+    def with_relayed(self, addrs: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+        """`addrs` and our relayed addresses: what the host's identify answers advertise."""
+        return [*addrs, *self.relayed_addrs()]
+
+
 def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID] | None:
     """(relay's /ip*/tcp address, relay id) of `<relay>/p2p/<relay id>/p2p-circuit[/p2p/<peer>]`."""
     relay = relay_of(address)
@@ -95,8 +114,9 @@ def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID
 class RelayService:
     """Relay for others when we should, reserve on relays when we must, dial circuits, punch holes.
 
-    The network (network.py) owns the host and passes in `may_use(peer)` (allow list, bans),
-    `count(name)` and `on_addrs_changed()` (re-advertise: our relayed addresses changed)."""
+    The network (network.py) owns the host and passes in its `gate` (peer_gate.py: whom we may
+    relay for, reserve on and dial through, and the counters), the relays to try first, and the
+    `reservations` the host's identify answers read (its own, by default)."""
 
     def __init__(
         self,
@@ -106,10 +126,9 @@ class RelayService:
         limits: RelayLimits,
         relays_to_reserve: int,
         hole_punching: bool,
+        gate: PeerGate,
         preferred_relays: Callable[[], list[ID]],
-        may_use: Callable[[ID], bool],
-        count: Callable[[str], None],
-        on_addrs_changed: Callable[[], None],
+        reservations: Reservations | None = None,
         budget: RelayBudget | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -118,17 +137,14 @@ class RelayService:
         self.relays_to_reserve = relays_to_reserve
         self.hole_punching = hole_punching
         self.preferred_relays = preferred_relays
-        self.may_use = may_use
-        self.count = count
-        self.on_addrs_changed = on_addrs_changed
+        self.may_use = gate.may_use
+        self.count = gate.count
         self.clock = clock
-        self.protocol = GuardedRelayProtocol(
-            host, limits=limits, allow_hop=False, may_use=may_use, count=count, budget=budget
-        )
+        self.protocol = GuardedRelayProtocol(host, limits=limits, allow_hop=False, gate=gate, budget=budget)
         # STOP only: we accept circuits; reservations are made here, not on every dial.
         self.transport = ProtectedCircuits(host, self.protocol, RelayConfig(roles=RelayRole.STOP, limits=limits))
         self.reachability = Reachability.unknown
-        self.reservations: dict[ID, Reservation] = {}
+        self.reservations = reservations if reservations is not None else Reservations(clock)
         self.cuts = RelayCuts(clock)  # relays that cut circuits early are tried last
         self._refused_until: dict[ID, float] = {}
         self._wake = trio.Event()
@@ -169,8 +185,7 @@ class RelayService:
 
     def relayed_addrs(self) -> list[multiaddr.Multiaddr]:
         """Our addresses through the relays we hold a slot on (without /p2p/<us>)."""
-        now = self.clock()
-        return [r.circuit for r in self.reservations.values() if r.expires > now]
+        return self.reservations.relayed_addrs()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._set_serving(self.relay == "on")
@@ -189,16 +204,13 @@ class RelayService:
 
     async def _keep_reservations(self) -> None:
         while True:
-            changed = self._prune()
+            self._prune()
             wanted = self.relays_to_reserve if self.reachability is Reachability.private else 0
-            if wanted == 0 and self.reservations:
+            if wanted == 0:
                 self.reservations.clear()
-                changed = True
             if wanted:
-                changed |= await self._reserve_more(wanted)
-                changed |= await self._renew()
-            if changed:
-                self.on_addrs_changed()
+                await self._reserve_more(wanted)
+                await self._renew()
             self._wake = trio.Event()
             short = wanted and len(self.reservations) < wanted
             with trio.move_on_after(RESERVE_RETRY_SECONDS if short else RESERVE_CHECK_SECONDS):

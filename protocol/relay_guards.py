@@ -46,6 +46,8 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.relay.circuit_v2.utils import maybe_consume_signed_record, read_delimited_msg
 from libp2p.security.pnet.protector import new_protected_conn
 
+from sapo.protocol.buckets import UNBOUNDED_DEBT, TokenBucket
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.settings import RELAY_BYTES_PER_HOUR, RELAY_BYTES_PER_SECOND, RELAY_MAX_CIRCUITS
 
 logger = logging.getLogger("sapo.relay")
@@ -74,17 +76,20 @@ class RelayBudget:
         self.bytes_per_hour = float(bytes_per_hour)
         self.clock = clock
         self.circuits = 0
-        # Both buckets start full; the rate bucket holds one second, so a burst is one second's bytes.
-        self._rate_tokens = self.bytes_per_second
-        self._hour_tokens = self.bytes_per_hour
-        self._updated = clock()
+        # Both buckets start full; the rate bucket holds one second, so a burst is one second's
+        # bytes, and it runs into any debt: later bytes wait it out.
+        now = clock()
+        self._rate = TokenBucket(self.bytes_per_second, self.bytes_per_second, now, floor=UNBOUNDED_DEBT)
+        self._hour = TokenBucket(self.bytes_per_hour / 3600, self.bytes_per_hour, now)
 
     def open_circuit(self) -> str | None:
         """Take a circuit slot; None, or why not ('relay_refused_circuits', 'relay_refused_bytes')."""
-        self._refill()
+        now = self.clock()
+        self._rate.refill(now)
+        left = self._hour.refill(now)
         if self.circuits >= self.max_circuits:
             return "relay_refused_circuits"
-        if self._hour_tokens < min(MIN_CIRCUIT_BYTES, self.bytes_per_hour):
+        if left < min(MIN_CIRCUIT_BYTES, self.bytes_per_hour):
             return "relay_refused_bytes"
         self.circuits += 1
         return None
@@ -96,35 +101,21 @@ class RelayBudget:
         """Pay for `size` relayed bytes: how long to wait before passing them on (the rate
         bucket may go into debt, which later bytes wait out), or None when the hour's bytes are
         spent (cut the circuit)."""
-        self._refill()
-        if self._hour_tokens < size:
-            self._hour_tokens = 0.0
-            return None
-        self._hour_tokens -= size
-        self._rate_tokens -= size
-        return max(0.0, -self._rate_tokens / self.bytes_per_second)
-
-    def _refill(self) -> None:
         now = self.clock()
-        elapsed, self._updated = max(0.0, now - self._updated), now
-        self._rate_tokens = min(self.bytes_per_second, self._rate_tokens + elapsed * self.bytes_per_second)
-        self._hour_tokens = min(self.bytes_per_hour, self._hour_tokens + elapsed * self.bytes_per_hour / 3600)
+        self._rate.refill(now)
+        if self._hour.take_short(now, size):
+            return None
+        self._rate.charge(size)
+        return self._rate.debt_seconds()
 
 
 class GuardedRelayProtocol(CircuitV2Protocol):
     """0.8.1's relay protocol, answering only peers the network accepts, within one budget."""
 
-    def __init__(
-        self,
-        *args: Any,
-        may_use: Callable[[ID], bool],
-        count: Callable[[str], None],
-        budget: RelayBudget | None = None,
-        **kwargs: Any,
-    ):
+    def __init__(self, *args: Any, gate: PeerGate, budget: RelayBudget | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._may_use = may_use
-        self._count = count
+        self._may_use = gate.may_use
+        self._count = gate.count
         self.budget = budget or RelayBudget()
 
     async def _handle_hop_stream(self, stream: Any) -> None:

@@ -32,9 +32,9 @@ import logging
 import random
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import multiaddr
 import trio
@@ -44,6 +44,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.rcmgr import Direction
 
 from sapo.protocol.hosts import circuit_relay, direct_peers, is_relayed
+from sapo.protocol.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.relay")
 
@@ -145,28 +146,34 @@ class _ForwardCloses(INotifee):
         return
 
 
+class Dials(Protocol):
+    """What relayed links need of the network's dialer (dialing.py): one bounded dial, the gate's
+    refusals checked there."""
+
+    async def dial(self, info: PeerInfo) -> bool: ...
+
+
 class RelayedLinks:
     """Recovers relayed links that end (see the module docstring); `run()` it in the network's
-    nursery (network.py). `dial(PeerInfo) -> bool` is the network's bounded dial (allow list
-    and bans checked there), `known_addrs(peer)` what discovery's record of it says."""
+    nursery (network.py). The `gate` says whom not to dial again (peer_gate.py) and counts;
+    `known_addrs(peer)` is what discovery's record of it says."""
 
     def __init__(
         self,
         host: Any,
         relay: RelaySlots,
         *,
-        dial: Callable[[PeerInfo], Awaitable[bool]],
+        dialer: Dials,
+        gate: PeerGate,
         known_addrs: Callable[[ID], list[multiaddr.Multiaddr]],
-        refused: Callable[[ID], bool],
-        count: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.relay = relay
-        self.dial = dial
+        self.dialer = dialer
         self.known_addrs = known_addrs
-        self.refused = refused
-        self.count = count
+        self.gate = gate
+        self.count = gate.count
         self.clock = clock
         self.my_id: ID = host.get_id()
         self._redialling: set[ID] = set()
@@ -193,7 +200,7 @@ class RelayedLinks:
                 self.relay.lost(link.peer)  # our relay slot there is gone with it
             return
         self.count("relayed_links_lost")
-        if link.peer not in self._redialling and not self.refused(link.peer):
+        if link.peer not in self._redialling and self.gate.may_use(link.peer):
             self._redialling.add(link.peer)
             nursery.start_soon(self._redial, link)
 
@@ -207,7 +214,7 @@ class RelayedLinks:
             for attempt in range(REDIAL_ATTEMPTS):
                 if self._connected(peer):
                     break  # the other end, or discovery, dialled it
-                if self.refused(peer):
+                if not self.gate.may_use(peer):
                     return
                 if attempt:
                     await trio.sleep(delay * random.uniform(0.75, 1.25))
@@ -215,7 +222,7 @@ class RelayedLinks:
                     if self._connected(peer):
                         break
                 self.count("relayed_redials")
-                if await self.dial(PeerInfo(peer, self._addresses(peer, link.relay))):
+                if await self.dialer.dial(PeerInfo(peer, self._addresses(peer, link.relay))):
                     self.count("relayed_links_recovered")
                     logger.info("dialled %s again after its relayed link closed (it lived %.0f s)", peer, link.lived)
                     break

@@ -31,10 +31,12 @@ draw is uniform over groups, as before standing existed.
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+from sapo.training.bounded import BoundedMap
 
 # A gap between an author's groups that counts towards its standing: an honest node publishes
 # every round (seconds to a minute); a key that waits an hour between groups earns no more than
@@ -69,7 +71,7 @@ class Standing:
         self.ramp_seconds = ramp_seconds
         self.newcomer_share = newcomer_share
         self.max_authors = max_authors
-        self._records: OrderedDict[str, _Record] = OrderedDict()
+        self._records: BoundedMap[str, _Record] = BoundedMap(max_authors)  # least recently credited first
         # Credits arrive from the network's worker thread while the round reads weights.
         self._lock = threading.Lock()
 
@@ -82,9 +84,7 @@ class Standing:
             if record.last is not None:
                 record.earned += min(max(now - record.last, 0.0), MAX_GAP_SECONDS)
             record.last = now
-            self._records[author] = record  # most recently credited last
-            while len(self._records) > self.max_authors:
-                self._records.popitem(last=False)
+            self._records.put(author, record)  # most recently credited last
 
     def locate(self, author: str, place: str | None) -> None:
         """`author` was last seen connected from network address group `place` (None: not directly)."""
@@ -141,4 +141,6 @@ class Standing:
     def restore(self, saved: list[list]) -> None:
         """Take the records `to_json` saved (a study's run resumes with its nodes' standing as it was)."""
         with self._lock:
-            self._records = OrderedDict((author, _Record(earned, last, place)) for author, earned, last, place in saved)
+            self._records = BoundedMap(
+                self.max_authors, ((author, _Record(earned, last, place)) for author, earned, last, place in saved)
+            )

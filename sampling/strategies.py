@@ -117,7 +117,7 @@ class PeerWeighted:
         usefulness, seen = dict(state.usefulness), list(state.seen)
         known = set(seen)
         for group in candidates:
-            key = group_digest(group)
+            key = seen_key(group)
             if key in known:
                 continue  # groups that stay in the inbox are offered again; count each once
             known.add(key)
@@ -152,8 +152,12 @@ class PeerWeighted:
         return chosen
 
 
-def group_digest(group: QuestionGroup) -> str:
-    """A group's identity that survives a restart (Python's own hash of text does not)."""
+def seen_key(group: QuestionGroup) -> str:
+    """The key under which the peer-weighted sampler remembers a group it has counted
+    (`SamplerState.seen`, kept in checkpoints, so it survives a restart, which Python's own hash
+    of text does not). Not the wire's group digest (protocol/codec.py's `group_digest`, which
+    names a group on the wire): this one also tells a group's round apart, and its bytes are what
+    saved sampler states hold."""
     text = "\x1f".join([group.origin, group.problem.spec.key(), str(group.sender_round), *group.completions])
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 

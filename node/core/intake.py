@@ -34,18 +34,19 @@ import hashlib
 import logging
 import math
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.refusal_log import RefusalLog
 from sapo.node.core.settings import NodeSettings
+from sapo.protocol.buckets import TokenBuckets
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
 from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.verify import VerifyPolicy, verify, work_seconds
 from sapo.sampling.inbox import group_size_bytes
+from sapo.training.bounded import BoundedMap
 from sapo.training.grpo import has_signal
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
@@ -124,15 +125,17 @@ class Intake:
         per_author = min(seen_capacity, math.ceil(VERIFY_RATE * (max_age_seconds + CLOCK_SKEW_SECONDS)) + VERIFY_BURST)
         self._frames: RecentByAuthor[None] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
         self._contents: RecentByAuthor[bytes] = RecentByAuthor(per_author, seen_capacity, ttl=max_age_seconds)
-        # author -> (verifications left, when counted), least recently heard first
-        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        # each author's verifications left, least recently heard first; a costly one runs a debt
+        self._budgets: TokenBuckets[str] = TokenBuckets(
+            VERIFY_RATE, VERIFY_BURST, BUDGET_AUTHORS, floor=-float(VERIFY_BURST)
+        )
         self.verifier = verifier  # this node's own scoring: a peer's rewards are never used
         self.refusals = RefusalLog()  # a summary a minute in the log, not a line per group
         # A node that samples its own completions for each external question (augment) can learn
         # from a group whose completions all score alike: the contrast comes from its own.
         self.keep_groups_without_signal = keep_groups_without_signal
         # (author, group digest) -> (log-probs, arrival time), oldest first; `_pending_values` bounds them
-        self._pending: OrderedDict[tuple[str, bytes], tuple[BehaviorLogprobs, float]] = OrderedDict()
+        self._pending: BoundedMap[tuple[str, bytes], tuple[BehaviorLogprobs, float]] = BoundedMap(LOGPROBS_MAX_VALUES)
         self._pending_values = 0
         # Checks run in the exchange's worker thread while a checkpoint saves the memories from
         # another: one at a time, so that a saved copy is of memories between two frames.
@@ -219,12 +222,7 @@ class Intake:
 
     def _spend_verification(self, author: str, now: float) -> None:
         """Take one verification from `author`'s budget, or refuse (over_budget) when it has none."""
-        tokens, updated = self._budgets.pop(author, (float(VERIFY_BURST), now))
-        tokens = min(float(VERIFY_BURST), tokens + max(0.0, now - updated) * VERIFY_RATE)
-        self._budgets[author] = (tokens - 1.0 if tokens >= 1.0 else tokens, now)  # newest last
-        if len(self._budgets) > BUDGET_AUTHORS:
-            self._budgets.popitem(last=False)
-        if tokens < 1.0:
+        if not self._budgets.take(author, now):
             raise Rejected(RejectReason.over_budget, f"over its budget of {VERIFY_RATE:g} verified groups a second")
 
     def _charge_cpu(self, author: str, seconds: float) -> None:
@@ -232,8 +230,7 @@ class Intake:
         extra = seconds / VERIFY_CPU_SECONDS - 1.0
         if extra <= 0.0:
             return
-        tokens, updated = self._budgets[author]
-        self._budgets[author] = (max(-float(VERIFY_BURST), tokens - extra), updated)
+        self._budgets.charge(author, extra)
 
     def _check_envelope(self, sender: str, swarm: str, created_at: float, signer: str, now: float) -> None:
         if sender != signer:
@@ -248,15 +245,19 @@ class Intake:
 
     def _hold(self, key: tuple[str, bytes], behavior: BehaviorLogprobs, now: float) -> None:
         self._take(key)
-        self._pending[key] = (behavior, now)
         self._pending_values += _values(behavior)
-        while self._pending and (
-            self._pending_values > LOGPROBS_MAX_VALUES
-            or now - next(iter(self._pending.values()))[1] > LOGPROBS_WAIT_SECONDS
+        dropped = self._pending.put(key, (behavior, now))
+        if dropped is not None:
+            self._unmatched(dropped[1][0])
+        while (oldest := self._pending.oldest()) is not None and (
+            self._pending_values > LOGPROBS_MAX_VALUES or now - oldest[1][1] > LOGPROBS_WAIT_SECONDS
         ):
-            _, (dropped, _) = self._pending.popitem(last=False)
-            self._pending_values -= _values(dropped)
-            self.counters.logprobs["unmatched"] += 1
+            self._unmatched(self._pending.pop_oldest()[1][0])
+
+    def _unmatched(self, behavior: BehaviorLogprobs) -> None:
+        """Log-probs whose group never came, forgotten."""
+        self._pending_values -= _values(behavior)
+        self.counters.logprobs["unmatched"] += 1
 
     def _take(self, key: tuple[str, bytes]) -> BehaviorLogprobs | None:
         """The log-probs held for (author, group digest), no longer held."""
@@ -293,7 +294,7 @@ class Intake:
         return {
             "frames": _memory_to_json(self._frames),
             "contents": _memory_to_json(self._contents),
-            "budgets": [[author, tokens, updated] for author, (tokens, updated) in self._budgets.items()],
+            "budgets": [[author, tokens, updated] for author, tokens, updated in self._budgets.entries()],
             "pending": [
                 [author, digest.hex(), behavior.model_dump(mode="json"), arrived]
                 for (author, digest), (behavior, arrived) in self._pending.items()
@@ -308,10 +309,13 @@ class Intake:
     def _restore(self, saved: dict[str, Any]) -> None:
         _restore_memory(self._frames, saved["frames"])
         _restore_memory(self._contents, saved["contents"])
-        self._budgets = OrderedDict((author, (tokens, updated)) for author, tokens, updated in saved["budgets"])
-        self._pending = OrderedDict(
-            ((author, bytes.fromhex(digest)), (BehaviorLogprobs.model_validate(behavior), arrived))
-            for author, digest, behavior, arrived in saved["pending"]
+        self._budgets.restore(saved["budgets"])  # [author, tokens, when], least recently heard first
+        self._pending = BoundedMap(
+            LOGPROBS_MAX_VALUES,
+            (
+                ((author, bytes.fromhex(digest)), (BehaviorLogprobs.model_validate(behavior), arrived))
+                for author, digest, behavior, arrived in saved["pending"]
+            ),
         )
         self._pending_values = sum(_values(behavior) for behavior, _ in self._pending.values())
 

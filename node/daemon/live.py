@@ -114,7 +114,8 @@ class LiveStatus:
             judge=self._judge(),
         )
         update: dict = {}
-        transport = network.counters_snapshot() if network is not None else {}
+        seen = network.status() if network is not None else None
+        transport = seen.counters if seen is not None else {}
         if node is not None and self.state is not None:  # set together, by node_ready
             counters = node.counters
             update |= {
@@ -134,18 +135,10 @@ class LiveStatus:
             "peers_banned": transport.get("peers_banned", 0),
             "transport": dict(transport),
         }
-        if network is not None:
-            bans = network.banned_peers()
+        if seen is not None:
             update |= {
-                "bans": bans,
-                "peers": peer_rows(
-                    network.connected_peers(),
-                    network.peer_addresses(),
-                    accepted_from,
-                    bans,
-                    network.peer_agents(),
-                    network.peer_scores(),
-                ),
+                "bans": seen.bans,
+                "peers": peer_rows(seen.connected, seen.addresses, accepted_from, seen.bans, seen.agents, seen.scores),
             }
         update |= self._history.fields()
         return status.model_copy(update=update)

@@ -69,10 +69,12 @@ async def main(megabytes: int) -> None:
             )
             a = await start_node(nursery, peers=[relay.addr], **private)
             b = await start_node(nursery, peers=[relay.addr], **private)
-            while not (a.service.relayed_addrs and b.service.relayed_addrs):
+            while not (a.service.status().relayed_addrs and b.service.status().relayed_addrs):
                 await trio.sleep(0.1)
-            (circuit,) = b.service.relayed_addrs
-            assert await a.service.dial(PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)]))
+            (circuit,) = b.service.status().relayed_addrs
+            assert await a.service.dialer.dial(
+                PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
+            )
             relayed = await move(a, b, megabytes)
             nursery.cancel_scope.cancel()
     per_mb = (relayed - direct) / megabytes

@@ -14,6 +14,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.agents import PeerAgents
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.release import agent_string, sapo_version
 from tests.support.gossip import start_node
 
@@ -34,10 +35,10 @@ async def test_each_peer_says_what_it_runs():
             await bare.connect(info_from_p2p_addr(multiaddr.Multiaddr(a.addr)))
             bare_id = bare.get_id().to_base58()
             with trio.fail_after(20):
-                while set(a.service.peer_agents()) != {b.service.peer_id, bare_id}:
+                while set(a.service.status().agents) != {b.service.peer_id, bare_id}:
                     await trio.sleep(0.1)
-            assert a.service.peer_agents() == {b.service.peer_id: agent_string(), bare_id: "py-libp2p/0.8.1"}
+            assert a.service.status().agents == {b.service.peer_id: agent_string(), bare_id: "py-libp2p/0.8.1"}
             # and the bare host, asking our node the standard way, hears ours
-            agents = PeerAgents(bare, lambda: [], lambda peer: True)
+            agents = PeerAgents(bare, lambda: [], PeerGate())
             assert await agents.ask(a.service.host.get_id()) == agent_string()
         nursery.cancel_scope.cancel()

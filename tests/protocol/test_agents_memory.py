@@ -7,6 +7,7 @@ from __future__ import annotations
 import trio
 
 from sapo.protocol.agents import CHECK_SECONDS, MAX_REMEMBERED, RETRY_SECONDS, PeerAgents
+from sapo.protocol.peer_gate import PeerGate
 
 
 class _Peer:
@@ -21,7 +22,7 @@ class _Silent(PeerAgents):
     """Every peer fails to answer."""
 
     def __init__(self, peers: list[_Peer]) -> None:
-        super().__init__(host=None, peers=lambda: peers, may_ask=lambda peer: True)
+        super().__init__(host=None, peers=lambda: peers, gate=PeerGate())
         self.asked: list[str] = []
 
     async def ask(self, peer) -> str | None:

@@ -46,6 +46,6 @@ async def test_peer_whose_messages_make_libp2p_raise_is_charged_then_banned(monk
                 while attacker.service.peer_id in victim.service.connected_peers():
                     await trio.sleep(0.05)
             assert victim.counters["malformed_message"] >= offences
-            assert victim.service.banned_peers() == [attacker.service.peer_id]
+            assert victim.service.status().bans == [attacker.service.peer_id]
             assert victim.inbox.statistics().current_buffer_used == 0  # nothing was delivered
             nursery.cancel_scope.cancel()

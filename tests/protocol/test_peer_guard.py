@@ -155,7 +155,7 @@ async def test_flooder_is_banned_and_disconnected_honest_peer_still_delivers():
                 await trio.sleep(0.05)
             time_to_ban = trio.current_time() - started
             assert victim.counters.get("peers_banned") == 1, victim.counters
-            assert victim.service.banned_peers() == [flooder_id]
+            assert victim.service.status().bans == [flooder_id]
             assert victim.counters.get("rate_limited", 0) > 0
             assert time_to_ban < 25, time_to_ban
 
@@ -173,7 +173,7 @@ async def test_flooder_is_banned_and_disconnected_honest_peer_still_delivers():
             assert message.sender == honest.service.peer_id and message.data == b"honest after the flood"
 
             with trio.fail_after(10):  # the 7 s ban expires...
-                while victim.service.banned_peers():
+                while victim.service.status().bans:
                     await trio.sleep(0.1)
             with trio.fail_after(15):  # ...the bootstrap keeper gets back in, and it may speak again
                 while not any(m.sender == flooder_id and m.data == b"back" for m in _drain(victim)):
@@ -203,7 +203,7 @@ async def test_bootstrap_keeper_does_not_redial_a_banned_peer():
             await trio.sleep(1)  # the keeper's own dial has returned
             failed_before = node.counters.get("dial_failed", 0)
             for _ in range(3):
-                node.service.penalize(target.service.my_id, "malformed_frame")
+                node.service.gate.penalize(target.service.my_id, "malformed_frame")
             assert node.counters["peers_banned"] == 1
             with trio.fail_after(5):
                 while target.service.peer_id in node.service.connected_peers():

@@ -11,6 +11,7 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 
 from sapo.protocol import reachability
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
 from tests.support.hosts import two_connected_hosts
 
@@ -39,18 +40,19 @@ async def test_stock_autonat_calls_an_address_nobody_listens_on_reachable():
             nursery.cancel_scope.cancel()
 
 
-async def test_our_dial_back_really_dials_and_answers_a_peer_once_per_interval(monkeypatch):
+async def test_our_dial_back_really_dials_and_answers_a_peer_once_per_interval():
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             server, client = await two_connected_hosts(nursery)
             counters: dict[str, int] = {}
+            now = [0.0]
             ReachabilityService(
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: counters.__setitem__(name, counters.get(name, 0) + 1),
+                gate=PeerGate(count=lambda name: counters.__setitem__(name, counters.get(name, 0) + 1)),
                 on_change=lambda status: None,
+                clock=lambda: now[0],
             ).attach()
             asker = AutoNATService(client, serve=False)
             live = client.get_transport_addrs()[0].to_bytes()
@@ -58,7 +60,7 @@ async def test_our_dial_back_really_dials_and_answers_a_peer_once_per_interval(m
             assert status == Message.E_DIAL_ERROR
             with pytest.raises(Exception):  # noqa: B017 - asked again at once: the stream is reset, nothing dialled
                 await asker.query_server(server.get_id(), addrs=[live])
-            monkeypatch.setattr(reachability, "MIN_ASK_INTERVAL_SECONDS", 0.0)
+            now[0] += reachability.MIN_ASK_INTERVAL_SECONDS
             status, address = await asker.query_server(server.get_id(), addrs=[live])
             assert status == Message.OK and address == live
             assert counters == {"autonat_served": 2, "autonat_refused": 1}
@@ -73,8 +75,7 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: False,
-                count=lambda name: None,
+                gate=PeerGate(refusal=lambda peer: "not_allowed"),
                 on_change=lambda status: None,
             ).attach()
             changes: list[Reachability] = []
@@ -83,8 +84,7 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
                 client,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=changes.append,
                 bootstrap=lambda peer: peer == server.get_id(),
             )
@@ -94,8 +94,7 @@ async def test_a_node_learns_it_is_public_and_a_refused_server_gives_no_verdict(
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=lambda status: None,
             ).attach()
             service._next_ask.clear()
@@ -131,8 +130,7 @@ async def test_a_dial_back_proves_who_answered_and_leaves_no_error_in_the_reques
                 server,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=lambda status: None,
             ).attach()
             live = client.get_transport_addrs()[0]

@@ -10,6 +10,7 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.reachability import MIN_SERVER_AGE_SECONDS, Reachability, ReachabilityService, network_group
 
 
@@ -77,8 +78,7 @@ def service_with_answers(host: Host, answers: dict[ID, bool], bootstrap=()) -> t
         host,
         mode="auto",
         interval=0.0,
-        may_use=lambda peer: True,
-        count=lambda name: None,
+        gate=PeerGate(),
         on_change=lambda status: None,
         bootstrap=lambda peer: peer in bootstrap,
     )
@@ -161,8 +161,7 @@ async def test_a_real_fresh_connection_is_too_young_until_it_has_stayed(monkeypa
                 client,
                 mode="auto",
                 interval=60,
-                may_use=lambda peer: True,
-                count=lambda name: None,
+                gate=PeerGate(),
                 on_change=lambda status: None,
             )
             assert service.established_servers() == {}

@@ -15,6 +15,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol import relay_guards, relayed_links
 from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.relay import RelayService, relay_limits
 from tests.support.gossip import receive_all, start_node
 from tests.support.relay import PRIVATE, dial_through_relay, kinds, wait_until
@@ -25,7 +26,7 @@ async def relay_and_two_private(nursery, psk=None, **private):
     private = {**private, "psk": psk}
     a = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
     b = await start_node(nursery, peers=[relay.addr], **{**PRIVATE, **private})
-    await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+    await wait_until(lambda: a.service.status().relayed_addrs and b.service.status().relayed_addrs, 20)
     return relay, a, b
 
 
@@ -33,9 +34,9 @@ async def test_private_peers_meet_through_the_relay_and_gossip_over_the_circuit(
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             relay, a, b = await relay_and_two_private(nursery)
-            assert relay.service.relaying and not a.service.relaying
+            assert relay.service.status().relaying and not a.service.status().relaying
             # a private peer's record names only its relayed address: its own would not answer
-            (address,) = a.service.advertised_addrs()
+            (address,) = a.service.status().advertised_addrs
             assert str(address) == f"{relay.addr}/p2p-circuit", address
             await dial_through_relay(a, b)
             await wait_until(lambda: kinds(a, b) == {True} and kinds(b, a) == {True}, 30)
@@ -117,9 +118,7 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
         relays_to_reserve=0,
         hole_punching=False,
         preferred_relays=list,
-        may_use=may_use,
-        count=lambda name: None,
-        on_addrs_changed=lambda: None,
+        gate=PeerGate(refusal=lambda peer: None if may_use(peer) else "banned"),
     )
     circuit = multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/9/p2p/{refused}/p2p-circuit")
     error = await service.dial(PeerInfo(target, [circuit]))
@@ -139,9 +138,7 @@ async def test_a_relays_refusal_is_forgotten_once_its_backoff_has_run_out():
         relays_to_reserve=1,
         hole_punching=False,
         preferred_relays=list,
-        may_use=lambda peer: True,
-        count=lambda name: None,
-        on_addrs_changed=lambda: None,
+        gate=PeerGate(),
         clock=lambda: now[0],
     )
     refusers = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3)]
@@ -169,7 +166,7 @@ async def test_circuits_work_in_a_private_swarm_and_outsiders_cannot_reserve():
             assert [m.data for m in await receive_all(b, 1)] == [b"inside the private swarm"]
             outsider = await start_node(nursery, peers=[relay.addr], **PRIVATE)  # no key
             await trio.sleep(3)
-            assert not outsider.service.relayed_addrs and not outsider.service.connected_peers()
+            assert not outsider.service.status().relayed_addrs and not outsider.service.connected_peers()
             nursery.cancel_scope.cancel()
 
 
@@ -180,7 +177,7 @@ async def test_a_circuit_cut_at_the_relays_byte_limit_is_dialled_again():
             relay = await start_node(nursery, relay="on", reachability="public", relay_max_circuit_bytes=48 * 1024)
             a = await start_node(nursery, peers=[relay.addr], **PRIVATE)
             b = await start_node(nursery, peers=[relay.addr], **PRIVATE)
-            await wait_until(lambda: a.service.relayed_addrs and b.service.relayed_addrs, 20)
+            await wait_until(lambda: a.service.status().relayed_addrs and b.service.status().relayed_addrs, 20)
             await dial_through_relay(a, b)
             await wait_until(lambda: kinds(a, b) == {True}, 20)
             await trio.sleep(2)
@@ -226,9 +223,7 @@ async def test_a_bootstrap_relay_that_refused_is_asked_again_sooner(monkeypatch)
         relays_to_reserve=2,
         hole_punching=False,
         preferred_relays=lambda: [boot],
-        may_use=lambda peer: True,
-        count=lambda name: None,
-        on_addrs_changed=lambda: None,
+        gate=PeerGate(),
         clock=lambda: now[0],
     )
     service.relay_address = lambda relay: multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/9")

@@ -66,11 +66,11 @@ async def test_several_reservers_share_the_relays_circuits():
         async with trio.open_nursery() as nursery:
             relay = await start_node(nursery, relay="on", reachability="public", discover_peers=0, relay_max_circuits=1)
             a, b, c = [await start_node(nursery, peers=[relay.addr], **PRIVATE) for _ in range(3)]
-            await wait_until(lambda: all(n.service.relayed_addrs for n in (a, b, c)), 30)
+            await wait_until(lambda: all(n.service.status().relayed_addrs for n in (a, b, c)), 30)
             await dial_through_relay(a, b)  # the relay's one circuit
             await wait_until(lambda: kinds(a, b) == {True}, 20)
             for target in (a, b):  # c holds its own slot (16 circuits a slot), yet the relay is full
-                await c.service.dial(relayed_info(target))
+                await c.service.dialer.dial(relayed_info(target))
             assert kinds(c, a) == set() and kinds(c, b) == set()
             assert relay.counters.get("relay_refused_circuits", 0) >= 2, relay.counters
             assert relay.service.relay.protocol.budget.circuits == 1
@@ -78,7 +78,7 @@ async def test_several_reservers_share_the_relays_circuits():
 
 
 def relayed_info(node) -> PeerInfo:
-    (circuit,) = node.service.relayed_addrs
+    (circuit,) = node.service.status().relayed_addrs
     return PeerInfo(ID.from_base58(node.service.peer_id), [multiaddr.Multiaddr(circuit)])
 
 
@@ -91,7 +91,7 @@ async def test_several_circuits_together_are_held_to_the_relays_byte_rate():
                 nursery, relay="on", reachability="public", discover_peers=0, relay_max_bytes_per_second=rate
             )
             a, b, c = [await start_node(nursery, peers=[relay.addr], **PRIVATE) for _ in range(3)]
-            await wait_until(lambda: all(n.service.relayed_addrs for n in (a, b, c)), 30)
+            await wait_until(lambda: all(n.service.status().relayed_addrs for n in (a, b, c)), 30)
             await dial_through_relay(a, b)
             await dial_through_relay(c, b)
             await wait_until(lambda: kinds(a, b) == {True} and kinds(c, b) == {True}, 20)
@@ -122,7 +122,7 @@ async def test_the_hours_bytes_once_spent_cut_circuits_and_refuse_new_ones():
                 relay_max_bytes_per_second=64 * 1024 * 1024,
             )
             a, b, c = [await start_node(nursery, peers=[relay.addr], **PRIVATE) for _ in range(3)]
-            await wait_until(lambda: all(n.service.relayed_addrs for n in (a, b, c)), 30)
+            await wait_until(lambda: all(n.service.status().relayed_addrs for n in (a, b, c)), 30)
             await dial_through_relay(a, b)
             await wait_until(lambda: kinds(a, b) == {True}, 20)
             received: dict[str, int] = {}
@@ -134,7 +134,7 @@ async def test_the_hours_bytes_once_spent_cut_circuits_and_refuse_new_ones():
                     pass
             await wait_until(lambda: relay.counters.get("relay_circuits_limited", 0) >= 1, 20)
             assert sum(received.values()) <= 1024 * 1024
-            await c.service.dial(relayed_info(b))  # a second reserver, a new circuit
+            await c.service.dialer.dial(relayed_info(b))  # a second reserver, a new circuit
             assert kinds(c, b) == set()
             assert relay.counters.get("relay_refused_bytes", 0) >= 1, relay.counters
             nursery.cancel_scope.cancel()

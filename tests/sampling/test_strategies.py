@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from sapo.sampling.strategies import PEER_LIMIT, SEEN_LIMIT, SamplerState, choose_external, has_correct
+from sapo.sampling.strategies import PEER_LIMIT, SEEN_LIMIT, SamplerState, choose_external, has_correct, seen_key
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import TaskSampler, default_task_specs
 
@@ -37,3 +37,10 @@ def test_the_peer_weighted_state_is_bounded():
         _, state = choose_external("peer-weighted", groups, 4, random.Random(k), state)
     assert len(state.seen) == SEEN_LIMIT and len(state.usefulness) == PEER_LIMIT
     assert f"peer{2 * SEEN_LIMIT - 1}" in state.usefulness and "peer0" not in state.usefulness
+
+
+def test_the_key_a_saved_sampler_state_holds_is_unchanged():
+    """`SamplerState.seen` is kept in checkpoints: a resumed node must count its groups as before."""
+    problem = TaskSampler(default_task_specs(["basic_arithmetic"]), 0, 0).sample(1)[0]
+    group = QuestionGroup(problem=problem, completions=["a", "b"], rewards=[0.0, 1.0], origin="peer", sender_round=3)
+    assert seen_key(group) == "2797a0b22e8baa1cd2e89afc"

@@ -24,6 +24,6 @@ async def wait_until(condition, timeout: float) -> None:
 
 
 async def dial_through_relay(a, b) -> None:
-    (circuit,) = b.service.relayed_addrs
+    (circuit,) = b.service.status().relayed_addrs
     info = PeerInfo(ID.from_base58(b.service.peer_id), [multiaddr.Multiaddr(circuit)])
-    assert await a.service.dial(info)  # directly, else through the relay: connected
+    assert await a.service.dialer.dial(info)  # directly, else through the relay: connected

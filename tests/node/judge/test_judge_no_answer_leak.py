@@ -30,6 +30,7 @@ import trio
 from sapo.node.judge import client as judge_client
 from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.protocol import judge_wire as wire
+from sapo.protocol.frames import read_frame
 from sapo.training.rewards import score_completion
 from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 from tests.support.judge import client, start_judge
@@ -106,8 +107,7 @@ def honest_answer(question: str) -> str:
 
 async def read_raw(stream) -> dict[str, Any]:
     """The judge's next frame exactly as sent: every key, known to this release or not."""
-    header = await wire._read_exactly(stream, 4)
-    return msgpack.unpackb(await wire._read_exactly(stream, int.from_bytes(header, "big")), raw=False)
+    return msgpack.unpackb(await read_frame(stream, wire.MAX_FRAME_BYTES), raw=False)
 
 
 def the_old_judges_question(index: int) -> dict[str, Any]:
