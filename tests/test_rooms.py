@@ -130,3 +130,32 @@ def test_the_checks_catch_what_they_are_for():
     ]
     assert sys_path_edits(source) == [7, 8, 10]
     assert module_name(TESTS / "support" / "__init__.py") == "tests.support"
+
+
+# Issue #40: a module a reader can hold in mind, a function that fits on a screen.
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 80
+PACKAGE = ("node", "protocol", "sampling", "training")
+
+
+def oversized(source: str, name: str) -> list[str]:
+    """What of `source` (module `name`) is over the bounds: the module, and each function."""
+    found = [f"{name}: {len(source.splitlines())} lines"] if len(source.splitlines()) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_module_or_function_of_the_package_is_over_its_bound():
+    found = [
+        where
+        for folder in PACKAGE
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for where in oversized(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    ]
+    assert not found, f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function:\n" + "\n".join(found)
+    long_function = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert oversized(long_function, "m") == [f"m:1 f: {MAX_FUNCTION_LINES + 1} lines"]
