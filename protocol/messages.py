@@ -181,11 +181,21 @@ class RolloutGroup(BaseModel):
     def _rewards_match_completions(self) -> RolloutGroup:
         if len(self.sender_rewards) != len(self.completions):
             raise ValueError(f"{len(self.completions)} completions but {len(self.sender_rewards)} sender_rewards")
-        if self.behavior is not None and len(self.behavior.token_logprobs) != len(self.completions):
-            raise ValueError(
-                f"{len(self.completions)} completions but {len(self.behavior.token_logprobs)} behavior rows"
-            )
+        if self.behavior is not None:
+            check_behavior_rows(self.behavior, self.completions)
         return self
+
+
+def check_behavior_rows(behavior: BehaviorLogprobs, completions: list[str]) -> None:
+    """A row of log-probs per completion, each no longer than its completion's UTF-8 bytes: a
+    sampled token is at least one byte of text, so a longer row is padding that costs the sender
+    a byte on the wire (zlib) and us eight in memory."""
+    rows = behavior.token_logprobs
+    if len(rows) != len(completions):
+        raise ValueError(f"{len(completions)} completions but {len(rows)} behavior rows")
+    for row, text in zip(rows, completions):
+        if len(row) > len(text.encode("utf-8")):
+            raise ValueError(f"a behavior row of {len(row)} tokens for a completion of {len(text.encode())} bytes")
 
 
 def to_wire(

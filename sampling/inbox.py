@@ -26,9 +26,15 @@ class InboxEntry:
     received_at: float
 
 
+# What a shared log-probability costs in memory: a Python float in a list.
+BYTES_PER_LOGPROB = 8
+
+
 def group_size_bytes(group: QuestionGroup) -> int:
+    """What the inbox's byte cap counts of a group: its text, and its log-probs if it has them."""
     text = group.problem.question + group.problem.answer + "".join(group.completions)
-    return len(text.encode("utf-8"))
+    logprobs = sum(len(row) for row in group.behavior.token_logprobs) if group.behavior is not None else 0
+    return len(text.encode("utf-8")) + BYTES_PER_LOGPROB * logprobs
 
 
 class Inbox:
@@ -115,6 +121,8 @@ class Inbox:
         """The entry to evict to make room for a group of `newcomer`'s: the oldest group of the
         authors holding the most for their weight (counting the new group); None when that author
         is `newcomer` alone, holding nothing yet, so the new group is what goes."""
+        if not self.standing.earned:  # every author weighs the groups it holds: the oldest goes
+            return next(iter(self._entries))
         held = dict(self._per_peer)
         held[newcomer] = held.get(newcomer, 0) + 1
         weights = self.standing.weights(held)
@@ -134,15 +142,16 @@ class Inbox:
     def to_json(self) -> dict[str, Any]:
         """What the inbox holds, oldest first, with its counts and its authors' standing: a study's
         run checkpoint keeps it, so that a resumed run chooses from the same groups."""
-        with self._lock:
-            return {
-                "entries": [[key, e.group.model_dump(mode="json"), e.received_at] for key, e in self._entries.items()],
-                "authors": list(self._per_peer),
-                "next_id": self._next_id,
-                "evicted": self.evicted,
-                "crowded_out": self.crowded_out,
-                "standing": self.standing.to_json(),
-            }
+        with self._lock:  # a copy of what it holds (groups are frozen), dumped after, the lock free
+            entries = list(self._entries.items())
+            counts = {"authors": list(self._per_peer), "next_id": self._next_id, "evicted": self.evicted}
+            crowded_out = self.crowded_out
+        return {
+            "entries": [[key, e.group.model_dump(mode="json"), e.received_at] for key, e in entries],
+            **counts,
+            "crowded_out": crowded_out,
+            "standing": self.standing.to_json(),
+        }
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Take what `to_json` saved into this (empty) inbox, built with the same bounds."""

@@ -16,7 +16,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 log = logging.getLogger("sapo.checkpoints")
 
@@ -105,7 +105,8 @@ def save_checkpoint(
         torch.save(trainer_state, partial / "trainer.pt")
         (partial / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
         if memory is not None:
-            (partial / MEMORY_FILE).write_text(json.dumps(memory, separators=(",", ":")))
+            with (partial / MEMORY_FILE).open("w", encoding="utf-8") as out:
+                write_json_in_pieces(memory, out)
         files = {
             str(p.relative_to(partial)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
             for p in sorted(partial.rglob("*"))
@@ -126,6 +127,25 @@ def save_checkpoint(
         ) from exc
     _prune(root, keep)
     return Checkpoint(final, round_index)
+
+
+def write_json_in_pieces(value: Any, out: TextIO, depth: int = 3) -> None:
+    """`value` as compact JSON, its dicts and lists opened `depth` levels down and each piece
+    below dumped alone. One `json.dumps` of a node's whole memory is one C call that holds the
+    GIL for as long as it runs (seconds for a full inbox), freezing the trio loop; pieces let it
+    breathe between them. The same text as one dumps, but for the pieces' order of writing."""
+    if depth == 0 or not isinstance(value, (dict, list)) or not value:
+        out.write(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+        return
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    out.write("{" if isinstance(value, dict) else "[")
+    for position, (key, item) in enumerate(items):
+        if position:
+            out.write(",")
+        if isinstance(value, dict):
+            out.write(json.dumps(str(key), ensure_ascii=False) + ":")
+        write_json_in_pieces(item, out, depth - 1)
+    out.write("}" if isinstance(value, dict) else "]")
 
 
 def _prune(root: Path, keep: int) -> None:

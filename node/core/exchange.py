@@ -211,7 +211,15 @@ class GossipExchange:
                 self.network.penalize_sender(message.sender, verdict.refusal)
             if verdict.group is not None:
                 place = self.network.network_group_of(message.sender)
-                self.memory.store(verdict.group, message.received_at, place)
+                # the inbox's eviction weighs every author it holds: work for a worker, not the loop
+                await trio.to_thread.run_sync(self._store, verdict.group, message.received_at, place, limiter=limiter)
+
+    def _store(self, group: QuestionGroup, now: float, place: str | None) -> None:
+        try:
+            self.memory.store(group, now, place)
+        except Exception:  # a bug in the inbox or standing must not take the receive loop down
+            self.counters.rejected["internal_error"] += 1
+            log.exception("could not keep a group from %s", group.origin[:16])
 
 
 def _peer_bytes(peer: str) -> bytes:

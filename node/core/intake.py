@@ -42,7 +42,7 @@ from sapo.node.core.refusal_log import RefusalLog
 from sapo.node.core.settings import NodeSettings
 from sapo.protocol.buckets import TokenBuckets
 from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
-from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason
+from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason, check_behavior_rows
 from sapo.protocol.recent import RecentByAuthor
 from sapo.protocol.verify import VerifyPolicy, verify, work_seconds
 from sapo.sampling.inbox import group_size_bytes
@@ -271,7 +271,9 @@ class Intake:
         """The group with its author's shared log-probs, if they came and fit its completions."""
         if behavior is None:
             return group
-        if len(behavior.token_logprobs) != len(group.completions):
+        try:
+            check_behavior_rows(behavior, group.completions)
+        except ValueError:  # a row per completion, none longer than its text
             self.counters.logprobs["mismatched"] += 1
             return group
         self.counters.logprobs["joined"] += 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sapo.node.core.counters import NodeCounters
-from sapo.node.core.intake import node_intake
+from sapo.node.core.intake import Intake, node_intake
 from sapo.node.core.loading import load_node_policy
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.metrics import METRICS_FILE, MetricsLog, RoundRecord
@@ -128,15 +128,33 @@ class Node:
         self.heldout = heldout_problems(self.task_specs, run.eval_questions) if run.eval_every else None
         self.trust = settings.trust
         self.inbox = node_inbox(settings)
-        intake = node_intake(
-            settings, self.counters, peer_id=peer_id, rg_version=reasoning_gym_version(), verifier=self.verifier
-        )
-        self.memory = NodeMemory(self.inbox, intake, self.counters)
-        saved = self.resumed_from.memory() if self.resumed_from is not None else None
-        if saved is not None:  # what it had learnt of its peers, as of its checkpoint
-            self.memory.restore(saved)
-            log.info("memory of peers restored: %s", self.memory.describe())
+        self.memory = NodeMemory(self.inbox, self._intake(), self.counters)
+        self._restore_memory()
         self.balance = settings.sampling.balance_rule(trains=not run.generate_only)
+
+    def _intake(self) -> Intake:
+        return node_intake(
+            self.settings,
+            self.counters,
+            peer_id=self.peer_id,
+            rg_version=reasoning_gym_version(),
+            verifier=self.verifier,
+        )
+
+    def _restore_memory(self) -> None:
+        """What it had learnt of its peers, as of its checkpoint. A memory it cannot read (another
+        release's, a damaged file) is left behind, with a warning: a node that cannot start over
+        its peers' groups would be a worse loss than the groups."""
+        try:
+            saved = self.resumed_from.memory() if self.resumed_from is not None else None
+            if saved is not None:
+                self.memory.restore(saved)
+                log.info("memory of peers restored: %s", self.memory.describe())
+        except Exception as error:  # noqa: BLE001 - anything in a file it did not write this run
+            log.warning("could not restore the memory of peers (%s); starting with none", error)
+            self.inbox = node_inbox(self.settings)
+            self.counters.restore(NodeCounters().to_json())
+            self.memory = NodeMemory(self.inbox, self._intake(), self.counters)
 
     def start_state(self) -> NodeState:
         """Where this node's rounds start: its checkpoint's state (restoring the optimizer to that

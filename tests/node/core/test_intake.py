@@ -75,7 +75,12 @@ def test_shared_log_probs_join_their_group_by_digest_and_author():
 
 def test_log_probs_are_split_into_messages_of_bounded_size():
     behavior = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-0.123456789] * 2000, [-1.0] * 2000])
-    groups = [honest_group(i).model_copy(update={"behavior": behavior}) for i in range(8)]
+    # completions long enough for 2000 tokens each (a token is at least a byte)
+    long = [honest_group(i) for i in range(8)]
+    groups = [
+        g.model_copy(update={"behavior": behavior, "completions": [c + " " * 2000 for c in g.completions]})
+        for g in long
+    ]
     out = encoder(ALICE, share=True).frames(groups, 1)
     assert len(out.logprobs) > 1 and all(len(frame) < 64 * 1024 for frame in out.logprobs)
     receiver, _ = intake()
@@ -103,3 +108,33 @@ def test_its_memories_survive_a_study_checkpoint():
     assert restored.accept(again.frame(groups[0], 2), ALICE, NOW + 1) is None  # re-stamped: a repeat
     assert charged == [(ALICE, "duplicate"), (ALICE, "repeat")]
     assert restored.accept(alice.groups[1], ALICE, NOW + 1).behavior == behavior
+
+
+def test_log_probs_cannot_outgrow_their_completions_nor_the_inbox_cap():
+    """A row of log-probs longer than its completion's bytes is padding (a sampled token is at
+    least a byte): refused on the wire (release 0.2.0's inline field) and not joined when shared;
+    what is joined counts in the inbox's byte cap."""
+    from sapo.protocol.codec import DecodeLimits, decode, encode
+    from sapo.protocol.messages import Rejected, to_wire
+    from sapo.sampling.inbox import BYTES_PER_LOGPROB, group_size_bytes
+
+    group = honest_group(3)
+    fat = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-1.0] * 4000 for _ in group.completions])
+    wire = to_wire(
+        group, sender=ALICE, swarm="t", sender_round=1, model_id="m", created_at=NOW, reasoning_gym_version="x"
+    )
+    frame = encode(wire.model_copy(update={"behavior": fat}), compress=True)
+    assert len(frame) < 2000  # cheap to send: zlib packs the padding
+    try:
+        decode(frame, DecodeLimits())
+        raise AssertionError("decoded")
+    except Rejected as refused:
+        assert "behavior row of 4000 tokens" in refused.detail
+    receiver, _ = intake()
+    shared = encoder(ALICE, share=True).frames([group.model_copy(update={"behavior": fat})], 1)
+    receiver.accept_logprobs(shared.logprobs[0], ALICE, NOW)
+    kept = receiver.accept(shared.groups[0], ALICE, NOW)
+    assert kept is not None and kept.behavior is None and receiver.counters.logprobs["mismatched"] == 1
+    fits = Behavior(tokenizer="abc", temperature=1.0, token_logprobs=[[-1.0] * 3 for _ in group.completions])
+    with_rows = group.model_copy(update={"behavior": fits})
+    assert group_size_bytes(with_rows) == group_size_bytes(group) + BYTES_PER_LOGPROB * 3 * len(group.completions)
