@@ -129,6 +129,7 @@ class Node:
         self.trust = settings.trust
         self.inbox = node_inbox(settings)
         self.memory = NodeMemory(self.inbox, self._intake(), self.counters)
+        self.memory_restored = False  # True once its checkpoint's memory is back
         self._restore_memory()
         self.balance = settings.sampling.balance_rule(trains=not run.generate_only)
 
@@ -149,6 +150,7 @@ class Node:
             saved = self.resumed_from.memory() if self.resumed_from is not None else None
             if saved is not None:
                 self.memory.restore(saved)
+                self.memory_restored = True
                 log.info("memory of peers restored: %s", self.memory.describe())
         except Exception as error:  # noqa: BLE001 - anything in a file it did not write this run
             log.warning("could not restore the memory of peers (%s); starting with none", error)

@@ -136,7 +136,7 @@ class Learner:
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Its round records up to the node's round (its node restored the rest from its checkpoint)."""
-        if "inbox" in saved and self.node.resumed_from is not None and self.node.resumed_from.memory() is None:
+        if "inbox" in saved and not self.node.memory_restored:
             # a run checkpointed before nodes saved their memory kept it here (sapo 0.4.0's studies)
             self.node.inbox.restore(saved["inbox"])
             if saved["intake"] is not None:
