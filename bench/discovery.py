@@ -7,7 +7,7 @@ Each mechanism then has to get every node to `--target` connections (the node's
 `discover_peers`), dialling through the network's own dial (so bans and the allow list
 apply to what the mechanism asks it to dial, not to what the library dials by itself):
 
-  sapo        /sapo/peers/1 (protocol/discovery.py): signed records of peers that are connected now;
+  sapo        /sapo/peers/1 (protocol/exchange/discovery.py): signed records of peers that are connected now;
   rendezvous  libp2p's RendezvousService on the hub; every node REGISTERs, then DISCOVERs and dials;
   kademlia    libp2p's KadDHT (server mode) on every node, seeded with the hub; a self-lookup
               fills the routing table, whose peers are dialled.
@@ -138,10 +138,10 @@ async def kademlia_loop(member: Member, hub_id, target: int) -> None:
 async def start_member(
     nursery, index: int, mechanism: str, args, tmp: Path, hub: Member | None, totals: Totals, groups
 ) -> Member:
-    from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.network import open_network
+    from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.settings import NetworkSettings
+    from sapo.protocol.wire.codec import DecodeLimits
     from sapo.training.tasks import reasoning_gym_version
 
     key_pair = load_or_create_identity(tmp / f"{mechanism}-{index}")

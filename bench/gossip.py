@@ -6,7 +6,7 @@ Python interpreter: latency includes waiting for the other nodes' work, and the 
 the whole swarm's. With `--processes` each node is its own OS process (this script, re-run as
 a child), as in a real swarm. Nodes connect in a star (every node dials node 0, the bootstrap
 peer) or a chain (node i dials node i-1); with `--discovery on` (the node's default) they also
-find and dial each other through `/sapo/peers/1` (protocol/discovery.py), `off` keeps only the
+find and dial each other through `/sapo/peers/1` (protocol/exchange/discovery.py), `off` keeps only the
 bootstrap links, and `both` runs the swarm twice and prints the two side by side.
 
 Every node publishes `--groups-per-round` real RolloutGroup frames (`to_wire` + `encode`, as

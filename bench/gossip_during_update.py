@@ -133,10 +133,10 @@ def gossip_settings(peers: list[str]):
 async def sender_main(args: argparse.Namespace) -> None:
     """Dial A, wait for the mesh, print `ready`; on the line `go` publish at --rate until the
     next line (or EOF) arrives on stdin, then print the send times (`SENT {seq: unix time}`)."""
-    from sapo.protocol.codec import encode
-    from sapo.protocol.identity import load_or_create_identity, peer_id_of
-    from sapo.protocol.messages import to_wire
     from sapo.protocol.network import serve_network
+    from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
+    from sapo.protocol.wire.codec import encode
+    from sapo.protocol.wire.messages import to_wire
     from sapo.training.tasks import reasoning_gym_version
 
     groups = build_groups(1, args.seed)
@@ -258,7 +258,7 @@ class Trainer:
 
 
 async def receive(incoming, record: Record) -> None:
-    from sapo.protocol.codec import DecodeLimits, Rejected, decode
+    from sapo.protocol.wire.codec import DecodeLimits, Rejected, decode
 
     limits = DecodeLimits()
     async for message in incoming:
@@ -286,8 +286,8 @@ async def timed(record: Record, phase: str, fn, *fn_args):
 
 
 async def run_receiver(args: argparse.Namespace) -> tuple[Record, Trainer, dict[int, float]]:
-    from sapo.protocol.identity import load_or_create_identity
     from sapo.protocol.network import serve_network
+    from sapo.protocol.peers.identity import load_or_create_identity
 
     record = Record()
     with tempfile.TemporaryDirectory(prefix="sapo-bench-update-") as tmp:

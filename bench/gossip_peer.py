@@ -75,7 +75,7 @@ def emit(**fields) -> None:
 
 def connection_kinds(service) -> dict[str, str]:
     """peer id -> "direct", "relayed" or "both" (a hole punch has happened, the relay leg not yet closed)."""
-    from sapo.protocol.hosts import is_relayed
+    from sapo.protocol.toolkit.hosts import is_relayed
 
     host = service.host
     kinds = {}
@@ -103,7 +103,7 @@ def load_groups(args: argparse.Namespace) -> list:
 
 async def receive_frames(incoming, limits) -> None:
     """Decode every frame that arrives, as a node's intake does, and log it (or its rejection)."""
-    from sapo.protocol.codec import Rejected, decode
+    from sapo.protocol.wire.codec import Rejected, decode
 
     async for message in incoming:
         try:
@@ -166,10 +166,10 @@ async def ask_for_groups(service, count: int) -> None:
 
 async def peer_main(args: argparse.Namespace) -> None:
     from bench.gossip_swarm import BenchNode
-    from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.network import open_network
+    from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.settings import NetworkSettings
+    from sapo.protocol.wire.codec import DecodeLimits
     from sapo.training.tasks import reasoning_gym_version
 
     key_pair = load_or_create_identity(args.data_dir)

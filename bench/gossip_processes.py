@@ -37,9 +37,9 @@ def child_main(args: argparse.Namespace) -> int:
 
 
 async def _child(args: argparse.Namespace) -> None:
-    from sapo.protocol.codec import DecodeLimits, Rejected, decode
-    from sapo.protocol.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.network import serve_network
+    from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
+    from sapo.protocol.wire.codec import DecodeLimits, Rejected, decode
     from sapo.training.rollouts import QuestionGroup
     from sapo.training.tasks import reasoning_gym_version
 

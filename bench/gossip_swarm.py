@@ -49,8 +49,8 @@ class BenchNode:
     def frame(self, group, round_index: int) -> bytes:
         # What node.exchange.GroupEncoder.frame does. Importing it would pull in node.core and
         # with it torch and transformers (about 9 s here) for two lines.
-        from sapo.protocol.codec import encode
-        from sapo.protocol.messages import to_wire
+        from sapo.protocol.wire.codec import encode
+        from sapo.protocol.wire.messages import to_wire
 
         message = to_wire(
             group,
@@ -72,7 +72,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def receive(node: BenchNode, totals: Totals, limits) -> None:
-    from sapo.protocol.codec import Rejected, decode
+    from sapo.protocol.wire.codec import Rejected, decode
 
     async for message in node.incoming:
         sent = totals.sent_at.get(message.data)
@@ -120,8 +120,8 @@ def gossip_settings(args: argparse.Namespace, peers: list[str], discover: bool):
 async def start_nodes(nursery, args: argparse.Namespace, discover: bool, made: list, totals, limits) -> list[BenchNode]:
     """Each node's network, in `nursery`, dialling node 0 (a star) or the node before it (a chain),
     and its receiving task: the nodes, each built once its network is up."""
-    from sapo.protocol.identity import peer_id_of
     from sapo.protocol.network import serve_network
+    from sapo.protocol.peers.identity import peer_id_of
     from sapo.training.tasks import reasoning_gym_version
 
     nodes: list[BenchNode] = []
@@ -149,8 +149,8 @@ async def start_nodes(nursery, args: argparse.Namespace, discover: bool, made: l
 
 
 async def run_swarm(args: argparse.Namespace, discover: bool) -> dict:
-    from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.identity import load_or_create_identity
+    from sapo.protocol.peers.identity import load_or_create_identity
+    from sapo.protocol.wire.codec import DecodeLimits
 
     limits = DecodeLimits()
     totals = Totals()

@@ -21,9 +21,9 @@ from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.core.intake import Intake
 from sapo.node.study.nodes import peer_id_for
-from sapo.protocol.codec import DecodeLimits, decode
-from sapo.protocol.messages import Rejected
-from sapo.protocol.verify import VerifyPolicy
+from sapo.protocol.wire.codec import DecodeLimits, decode
+from sapo.protocol.wire.messages import Rejected
+from sapo.protocol.wire.verify import VerifyPolicy
 from sapo.training.rewards import score_completion, score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import (

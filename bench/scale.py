@@ -68,7 +68,7 @@ def round_seconds(mode: str, nodes: int, args: argparse.Namespace) -> float:
 
 def plan_for(mode: str, nodes: int, args: argparse.Namespace) -> Plan:
     from sapo.node.core.exchange import groups_wanted
-    from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR
+    from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR
 
     return Plan(
         mode=mode,

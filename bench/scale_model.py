@@ -27,7 +27,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR
+from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR
 
 PACE_ROUND_S = 10.0  # make run: about 2 groups per node every 10 s
 TABLE_MAX = 256  # NetworkSettings.max_tracked_peers's default: discovery's records

@@ -153,7 +153,7 @@ def delta(before: dict, after: dict) -> dict:
 
 
 async def receive(node: BenchNode, tally: NodeTally, tallies: Tallies, limits) -> None:
-    from sapo.protocol.codec import Rejected, decode
+    from sapo.protocol.wire.codec import Rejected, decode
 
     async for message in node.incoming:
         started = time.thread_time()
@@ -217,8 +217,8 @@ async def start_nodes(nursery, plan: Plan, made: list, tallies: Tallies, tally_o
     three clusters that discovery never joined: it hands out records of connected peers only,
     and stops dialling at its target. Gossip then delivered 40 % of groups at 64 nodes; see
     docs/bench/scale.md.)"""
-    from sapo.protocol.identity import peer_id_of
     from sapo.protocol.network import serve_network
+    from sapo.protocol.peers.identity import peer_id_of
     from sapo.training.tasks import reasoning_gym_version
 
     nodes: list[BenchNode] = []
@@ -234,8 +234,8 @@ async def start_nodes(nursery, plan: Plan, made: list, tallies: Tallies, tally_o
 
 async def run_scale(plan: Plan) -> dict:
     """One swarm: connect, settle, an idle phase, then warm-up and measured rounds."""
-    from sapo.protocol.codec import DecodeLimits
-    from sapo.protocol.identity import load_or_create_identity
+    from sapo.protocol.peers.identity import load_or_create_identity
+    from sapo.protocol.wire.codec import DecodeLimits
 
     wrap_tcp_reads()
     warnings = LogTally()

@@ -10,7 +10,7 @@ flood: a real `sapo-node start` process; one attacker network (open_network) pub
        the allocator takes for a shared round is not counted as the flood's). Prints the node's
        RSS before/after, its inbox size against the cap, the honest peer's
        delivery, and what became of the flooder: how many of its groups got in, when the
-       node's peer guard banned it (protocol/peer_guard.py) and dropped its connection, and
+       node's peer guard banned it (protocol/peers/peer_guard.py) and dropped its connection, and
        how often its redials were refused.
 
     .venv/bin/python -m bench.soak                    # 400/s flood for 20 s
@@ -201,8 +201,8 @@ def attacker_and_honest(address: str) -> dict:
     from libp2p.crypto.ed25519 import create_new_key_pair
 
     from sapo.node.core.exchange import GroupEncoder
-    from sapo.protocol.identity import peer_id_of
     from sapo.protocol.network import serve_network
+    from sapo.protocol.peers.identity import peer_id_of
     from sapo.protocol.settings import NetworkSettings
     from sapo.training.tasks import reasoning_gym_version
 

@@ -21,7 +21,7 @@ ids_dir="${SAPO_IDS_DIR:-/ids}"
 
 if [[ -n "${SAPO_ANNOUNCE_ID:-}" ]]; then
     peer_id=$("$python" -c 'import sys
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 print(peer_id_of(load_or_create_identity(sys.argv[1])))' "${SAPO_DATA_DIR:-/data}")
     # Earlier compose files derived these two from seeds published in the repository, and an
     # upgraded deployment keeps its old volume: anyone could sign as such a node.

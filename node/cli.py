@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - user-facing errors print cleanly, with the fix
-        from sapo.protocol.identity import IdentityError
+        from sapo.protocol.peers.identity import IdentityError
         from sapo.training.checkpoints import CheckpointError
         from sapo.training.errors import ModelSourceError
 

@@ -29,23 +29,23 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
-from sapo.protocol.agents import PeerAgents
-from sapo.protocol.dialing import BootstrapKeeper, Dialer
-from sapo.protocol.discovery import PeerDiscovery
-from sapo.protocol.gossip import Delivery, ReceivedMessage, size_validator
-from sapo.protocol.gossip_router import gossip_router, guarded_pubsub, nat_services
-from sapo.protocol.group_fetch import Author, GroupFetcher, GroupServer
-from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
-from sapo.protocol.group_wire import Outbox
-from sapo.protocol.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.peer_policy import PeerPolicy
-from sapo.protocol.peer_protocols import PeerProtocols, quiet_refusals
-from sapo.protocol.pubsub_guards import cut_connections
-from sapo.protocol.reachability import Reachability, ReachabilityService, network_group
-from sapo.protocol.relay import RelayService, Reservations
-from sapo.protocol.relayed_links import RelayedLinks
+from sapo.protocol.exchange.discovery import PeerDiscovery
+from sapo.protocol.exchange.gossip import Delivery, ReceivedMessage, size_validator
+from sapo.protocol.exchange.gossip_router import gossip_router, guarded_pubsub, nat_services
+from sapo.protocol.exchange.group_fetch import Author, GroupFetcher, GroupServer
+from sapo.protocol.exchange.pubsub_guards import cut_connections
+from sapo.protocol.peers.peer_policy import PeerPolicy
+from sapo.protocol.peers.peer_protocols import PeerProtocols, quiet_refusals
+from sapo.protocol.reach.dialing import BootstrapKeeper, Dialer
+from sapo.protocol.reach.reachability import Reachability, ReachabilityService, network_group
+from sapo.protocol.reach.relay import RelayService, Reservations
+from sapo.protocol.reach.relayed_links import RelayedLinks
 from sapo.protocol.settings import NetworkSettings
+from sapo.protocol.toolkit.agents import PeerAgents
+from sapo.protocol.toolkit.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
+from sapo.protocol.wire.group_wire import Outbox
 
 logger = logging.getLogger("sapo.gossip")
 

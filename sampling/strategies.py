@@ -155,7 +155,7 @@ class PeerWeighted:
 def seen_key(group: QuestionGroup) -> str:
     """The key under which the peer-weighted sampler remembers a group it has counted
     (`SamplerState.seen`, kept in checkpoints, so it survives a restart, which Python's own hash
-    of text does not). Not the wire's group digest (protocol/codec.py's `group_digest`, which
+    of text does not). Not the wire's group digest (protocol/wire/codec.py's `group_digest`, which
     names a group on the wire): this one also tells a group's round apart, and its bytes are what
     saved sampler states hold."""
     text = "\x1f".join([group.origin, group.problem.spec.key(), str(group.sender_round), *group.completions])

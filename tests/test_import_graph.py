@@ -31,7 +31,7 @@ LAYERS = [
 
 def test_the_graph_is_read():
     graph = import_graph()
-    assert "sapo.protocol.gossip" in graph and "sapo.node.daemon.run" in graph
+    assert "sapo.protocol.exchange.gossip" in graph and "sapo.node.daemon.run" in graph
     assert "sapo.protocol.settings" in graph["sapo.node.core.settings"]
 
 

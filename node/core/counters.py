@@ -17,7 +17,7 @@ TRANSPORT_REJECTIONS = (
     "not_allowed",
     "unsigned",
     "bad_signature",
-    "rate_limited",  # over the author's token bucket (protocol/peer_guard.py)
+    "rate_limited",  # over the author's token bucket (protocol/peers/peer_guard.py)
     "replayed",  # an author's sequence number at or below its highest, over its own bucket: dropped, charged to no one
     "banned",  # from, or relayed by, a banned peer; or its connection refused
 )

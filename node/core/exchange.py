@@ -14,9 +14,10 @@ from libp2p.peer.id import ID
 
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.protocol.codec import canonical_bytes, encode, encode_logprobs, group_digest
-from sapo.protocol.gossip import ReceivedMessage
-from sapo.protocol.messages import (
+from sapo.protocol.exchange.gossip import ReceivedMessage
+from sapo.protocol.settings import logprobs_topic
+from sapo.protocol.wire.codec import canonical_bytes, encode, encode_logprobs, group_digest
+from sapo.protocol.wire.messages import (
     LOGPROBS_SCHEMA_VERSION,
     BehaviorLogprobs,
     GroupLogprobs,
@@ -24,7 +25,6 @@ from sapo.protocol.messages import (
     SharedLogprobs,
     to_wire,
 )
-from sapo.protocol.settings import logprobs_topic
 from sapo.training.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")

@@ -14,7 +14,7 @@ many more verifications, and one whose scoring runs past its budget is refused (
 A peer that floods flat groups at the gossip limit (50/s) runs over its budget and is
 banned within seconds, while an honest node, weak or strong, publishes well under it.
 
-The memories are per author (protocol/recent.py) and keep everything an author had verified for
+The memories are per author (protocol/toolkit/recent.py) and keep everything an author had verified for
 as long as it would pass the age check, so that a replay of an older message is always refused
 as `duplicate` (same frame, free) or `stale` (free), never as `repeat`: only a frame the author
 signed anew with the same content is a `repeat`. Nothing that fails the envelope is remembered,
@@ -40,11 +40,11 @@ from typing import Any
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.refusal_log import RefusalLog
 from sapo.node.core.settings import NodeSettings
-from sapo.protocol.buckets import TokenBuckets
-from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, group_digest
-from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason, check_behavior_rows
-from sapo.protocol.recent import RecentByAuthor
-from sapo.protocol.verify import VerifyPolicy, verify, work_seconds
+from sapo.protocol.toolkit.buckets import TokenBuckets
+from sapo.protocol.toolkit.recent import RecentByAuthor
+from sapo.protocol.wire.codec import DecodeLimits, decode, decode_logprobs, group_digest
+from sapo.protocol.wire.messages import BehaviorLogprobs, Rejected, RejectReason, check_behavior_rows
+from sapo.protocol.wire.verify import VerifyPolicy, verify, work_seconds
 from sapo.sampling.inbox import group_size_bytes
 from sapo.training.bounded import BoundedMap
 from sapo.training.grpo import has_signal

@@ -25,9 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sapo.protocol.allowlist import check_problem_spec
-from sapo.protocol.messages import Rejected
 from sapo.protocol.settings import NetworkSettings, check_peer_address
+from sapo.protocol.wire.allowlist import check_problem_spec
+from sapo.protocol.wire.messages import Rejected
 from sapo.sampling.config import SamplingSettings
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.trust import TrustSettings
@@ -207,7 +207,7 @@ class NodeSettings(BaseModel):
             except Rejected as rejected:
                 # peers would refuse every group of ours, so nobody could learn from them
                 raise ValueError(
-                    f"--task-config: {rejected.detail}; peers accept only the ranges in protocol/allowlist.py"
+                    f"--task-config: {rejected.detail}; peers accept only the ranges in protocol/wire/allowlist.py"
                 ) from None
         return self
 

@@ -27,7 +27,7 @@ from sapo.node.daemon.status import (
     read_records,
     write_status_file,
 )
-from sapo.protocol.release import sapo_version
+from sapo.protocol.toolkit.release import sapo_version
 from sapo.training.warmstart import WarmStartProgress
 
 if TYPE_CHECKING:

@@ -33,9 +33,9 @@ from sapo.node.daemon.live import LiveStatus, LoadingStopped
 from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
-from sapo.protocol.gossip import ReceivedMessage
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.exchange.gossip import ReceivedMessage
 from sapo.protocol.network import Network, serve_network
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import logprobs_topic
 from sapo.training.devices import resolve_device
 from sapo.training.generation import GenerationInterrupted

@@ -19,8 +19,8 @@ import multiaddr
 import trio
 
 from sapo.node.core.metrics import RoundRecord
-from sapo.protocol import judge_wire as wire
-from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.toolkit.hosts import new_noise_host
+from sapo.protocol.wire import judge_wire as wire
 from sapo.training.generation import greedy_completions
 from sapo.training.policy import Policy
 from sapo.training.tasks import Problem, ProblemSpec

@@ -1,7 +1,7 @@
 """`sapo-node judge`: the open judge. It asks nodes held-out ReasoningGYM questions over
 `/sapo/judge/1` and keeps every verifier score in SQLite.
 
-One evaluation is one stream, opened by the node (wire format: protocol/judge_wire.py):
+One evaluation is one stream, opened by the node (wire format: protocol/wire/judge_wire.py):
 EvalRequest -> Question -> Answer -> Score. The node never sees the answer key, nor anything that
 rebuilds it (issue #29): the Question holds the text, the task's name and a random id. Each
 problem's spec is drawn afresh from the OS's randomness (a 62-bit dataset seed), so no question
@@ -32,9 +32,9 @@ import multiaddr
 import trio
 
 from sapo.node.judge.settings import JudgeSettings
-from sapo.protocol import judge_wire as wire
-from sapo.protocol.hosts import new_noise_host
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.toolkit.hosts import new_noise_host
+from sapo.protocol.wire import judge_wire as wire
 from sapo.training.rewards import score_completion
 from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 
@@ -189,7 +189,7 @@ class JudgeService:
                     task_status.started()
                     await trio.sleep_forever()
                 finally:
-                    # close() can hang on a crashed peer; bound it (see protocol/gossip.py).
+                    # close() can hang on a crashed peer; bound it (see protocol/exchange/gossip.py).
                     with trio.move_on_after(self.settings.close_timeout_seconds) as scope:
                         scope.shield = True
                         await host.close()

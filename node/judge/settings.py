@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sapo.protocol import judge_wire as wire
 from sapo.protocol.settings import check_multiaddr
+from sapo.protocol.wire import judge_wire as wire
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS
 
 

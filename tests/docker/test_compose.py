@@ -21,7 +21,7 @@ import pytest
 import yaml
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import NetworkSettings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ from hypothesis import seed as hseed
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Intake
-from sapo.protocol.codec import DecodeLimits, decode, encode
-from sapo.protocol.messages import Rejected
-from sapo.protocol.verify import VerifyPolicy
+from sapo.protocol.wire.codec import DecodeLimits, decode, encode
+from sapo.protocol.wire.messages import Rejected
+from sapo.protocol.wire.verify import VerifyPolicy
 from sapo.training.tasks import reasoning_gym_version
 from tests.support.strategies import SAMPLE_SENDER, hostile_frames, sample_message
 

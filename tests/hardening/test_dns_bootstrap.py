@@ -31,7 +31,7 @@ JUDGE_PROBE = """
 import sys, trio, multiaddr
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
-from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.toolkit.hosts import new_noise_host
 async def main():
     listen = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
     host = new_noise_host(create_new_key_pair(), [listen])

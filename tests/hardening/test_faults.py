@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.training.checkpoints import PARTIAL_PREFIX, latest_checkpoint, save_checkpoint, verify_checkpoint
 from tests.support.processes import PLUMBING, TINY, NodeProcess, free_port, sapo_node, since, wait_for, wait_rounds
 

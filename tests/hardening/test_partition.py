@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from tests.support.processes import PLUMBING, NodeProcess, since, wait_for
 
 CUT_SECONDS = 30

@@ -28,8 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sapo.node.daemon.status import NodeStatus, status_from_url
-from sapo.protocol.peer_guard import PENALTIES
-from sapo.protocol.release import sapo_version
+from sapo.protocol.peers.peer_guard import PENALTIES
+from sapo.protocol.toolkit.release import sapo_version
 from tests.support.processes import PLUMBING, NodeProcess, page_url, sapo_node
 from tests.support.releases import release_python
 
@@ -227,7 +227,8 @@ def settle(look, stuck) -> None:
 
 
 # What the previous release's own decoder, and its peer score, make of each way the log-probs
-# could travel (protocol/README.md, "Compatibility", records the outcome): run with its Python.
+# could travel (protocol/README.md, "Compatibility", records the outcome): run with its Python, so
+# with its module paths (before protocol/ had rooms, issue #40).
 JUDGE_FRAMES = """
 import json, sys
 from pathlib import Path

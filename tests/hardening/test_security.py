@@ -11,7 +11,7 @@ import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import load_swarm_key
 from tests.support.peer import Peer
 from tests.support.processes import PLUMBING, TINY, NodeProcess, sapo_node

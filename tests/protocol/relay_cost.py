@@ -4,7 +4,7 @@ Moves MB megabytes over one stream between two nodes on 127.0.0.1, first over a 
 connection, then through a third node's Circuit Relay v2 (the private peers of
 test_relay.py), all in this one process, and reports CPU seconds per MB for each. The
 difference is an upper bound on what the relay spends per relayed MB: it also holds the ends'
-extra work on a relayed link (a second Noise layer and yamux each way). protocol/relay_guards.py
+extra work on a relayed link (a second Noise layer and yamux each way). protocol/reach/relay_guards.py
 derives the relay's default byte rate from it (RelayBudget)."""
 
 from __future__ import annotations

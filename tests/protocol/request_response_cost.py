@@ -2,7 +2,7 @@
 
 Two hosts on 127.0.0.1 in this one process, one connection; N sequential requests of a 40-byte
 payload answered with its echo, first through our `StreamServer.answer` and `ask`
-(protocol/streams.py), then through py-libp2p 0.8.1's `RequestResponse` (its `request_response`
+(protocol/toolkit/streams.py), then through py-libp2p 0.8.1's `RequestResponse` (its `request_response`
 package, BytesCodec). Reports wall and process CPU milliseconds per request for each, alternating
 twice. protocol/README.md ("Request-response") quotes it."""
 
@@ -15,9 +15,9 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.request_response import BytesCodec, RequestResponse, RequestResponseConfig
 
-from sapo.protocol.frames import length_prefixed
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.streams import ServeLimits, StreamServer, ask
+from sapo.protocol.toolkit.frames import length_prefixed
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.streams import ServeLimits, StreamServer, ask
 from tests.support.hosts import two_connected_hosts
 
 OURS = TProtocol("/sapo-bench/ours/1")

@@ -10,7 +10,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from pydantic import ValidationError
 
-from sapo.protocol.addresses import AddressError, parse_peer_address, resolve_peer_address
+from sapo.protocol.reach.addresses import AddressError, parse_peer_address, resolve_peer_address
 from sapo.protocol.settings import NetworkSettings
 from tests.support.gossip import start_node
 

@@ -13,9 +13,9 @@ from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from sapo.protocol.agents import PeerAgents
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.release import agent_string, sapo_version
+from sapo.protocol.toolkit.agents import PeerAgents
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.release import agent_string, sapo_version
 from tests.support.gossip import start_node
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"

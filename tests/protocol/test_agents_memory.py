@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import trio
 
-from sapo.protocol.agents import CHECK_SECONDS, MAX_REMEMBERED, RETRY_SECONDS, PeerAgents
-from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.toolkit.agents import CHECK_SECONDS, MAX_REMEMBERED, RETRY_SECONDS, PeerAgents
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 
 class _Peer:

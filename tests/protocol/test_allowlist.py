@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from sapo.protocol.allowlist import DEFAULTS, RULES, FloatRange, IntRange, SubsetOf, check_problem_spec
-from sapo.protocol.messages import Rejected, RejectReason, WireProblemSpec
+from sapo.protocol.wire.allowlist import DEFAULTS, RULES, FloatRange, IntRange, SubsetOf, check_problem_spec
+from sapo.protocol.wire.messages import Rejected, RejectReason, WireProblemSpec
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, ProblemSpec, generate_problem
 
 

@@ -1,4 +1,4 @@
-"""protocol/buckets.py, the one token bucket: refill, takes, debt, and one bucket per key, bounded;
+"""protocol/toolkit/buckets.py, the one token bucket: refill, takes, debt, and one bucket per key, bounded;
 and the arithmetic each of its users had before (pinned here as they wrote it) gives the same
 verdicts and tokens on the same steps."""
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from sapo.protocol.buckets import UNBOUNDED_DEBT, TokenBucket, TokenBuckets
+from sapo.protocol.toolkit.buckets import UNBOUNDED_DEBT, TokenBucket, TokenBuckets
 
 
 def test_tokens_come_back_at_the_rate_up_to_the_burst():
@@ -98,7 +98,7 @@ def test_the_intakes_budget_as_it_was(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_peer_guards_publishes_as_they_were(seed):
-    """protocol/peer_guard.py before: a publish costs its gap in sequence numbers; short of
+    """protocol/peers/peer_guard.py before: a publish costs its gap in sequence numbers; short of
     tokens, the bucket empties and the author is charged what was missing."""
     rate, burst = 50.0, 100.0
     tokens, updated = burst, 0.0

@@ -10,8 +10,8 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from sapo.protocol.codec import DecodeLimits, Rejected, RejectReason, decode, encode
-from sapo.protocol.messages import SCHEMA_VERSION, BehaviorLogprobs, RolloutGroup, WireProblemSpec
+from sapo.protocol.wire.codec import DecodeLimits, Rejected, RejectReason, decode, encode
+from sapo.protocol.wire.messages import SCHEMA_VERSION, BehaviorLogprobs, RolloutGroup, WireProblemSpec
 from tests.support.strategies import (
     SAMPLE_SENDER,
     frame_of,
@@ -108,7 +108,7 @@ def test_compression_is_used_only_when_smaller(monkeypatch):
     frame = encode(big)
     assert frame[0] == 0x01 and len(frame) < len(encode(big, compress=False))
     # Every real message has compressible keys, so make zlib lose to see the raw fallback.
-    monkeypatch.setattr("sapo.protocol.codec.zlib.compress", lambda data, level: data + b"!")
+    monkeypatch.setattr("sapo.protocol.wire.codec.zlib.compress", lambda data, level: data + b"!")
     assert encode(big) == encode(big, compress=False)
 
 

@@ -17,11 +17,11 @@ import msgpack
 import pytest
 
 from sapo.node.core.exchange import GroupEncoder
-from sapo.protocol import group_wire, judge_wire
-from sapo.protocol.codec import DecodeLimits, decode, decode_logprobs, encode, group_digest
-from sapo.protocol.messages import BehaviorLogprobs, Rejected, RejectReason, RolloutGroup
-from sapo.protocol.peer_records import check_record, decode_request, decode_response
-from sapo.protocol.release import sapo_version
+from sapo.protocol.toolkit.release import sapo_version
+from sapo.protocol.wire import group_wire, judge_wire
+from sapo.protocol.wire.codec import DecodeLimits, decode, decode_logprobs, encode, group_digest
+from sapo.protocol.wire.messages import BehaviorLogprobs, Rejected, RejectReason, RolloutGroup
+from sapo.protocol.wire.peer_records import check_record, decode_request, decode_response
 from sapo.training.rollouts import Behavior
 from sapo.training.tasks import generate_problem
 from tests.protocol.golden.generate import BEHAVIOR, GROUP, JUDGE, JUDGE_V2

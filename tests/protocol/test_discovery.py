@@ -12,8 +12,8 @@ from libp2p.peer.envelope import seal_record
 from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
 
-from sapo.protocol.discovery import PeerTable
-from sapo.protocol.peer_records import (
+from sapo.protocol.exchange.discovery import PeerTable
+from sapo.protocol.wire.peer_records import (
     MAX_ADDRS_PER_RECORD,
     RECORDS_PER_RESPONSE,
     BadRecord,

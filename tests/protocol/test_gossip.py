@@ -19,9 +19,9 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.utils import encode_varint_prefixed
 
-from sapo.protocol.gossip import Delivery
-from sapo.protocol.identity import peer_id_of
+from sapo.protocol.exchange.gossip import Delivery
 from sapo.protocol.network import counter
+from sapo.protocol.peers.identity import peer_id_of
 from tests.support.gossip import (
     LOOPBACK,
     TOPIC,

@@ -8,9 +8,9 @@ import msgpack
 import pytest
 import trio
 
-from sapo.protocol import group_fetch
-from sapo.protocol.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
-from sapo.protocol.group_wire import (
+from sapo.protocol.exchange import group_fetch
+from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
+from sapo.protocol.wire.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
     PROTOCOL_ID,
     BadFrame,

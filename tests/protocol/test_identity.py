@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from sapo.protocol.identity import IdentityError, load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import IdentityError, load_or_create_identity, peer_id_of
 
 
 def test_created_owner_only(tmp_path):

@@ -5,8 +5,16 @@ import struct
 import msgpack
 import pytest
 
-from sapo.protocol import judge_wire as wire
-from sapo.protocol.judge_wire import Answer, EvalRequest, JudgeError, JudgeWireError, Question, Score, WireErrorReason
+from sapo.protocol.wire import judge_wire as wire
+from sapo.protocol.wire.judge_wire import (
+    Answer,
+    EvalRequest,
+    JudgeError,
+    JudgeWireError,
+    Question,
+    Score,
+    WireErrorReason,
+)
 
 PEER = "12D3KooWNw6rsRXB6edCW9pgnkqhCwnuj8civPt8wWknGw4x6Ak2"
 QID = "0123456789abcdef"

@@ -4,7 +4,7 @@ other transport-level refusals (`malformed_message`, 10 points): ten of them are
 import trio
 from libp2p.pubsub.pubsub import Pubsub
 
-from sapo.protocol.peer_guard import BAN_SCORE, PENALTIES
+from sapo.protocol.peers.peer_guard import BAN_SCORE, PENALTIES
 from tests.support.gossip import start_node, wait_for_mesh
 
 

@@ -5,7 +5,7 @@ messages keep arriving."""
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
-from sapo.protocol.peer_guard import BAN_SCORE, PeerGuard
+from sapo.protocol.peers.peer_guard import BAN_SCORE, PeerGuard
 from tests.support.gossip import TOPIC, start_node, wait_for_mesh
 
 

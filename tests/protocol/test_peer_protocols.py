@@ -9,9 +9,9 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from sapo.protocol.discovery import PROTOCOL_ID as DISCOVERY
-from sapo.protocol.hosts import new_noise_host
-from sapo.protocol.peer_protocols import REMEMBER_SECONDS, PeerProtocols, quiet_refusals, refused_protocol
+from sapo.protocol.exchange.discovery import PROTOCOL_ID as DISCOVERY
+from sapo.protocol.peers.peer_protocols import REMEMBER_SECONDS, PeerProtocols, quiet_refusals, refused_protocol
+from sapo.protocol.toolkit.hosts import new_noise_host
 from tests.support.hosts import run_host
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")

@@ -10,9 +10,9 @@ from libp2p.host.autonat.autonat import AutoNATService
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 
-from sapo.protocol import reachability
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
+from sapo.protocol.reach import reachability
+from sapo.protocol.reach.reachability import Reachability, ReachabilityService, _DialBackAutoNAT
+from sapo.protocol.toolkit.peer_gate import PeerGate
 from tests.support.hosts import two_connected_hosts
 
 

@@ -10,8 +10,8 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.reachability import MIN_SERVER_AGE_SECONDS, Reachability, ReachabilityService, network_group
+from sapo.protocol.reach.reachability import MIN_SERVER_AGE_SECONDS, Reachability, ReachabilityService, network_group
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 
 def test_network_groups():

@@ -1,6 +1,6 @@
-"""protocol/recent.py: a saved memory restores to the same entries, in the same order."""
+"""protocol/toolkit/recent.py: a saved memory restores to the same entries, in the same order."""
 
-from sapo.protocol.recent import RecentByAuthor
+from sapo.protocol.toolkit.recent import RecentByAuthor
 
 
 def test_entries_restore_to_the_same_memory():

@@ -13,10 +13,10 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol import relay_guards, relayed_links
-from sapo.protocol.hosts import new_noise_host
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.relay import RelayService, relay_limits
+from sapo.protocol.reach import relay_guards, relayed_links
+from sapo.protocol.reach.relay import RelayService, relay_limits
+from sapo.protocol.toolkit.hosts import new_noise_host
+from sapo.protocol.toolkit.peer_gate import PeerGate
 from tests.support.gossip import receive_all, start_node
 from tests.support.relay import PRIVATE, dial_through_relay, kinds, wait_until
 
@@ -127,7 +127,7 @@ async def test_a_relayed_dial_never_goes_through_a_refused_relay():
 
 
 async def test_a_relays_refusal_is_forgotten_once_its_backoff_has_run_out():
-    from sapo.protocol.relay import RESERVE_REFUSED_BACKOFF_SECONDS
+    from sapo.protocol.reach.relay import RESERVE_REFUSED_BACKOFF_SECONDS
 
     now = [1000.0]
     host = new_noise_host(create_new_key_pair(), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")])
@@ -208,8 +208,12 @@ def test_relays_that_cut_circuits_early_are_tried_last():
 async def test_a_bootstrap_relay_that_refused_is_asked_again_sooner(monkeypatch):
     # A public bootstrap relays only once it has found itself public (reachability.py: its peers
     # must have stayed a while first), so the NATed peers that came first are refused at first.
-    from sapo.protocol import relay as relay_module
-    from sapo.protocol.relay import BOOTSTRAP_REFUSED_BACKOFF_SECONDS, HOP_PROTOCOL_ID, RESERVE_REFUSED_BACKOFF_SECONDS
+    from sapo.protocol.reach import relay as relay_module
+    from sapo.protocol.reach.relay import (
+        BOOTSTRAP_REFUSED_BACKOFF_SECONDS,
+        HOP_PROTOCOL_ID,
+        RESERVE_REFUSED_BACKOFF_SECONDS,
+    )
 
     now = [1000.0]
     host = new_noise_host(create_new_key_pair(), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")])

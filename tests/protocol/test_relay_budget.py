@@ -10,7 +10,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.relay_guards import MIN_CIRCUIT_BYTES, RelayBudget
+from sapo.protocol.reach.relay_guards import MIN_CIRCUIT_BYTES, RelayBudget
 from tests.support.gossip import start_node
 from tests.support.relay import PRIVATE, dial_through_relay, kinds, wait_until
 

@@ -1,4 +1,4 @@
-"""protocol/streams.py, the one server and asker of our request-response protocols: the deadline
+"""protocol/toolkit/streams.py, the one server and asker of our request-response protocols: the deadline
 and what a request past it costs its peer, the limits per peer and in all, the gate, the bucket;
 with real trio on fake streams, then over real libp2p streams."""
 
@@ -11,10 +11,10 @@ from libp2p.io.msgio import VarIntLengthMsgReadWriter
 from libp2p.peer.id import ID
 from libp2p.rcmgr import Direction, new_resource_manager
 
-from sapo.protocol.frames import FrameError, FrameLengthError, length_prefixed, read_frame
-from sapo.protocol.group_wire import MAX_REQUEST_BYTES, GroupRequest, encode_request
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.streams import Request, ServeLimits, StreamServer, ask
+from sapo.protocol.toolkit.frames import FrameError, FrameLengthError, length_prefixed, read_frame
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.streams import Request, ServeLimits, StreamServer, ask
+from sapo.protocol.wire.group_wire import MAX_REQUEST_BYTES, GroupRequest, encode_request
 from tests.support.hosts import two_connected_hosts
 
 LIMITS = ServeLimits(seconds=5.0, total=2, per_peer=1, rate=1.0, burst=2)

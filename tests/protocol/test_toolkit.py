@@ -1,7 +1,7 @@
 """Each part is written once (STYLE.md, "The same part, written four times"): the package (node/,
 protocol/, sampling/, training/) has one bounded map (training/bounded.py), one token bucket
-(protocol/buckets.py), one loop that reads a frame off a stream (protocol/frames.py) and one
-server and asker of requests (protocol/streams.py). These tests fail on a second copy, found by
+(protocol/toolkit/buckets.py), one loop that reads a frame off a stream (protocol/toolkit/frames.py) and one
+server and asker of requests (protocol/toolkit/streams.py). These tests fail on a second copy, found by
 reading the source with `ast`, so that a fix (a bound, a deadline, a limit) lands everywhere
 at once. The parts' own tests: tests/training/test_bounded.py, tests/protocol/test_buckets.py,
 tests/protocol/test_streams.py."""
@@ -17,11 +17,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("node", "protocol", "sampling", "training")
 BOUNDED_MAP = "training/bounded.py"
-BUCKETS = "protocol/buckets.py"
-FRAMES = "protocol/frames.py"
+BUCKETS = "protocol/toolkit/buckets.py"
+FRAMES = "protocol/toolkit/frames.py"
 # Who may read a frame off a stream: the request-response server and asker, and the judge's
 # four-frame dialogue (one stream, several frames, its own refusal reasons).
-FRAME_READERS = {"protocol/streams.py", "protocol/judge_wire.py", FRAMES}
+FRAME_READERS = {"protocol/toolkit/streams.py", "protocol/wire/judge_wire.py", FRAMES}
 
 
 def sources() -> Iterator[tuple[str, ast.Module]]:
@@ -147,14 +147,14 @@ def test_one_bounded_map():
 
 
 def test_one_token_bucket():
-    assert copies(refills, {BUCKETS}) == [], "refill through protocol/buckets.py's TokenBucket"
+    assert copies(refills, {BUCKETS}) == [], "refill through protocol/toolkit/buckets.py's TokenBucket"
     spent = copies(spends, {BUCKETS}, packages=("node", "protocol", "sampling"))
-    assert spent == [], "spend through protocol/buckets.py's TokenBucket"
+    assert spent == [], "spend through protocol/toolkit/buckets.py's TokenBucket"
 
 
 def test_one_loop_reads_frames_and_only_the_server_the_asker_and_the_judge_read_them():
-    assert copies(stream_read_loops, {FRAMES}) == [], "read frames with protocol/frames.py's read_frame"
-    assert copies(frame_reads, FRAME_READERS) == [], "serve and ask with protocol/streams.py"
+    assert copies(stream_read_loops, {FRAMES}) == [], "read frames with protocol/toolkit/frames.py's read_frame"
+    assert copies(frame_reads, FRAME_READERS) == [], "serve and ask with protocol/toolkit/streams.py"
 
 
 @pytest.mark.parametrize(
@@ -186,7 +186,7 @@ def test_what_is_not_a_copy_is_not_found():
 def test_a_gate_lets_in_whom_its_refusal_does_and_a_default_one_everyone():
     from libp2p.peer.id import ID
 
-    from sapo.protocol.peer_gate import PeerGate
+    from sapo.protocol.toolkit.peer_gate import PeerGate
 
     peer = ID(b"\x00\x01")
     open_gate = PeerGate()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sapo.protocol.codec import DecodeLimits, decode, encode
-from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup, WireProblemSpec, to_wire
-from sapo.protocol.verify import VerifyPolicy, verify
+from sapo.protocol.wire.codec import DecodeLimits, decode, encode
+from sapo.protocol.wire.messages import Rejected, RejectReason, RolloutGroup, WireProblemSpec, to_wire
+from sapo.protocol.wire.verify import VerifyPolicy, verify
 from sapo.training.rewards import score_group
 from sapo.training.rollouts import QuestionGroup
 from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, ProblemSpec, generate_problem, reasoning_gym_version
@@ -117,5 +117,5 @@ def test_a_crashing_generator_is_config_out_of_range(monkeypatch):
     def boom(spec):
         raise ValueError("generator bug")
 
-    monkeypatch.setattr("sapo.protocol.verify.generate_problem", boom)
+    monkeypatch.setattr("sapo.protocol.wire.verify.generate_problem", boom)
     assert rejected(real_message()) == RejectReason.config_out_of_range

@@ -5,7 +5,7 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.toolkit.hosts import new_noise_host
 
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
 

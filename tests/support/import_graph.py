@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"training": "sapo.training", "sampling": "sapo.sampling", "protocol": "sapo.protocol", "node": "sapo.node"}
 # ... and bench/, importable as `bench` from the repository root (bench/README.md)
 WITH_BENCH = {**PACKAGES, "bench": "bench"}
-# what git ignores under those folders and is not ours: bench/peers/ holds the peers' venvs
-NOT_OURS = ("peers", "results", ".cache", "__pycache__")
+# what git ignores under those folders and is not ours: bench/peers/ holds the peers' venvs (a
+# folder, not a name: protocol/peers/ is ours)
+NOT_OURS = ("bench/peers", "bench/results", "bench/.cache")
 
 
 def module_files(folders: dict[str, str] = PACKAGES) -> dict[str, Path]:
@@ -24,7 +25,8 @@ def module_files(folders: dict[str, str] = PACKAGES) -> dict[str, Path]:
     modules = {}
     for folder, package in folders.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if any(part in NOT_OURS for part in path.relative_to(ROOT / folder).parts):
+            where = path.relative_to(ROOT)
+            if "__pycache__" in where.parts or any(where.is_relative_to(place) for place in NOT_OURS):
                 continue
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -7,8 +7,8 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.node.judge.server import DB_FILE_NAME, JudgeService, JudgeSettings, ResultStore
-from sapo.protocol import judge_wire as wire
-from sapo.protocol.hosts import new_noise_host
+from sapo.protocol.toolkit.hosts import new_noise_host
+from sapo.protocol.wire import judge_wire as wire
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 

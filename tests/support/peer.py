@@ -10,8 +10,8 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.node.core.exchange import GroupEncoder
-from sapo.protocol.identity import peer_id_of
 from sapo.protocol.network import Network, serve_network
+from sapo.protocol.peers.identity import peer_id_of
 from sapo.protocol.settings import NetworkSettings
 from sapo.training.tasks import reasoning_gym_version
 from tests.support.groups import honest_group

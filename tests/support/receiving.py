@@ -12,8 +12,8 @@ from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Intake, node_intake
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.protocol.codec import DecodeLimits
-from sapo.protocol.verify import VerifyPolicy
+from sapo.protocol.wire.codec import DecodeLimits
+from sapo.protocol.wire.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import score_group
 from sapo.training.rollouts import QuestionGroup

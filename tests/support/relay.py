@@ -6,7 +6,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.hosts import is_relayed
+from sapo.protocol.toolkit.hosts import is_relayed
 
 PRIVATE = {"reachability": "private", "hole_punching": False, "discover_peers": 0}
 

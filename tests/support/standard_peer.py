@@ -44,8 +44,8 @@ FIRST_DIAL_SECONDS = 60.0
 
 def frames(groups_file: Path, peer_id: str, swarm: str):
     """Real RolloutGroup frames of the groups in `groups_file` (gossip_peer.write_groups), one per call."""
-    from sapo.protocol.codec import encode
-    from sapo.protocol.messages import to_wire
+    from sapo.protocol.wire.codec import encode
+    from sapo.protocol.wire.messages import to_wire
     from sapo.training.rollouts import QuestionGroup
     from sapo.training.tasks import reasoning_gym_version
 
@@ -144,7 +144,7 @@ async def peer_main(args, emit) -> None:
             emit(ev="up", peer_id=peer_id, listen=[str(a) for a in host.get_addrs()])
 
             async def receive() -> None:
-                from sapo.protocol.codec import DecodeLimits, Rejected, decode
+                from sapo.protocol.wire.codec import DecodeLimits, Rejected, decode
 
                 while True:
                     message = await subscription.get()

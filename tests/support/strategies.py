@@ -21,8 +21,8 @@ from typing import Any
 import msgpack
 from hypothesis import strategies as st
 
-from sapo.protocol.codec import encode
-from sapo.protocol.messages import SCHEMA_VERSION, RolloutGroup, WireProblemSpec
+from sapo.protocol.wire.codec import encode
+from sapo.protocol.wire.messages import SCHEMA_VERSION, RolloutGroup, WireProblemSpec
 from sapo.training.tasks import EASY_CONFIGS
 
 BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"

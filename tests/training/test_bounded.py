@@ -1,11 +1,11 @@
-"""training/bounded.py, the one bounded map, and protocol/recent.py's memory built on it: capacity,
+"""training/bounded.py, the one bounded map, and protocol/toolkit/recent.py's memory built on it: capacity,
 the order things are forgotten in, and that forgetting costs the same however many peers there are."""
 
 import time
 
 import pytest
 
-from sapo.protocol.recent import RecentByAuthor
+from sapo.protocol.toolkit.recent import RecentByAuthor
 from sapo.training.bounded import BoundedMap
 
 

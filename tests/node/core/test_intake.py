@@ -114,8 +114,8 @@ def test_log_probs_cannot_outgrow_their_completions_nor_the_inbox_cap():
     """A row of log-probs longer than its completion's bytes is padding (a sampled token is at
     least a byte): refused on the wire (release 0.2.0's inline field) and not joined when shared;
     what is joined counts in the inbox's byte cap."""
-    from sapo.protocol.codec import DecodeLimits, decode, encode
-    from sapo.protocol.messages import Rejected, to_wire
+    from sapo.protocol.wire.codec import DecodeLimits, decode, encode
+    from sapo.protocol.wire.messages import Rejected, to_wire
     from sapo.sampling.inbox import BYTES_PER_LOGPROB, group_size_bytes
 
     group = honest_group(3)

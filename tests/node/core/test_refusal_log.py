@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 
 from sapo.node.core.counters import NodeCounters
-from sapo.protocol.codec import encode
-from sapo.protocol.verify import VerifyPolicy
+from sapo.protocol.wire.codec import encode
+from sapo.protocol.wire.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
 from tests.support.receiving import Receiver, memory_of
 from tests.support.strategies import SAMPLE_SENDER, sample_message

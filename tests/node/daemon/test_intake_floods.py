@@ -10,9 +10,9 @@ import time
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.core.intake import CLOCK_SKEW_SECONDS, VERIFY_BURST, VERIFY_CPU_SECONDS, VERIFY_RATE
 from sapo.node.study.nodes import peer_id_for
-from sapo.protocol.peer_guard import BAN_SCORE, PeerGuard
-from sapo.protocol.recent import RecentByAuthor
-from sapo.protocol.verify import SCORING_CPU_SECONDS
+from sapo.protocol.peers.peer_guard import BAN_SCORE, PeerGuard
+from sapo.protocol.toolkit.recent import RecentByAuthor
+from sapo.protocol.wire.verify import SCORING_CPU_SECONDS
 from sapo.sampling.inbox import Inbox
 from sapo.training.rewards import score_group
 from sapo.training.rollouts import QuestionGroup

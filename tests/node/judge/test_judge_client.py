@@ -7,7 +7,7 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from sapo.node.judge.client import JudgeClient
-from sapo.protocol.identity import peer_id_of
+from sapo.protocol.peers.identity import peer_id_of
 
 
 class Record:

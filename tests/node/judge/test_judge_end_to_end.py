@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sapo.node.daemon.status import status_from_data_dir
 from sapo.node.judge.server import DB_FILE_NAME, load_results
-from sapo.protocol.identity import load_or_create_identity, peer_id_of
+from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from tests.support.processes import LOOPBACK_LISTEN, free_port, sapo_node, start_node, stop_process, wait_for
 
 JUDGE_LISTEN = re.compile(r"judge listening on (/ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+)")

@@ -29,8 +29,8 @@ import trio
 
 from sapo.node.judge import client as judge_client
 from sapo.node.judge.server import DB_FILE_NAME, load_results
-from sapo.protocol import judge_wire as wire
-from sapo.protocol.frames import read_frame
+from sapo.protocol.toolkit.frames import read_frame
+from sapo.protocol.wire import judge_wire as wire
 from sapo.training.rewards import score_completion
 from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 from tests.support.judge import client, start_judge
@@ -205,10 +205,10 @@ async def test_a_cheating_node_client_scores_what_a_wrong_answer_earns(nursery, 
 
 
 def old_judge_wire() -> types.ModuleType:
-    """Release 0.1.0's own protocol/judge_wire.py (0.2.0's is the same), from this repository's history."""
+    """Release 0.1.0's own protocol/wire/judge_wire.py (0.2.0's is the same), from this repository's history."""
     commit = released().get("0.1.0")
     source = subprocess.run(
-        ["git", "show", f"{commit}:protocol/judge_wire.py"], cwd=ROOT, capture_output=True, text=True
+        ["git", "show", f"{commit}:protocol/wire/judge_wire.py"], cwd=ROOT, capture_output=True, text=True
     )
     if not commit or source.returncode:
         pytest.skip(f"release 0.1.0's judge_wire.py is not in this clone's history: {source.stderr[:200]}")

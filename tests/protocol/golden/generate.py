@@ -14,9 +14,11 @@ release, with the code of today.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 from pathlib import Path
+from types import ModuleType
 
 SENDER = "12D3KooWGzh6X5bXvYJXyVWuXWoMf1Mhj6D6qVuYzjXfYqZ3nW9E"
 
@@ -70,16 +72,26 @@ JUDGE = {
 JUDGE_V2 = {**JUDGE, "question": {k: v for k, v in JUDGE["question"].items() if k != "spec"}}
 
 
+def wire_module(name: str) -> ModuleType:
+    """A module of the release being run's wire: in protocol/wire/ (0.4.0 on, issue #40) or, before,
+    at protocol/'s top."""
+    try:
+        return importlib.import_module(f"sapo.protocol.wire.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"sapo.protocol.{name}")
+
+
 def rollout_frames() -> dict[str, bytes]:
-    from sapo.protocol import messages
-    from sapo.protocol.codec import encode
+    messages = wire_module("messages")
+    codec = wire_module("codec")
+    encode = codec.encode
 
     out = {"rollout_group_v1.bin": encode(messages.RolloutGroup.model_validate(GROUP), compress=False)}
     if "behavior" in inspect.signature(messages.to_wire).parameters:  # 0.2.0 sent it inside the group
         group = messages.RolloutGroup.model_validate({**GROUP, "behavior": BEHAVIOR})
         out["rollout_group_v1_behavior.bin"] = encode(group, compress=False)
     if hasattr(messages, "SharedLogprobs"):  # 0.3.0 on: its own message, on its own topic
-        from sapo.protocol.codec import encode_logprobs, group_digest
+        encode_logprobs, group_digest = codec.encode_logprobs, codec.group_digest
 
         digest = group_digest(messages.RolloutGroup.model_validate(GROUP)).hex()
         shared = messages.SharedLogprobs.model_validate(
@@ -104,9 +116,10 @@ def discovery_frames() -> dict[str, bytes]:
     from libp2p.peer.peer_record import PeerRecord
 
     try:
-        from sapo.protocol.peer_records import encode_request, encode_response
-    except ImportError:  # 0.1.0 kept them in discovery.py
-        from sapo.protocol.discovery import encode_request, encode_response
+        records = wire_module("peer_records")
+    except ModuleNotFoundError:  # 0.1.0 kept them in discovery.py
+        records = importlib.import_module("sapo.protocol.discovery")
+    encode_request, encode_response = records.encode_request, records.encode_response
     key = create_new_key_pair(b"\x07" * 32)
     record = PeerRecord(ID.from_pubkey(key.public_key), [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/4001")], seq=1)
     envelope = seal_record(record, key.private_key).marshal_envelope()
@@ -119,8 +132,8 @@ def discovery_frames() -> dict[str, bytes]:
 def group_fetch_frames() -> dict[str, bytes]:
     """/sapo/groups/1 (from 0.4.0): a request and a response carrying the golden group frame."""
     try:
-        from sapo.protocol import group_wire
-    except ImportError:  # before 0.4.0 groups only travelled on the topic
+        group_wire = wire_module("group_wire")
+    except ModuleNotFoundError:  # before 0.4.0 groups only travelled on the topic
         return {}
     request = group_wire.GroupRequest("golden", after=6, max_groups=2)
     group = rollout_frames()["rollout_group_v1.bin"]
@@ -131,7 +144,7 @@ def group_fetch_frames() -> dict[str, bytes]:
 
 
 def judge_frames() -> dict[str, bytes]:
-    from sapo.protocol import judge_wire
+    judge_wire = wire_module("judge_wire")
 
     kinds = {
         "eval_request": judge_wire.EvalRequest,

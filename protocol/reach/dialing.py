@@ -10,13 +10,13 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.addresses import AddressError, resolve_peer_address
-from sapo.protocol.hosts import is_relayed
-from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.reach.addresses import AddressError, resolve_peer_address
 from sapo.protocol.settings import NetworkSettings
+from sapo.protocol.toolkit.hosts import is_relayed
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 if TYPE_CHECKING:
-    from sapo.protocol.relay import RelayService
+    from sapo.protocol.reach.relay import RelayService
 
 logger = logging.getLogger("sapo.gossip")
 

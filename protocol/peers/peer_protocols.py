@@ -34,8 +34,8 @@ from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 
-from sapo.protocol.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
-from sapo.protocol.peer_records import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
+from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
+from sapo.protocol.wire.peer_records import PROTOCOL_ID as DISCOVERY_PROTOCOL_ID
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.gossip")

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
-from sapo.protocol.hosts import peer_str
-from sapo.protocol.peer_guard import PeerGuard
+from sapo.protocol.peers.peer_guard import PeerGuard
 from sapo.protocol.settings import NetworkSettings
+from sapo.protocol.toolkit.hosts import peer_str
 
 logger = logging.getLogger("sapo.gossip")
 

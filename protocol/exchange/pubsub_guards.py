@@ -19,7 +19,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
-from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.gossip")
 

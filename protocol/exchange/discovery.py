@@ -45,10 +45,11 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol import streams
-from sapo.protocol.hosts import open_peers
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.peer_records import (
+from sapo.protocol.toolkit import streams
+from sapo.protocol.toolkit.hosts import open_peers
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.streams import Request, ServeLimits, StreamServer
+from sapo.protocol.wire.peer_records import (
     MAX_FRAME_BYTES,
     PROTOCOL_ID,
     RECORDS_PER_RESPONSE,
@@ -61,7 +62,6 @@ from sapo.protocol.peer_records import (
     encode_response,
     seal_own_record,
 )
-from sapo.protocol.streams import Request, ServeLimits, StreamServer
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.discovery")

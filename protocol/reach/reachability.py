@@ -49,9 +49,9 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
-from sapo.protocol.hosts import direct_peers, is_relayed
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.streams import ServeLimits, StreamServer
+from sapo.protocol.toolkit.hosts import direct_peers, is_relayed
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.streams import ServeLimits, StreamServer
 
 logger = logging.getLogger("sapo.reachability")
 

@@ -21,8 +21,8 @@ from typing import Any
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sapo.protocol.allowlist import check_problem_spec
-from sapo.protocol.messages import (
+from sapo.protocol.wire.allowlist import check_problem_spec
+from sapo.protocol.wire.messages import (
     LOGPROBS_SCHEMA_VERSION,
     SCHEMA_VERSION,
     BehaviorLogprobs,

@@ -41,10 +41,13 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol import streams
-from sapo.protocol.frames import FrameError
-from sapo.protocol.gossip import ReceivedMessage
-from sapo.protocol.group_wire import (
+from sapo.protocol.exchange.gossip import ReceivedMessage
+from sapo.protocol.toolkit import streams
+from sapo.protocol.toolkit.frames import FrameError
+from sapo.protocol.toolkit.hosts import open_peers
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.streams import Request, ServeLimits, StreamServer
+from sapo.protocol.wire.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
     MAX_REQUEST_BYTES,
     PROTOCOL_ID,
@@ -57,9 +60,6 @@ from sapo.protocol.group_wire import (
     encode_response,
     response_limit,
 )
-from sapo.protocol.hosts import open_peers
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.streams import Request, ServeLimits, StreamServer
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.fetch")

@@ -39,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sapo.protocol.buckets import TokenBucket
+from sapo.protocol.toolkit.buckets import TokenBucket
 
 # Score at or below which a peer is banned. With RECOVERY_PER_SECOND = 1 a peer may run at most
 # one point a second in deficit forever; 100 points is 100 s of slack for bursts and slips.
@@ -85,7 +85,7 @@ PENALTIES: dict[str, float] = {
     # node's rate): refused before the expensive check, charged like a publish over the bucket. A
     # peer sending flat groups at the gossip limit (50/s) is 10/s over: banned in ~20 s.
     "over_budget": 1.0,
-    # A group whose scoring ran past its CPU budget (protocol/verify.py: 100 times an honest
+    # A group whose scoring ran past its CPU budget (protocol/wire/verify.py: 100 times an honest
     # group's cost): no honest node sends one, and each costs us 100 ms of the verification worker.
     "too_costly": 10.0,
     # `stale` costs nothing on purpose: a frame past the age window is what anyone can replay of

@@ -43,8 +43,8 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.rcmgr import Direction
 
-from sapo.protocol.hosts import circuit_relay, direct_peers, is_relayed
-from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.toolkit.hosts import circuit_relay, direct_peers, is_relayed
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.relay")
 

@@ -36,10 +36,10 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
-from sapo.protocol.buckets import TokenBuckets
-from sapo.protocol.frames import read_frame
-from sapo.protocol.hosts import close_stream, is_relayed, reset_stream
-from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.toolkit.buckets import TokenBuckets
+from sapo.protocol.toolkit.frames import read_frame
+from sapo.protocol.toolkit.hosts import close_stream, is_relayed, reset_stream
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.streams")
 

@@ -17,15 +17,15 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
-from sapo.protocol.hosts import peer_str
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.recent import RecentByAuthor
+from sapo.protocol.toolkit.hosts import peer_str
+from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.protocol.toolkit.recent import RecentByAuthor
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.gossip")
 
 # How many message ids we remember to drop replays (a rejoining peer is replayed 4-50 old ones),
-# per author and in all: one author's flood pushes out only its own (protocol/recent.py). An
+# per author and in all: one author's flood pushes out only its own (protocol/toolkit/recent.py). An
 # author publishing at the gossip limit (50/s) fills its share in ~5 minutes; what is older than
 # that reaches the intake, whose own per-author memories cover the whole age window.
 SEEN_IDS = 65_536

@@ -26,7 +26,7 @@ from libp2p.peer.envelope import consume_envelope, seal_record
 from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
 
-from sapo.protocol.frames import FrameError, length_prefixed, unpack_map
+from sapo.protocol.toolkit.frames import FrameError, length_prefixed, unpack_map
 
 # The stream protocol discovery speaks (discovery.py); frames are `v` WIRE_VERSION inside it.
 PROTOCOL_ID = "/sapo/peers/1"

@@ -21,7 +21,7 @@ from libp2p.peer.id import ID
 from libp2p.utils import decode_varint_with_size, varint
 from libp2p.utils.varint import read_length_prefixed_protobuf
 
-from sapo.protocol.peer_gate import PeerGate
+from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.agents")

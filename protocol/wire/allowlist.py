@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sapo.protocol.messages import Rejected, RejectReason
+from sapo.protocol.wire.messages import Rejected, RejectReason
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from typing import Literal, Protocol, TypeVar
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sapo.protocol.codec import canonical_bytes
-from sapo.protocol.frames import FrameLengthError, FrameTruncated, length_prefixed, read_frame, unframe
+from sapo.protocol.toolkit.frames import FrameLengthError, FrameTruncated, length_prefixed, read_frame, unframe
+from sapo.protocol.wire.codec import canonical_bytes
 
 PROTOCOL_ID = "/sapo/judge/1"
 # Bump on any change a peer of the previous version would misread.

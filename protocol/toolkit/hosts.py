@@ -39,8 +39,8 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
-from sapo.protocol.agents import IDENTIFY, identify_as
-from sapo.protocol.release import agent_string
+from sapo.protocol.toolkit.agents import IDENTIFY, identify_as
+from sapo.protocol.toolkit.release import agent_string
 
 
 def new_noise_host(

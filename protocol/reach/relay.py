@@ -47,11 +47,11 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.tools.anyio_service import background_trio_service
 
-from sapo.protocol.hosts import direct_peers, is_relayed, relay_of
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.reachability import Reachability
-from sapo.protocol.relay_guards import GuardedRelayProtocol, ProtectedCircuits, RelayBudget
-from sapo.protocol.relayed_links import RelayCuts, RelaySlots
+from sapo.protocol.reach.reachability import Reachability
+from sapo.protocol.reach.relay_guards import GuardedRelayProtocol, ProtectedCircuits, RelayBudget
+from sapo.protocol.reach.relayed_links import RelayCuts, RelaySlots
+from sapo.protocol.toolkit.hosts import direct_peers, is_relayed, relay_of
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.relay")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import msgpack
 import trio
 
-from sapo.protocol.frames import FrameError, length_prefixed, unpack_map
+from sapo.protocol.toolkit.frames import FrameError, length_prefixed, unpack_map
 
 PROTOCOL_ID = "/sapo/groups/1"
 WIRE_VERSION = 1

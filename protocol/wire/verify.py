@@ -17,8 +17,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sapo.protocol.allowlist import check_problem_spec
-from sapo.protocol.messages import Rejected, RejectReason, RolloutGroup
+from sapo.protocol.wire.allowlist import check_problem_spec
+from sapo.protocol.wire.messages import Rejected, RejectReason, RolloutGroup
 from sapo.training.rewards import Verifier, score_group
 from sapo.training.rollouts import Behavior, QuestionGroup
 from sapo.training.tasks import Problem, generate_problem

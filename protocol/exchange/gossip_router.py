@@ -10,14 +10,14 @@ from typing import Any
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 
-from sapo.protocol.gossip import Delivery
-from sapo.protocol.peer_gate import PeerGate
-from sapo.protocol.peer_policy import PeerPolicy
-from sapo.protocol.pubsub_guards import GuardedPubsub
-from sapo.protocol.reachability import ReachabilityService
-from sapo.protocol.relay import RelayService, Reservations, relay_limits
-from sapo.protocol.relay_guards import RelayBudget
+from sapo.protocol.exchange.gossip import Delivery
+from sapo.protocol.exchange.pubsub_guards import GuardedPubsub
+from sapo.protocol.peers.peer_policy import PeerPolicy
+from sapo.protocol.reach.reachability import ReachabilityService
+from sapo.protocol.reach.relay import RelayService, Reservations, relay_limits
+from sapo.protocol.reach.relay_guards import RelayBudget
 from sapo.protocol.settings import NetworkSettings
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 # Room for the RPC envelope around one message: protobuf tags, from/seqno/topic, the 64-byte
 # signature, the 36-byte key and the sender's signed peer record that py-libp2p attaches.

@@ -46,9 +46,9 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.relay.circuit_v2.utils import maybe_consume_signed_record, read_delimited_msg
 from libp2p.security.pnet.protector import new_protected_conn
 
-from sapo.protocol.buckets import UNBOUNDED_DEBT, TokenBucket
-from sapo.protocol.peer_gate import PeerGate
 from sapo.protocol.settings import RELAY_BYTES_PER_HOUR, RELAY_BYTES_PER_SECOND, RELAY_MAX_CIRCUITS
+from sapo.protocol.toolkit.buckets import UNBOUNDED_DEBT, TokenBucket
+from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.relay")
 

@@ -1,0 +1,1 @@
+"""protocol/exchange/: what we exchange with peers (protocol/README.md, "Rooms")."""

@@ -1,0 +1,1 @@
+"""protocol/reach/: how we reach a peer, and it us (protocol/README.md, "Rooms")."""

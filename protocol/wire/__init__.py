@@ -1,0 +1,1 @@
+"""protocol/wire/: what the bytes are (protocol/README.md, "Rooms")."""
