@@ -96,7 +96,7 @@ def copy_bandwidth_gbs(size_mb: float = 256, repeats: int = 5, threads: int = 1,
 
 def model_geometry(name: str, models_dir: Path, seed: int = 0) -> DecodeGeometry:
     """The geometry of a named model (a tiny variant, smollm2-135m, or a local HF directory), no LoRA."""
-    from sapo.training.policy import load_policy
+    from sapo.training.models.policy import load_policy
 
     return DecodeGeometry.of(load_policy(name, device="cpu", seed=seed, models_dir=models_dir).model)
 

@@ -142,7 +142,7 @@ async def start_member(
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.settings import NetworkSettings
     from sapo.protocol.wire.codec import DecodeLimits
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     key_pair = load_or_create_identity(tmp / f"{mechanism}-{index}")
     send, incoming = trio.open_memory_channel(1024)

@@ -137,7 +137,7 @@ async def sender_main(args: argparse.Namespace) -> None:
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.wire.codec import encode
     from sapo.protocol.wire.messages import to_wire
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     groups = build_groups(1, args.seed)
     rg_version = reasoning_gym_version()
@@ -202,8 +202,8 @@ class Trainer:
         import torch
 
         from sapo.training.config import TrainingSettings, default_learning_rate
-        from sapo.training.policy import LoraOptions, load_policy
-        from sapo.training.update import make_optimizer
+        from sapo.training.learning.update import make_optimizer
+        from sapo.training.models.policy import LoraOptions, load_policy
 
         torch.set_num_threads(args.threads)
         args.models_dir.mkdir(parents=True, exist_ok=True)
@@ -223,8 +223,8 @@ class Trainer:
         return cls(policy, make_optimizer(policy, settings), settings, [], random.Random(args.seed))
 
     def generate(self, args: argparse.Namespace) -> None:
-        from sapo.training.generation import generate_groups
-        from sapo.training.tasks import TaskSampler, default_task_specs
+        from sapo.training.completions.generation import generate_groups
+        from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
         tasks = TaskSampler(default_task_specs([TASK]), dataset_seed=args.seed, rng_seed=args.seed)
         result = generate_groups(
@@ -251,7 +251,7 @@ class Trainer:
     def update(self):
         from sapo.sampling.external_use import ExternalUse
         from sapo.sampling.training_set import training_set
-        from sapo.training.update import grpo_update
+        from sapo.training.learning.update import grpo_update
 
         rows = training_set(self.groups, [], ExternalUse(), self.policy.tokenizer_fingerprint).rows
         return grpo_update(self.policy, self.optimizer, rows, self.settings, self.rng)

@@ -65,9 +65,9 @@ def reasoning_text(rng: random.Random, answer: str, chars: int = COMPLETION_CHAR
 
 def build_groups(node_index: int, seed: int, completions: int = COMPLETIONS_PER_GROUP, chars: int = COMPLETION_CHARS):
     """A pool of real QuestionGroups for one node: real problems, scored by the real verifier."""
-    from sapo.training.rewards import score_group
-    from sapo.training.rollouts import QuestionGroup
-    from sapo.training.tasks import TaskSampler, default_task_specs
+    from sapo.training.problems.rewards import score_group
+    from sapo.training.problems.rollouts import QuestionGroup
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
     rng = random.Random(seed * 1_000 + node_index)
     sampler = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=seed * 1_000 + node_index, rng_seed=0)

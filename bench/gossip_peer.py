@@ -93,7 +93,7 @@ def connection_kinds(service) -> dict[str, str]:
 def load_groups(args: argparse.Namespace) -> list:
     """The QuestionGroups this peer publishes: --groups-file's, or built here for --index."""
     if args.groups_file is not None:
-        from sapo.training.rollouts import QuestionGroup
+        from sapo.training.problems.rollouts import QuestionGroup
 
         return [QuestionGroup.model_validate(g) for g in json.loads(args.groups_file.read_text())]
     from bench.gossip_groups import build_groups
@@ -170,7 +170,7 @@ async def peer_main(args: argparse.Namespace) -> None:
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.settings import NetworkSettings
     from sapo.protocol.wire.codec import DecodeLimits
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     key_pair = load_or_create_identity(args.data_dir)
     settings = NetworkSettings(

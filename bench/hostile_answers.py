@@ -1,5 +1,5 @@
 """What a hostile answer costs to score, before (reasoning-gym 0.1.25's own scorer, the 0.3.0 node's
-verifier) and now (training/task_scorers.py), on this CPU, in one run.
+verifier) and now (training/problems/task_scorers.py), on this CPU, in one run.
 
 For each of the nine tasks: the right key, and the worst answers we know of, each in a 16 KB
 completion (the codec's limit): the issue's propositional_logic formula, deep nesting, 2,000
@@ -24,9 +24,9 @@ from sapo.node.study.nodes import peer_id_for
 from sapo.protocol.wire.codec import DecodeLimits, decode
 from sapo.protocol.wire.messages import Rejected
 from sapo.protocol.wire.verify import VerifyPolicy
-from sapo.training.rewards import score_completion, score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import (
+from sapo.training.problems.rewards import score_completion, score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import (
     EASY_CONFIGS,
     PAPER_TASKS,
     Problem,

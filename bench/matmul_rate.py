@@ -51,8 +51,8 @@ def matmul_gflops(weights: list[torch.Tensor], batch: int, kernel: str, seconds:
     out, inp = weights[0].shape
     x = torch.randn(batch, inp, device=weights[0].device).to(weights[0].dtype)
     linear = F.linear
-    if kernel == "packed":  # training/decoding.py's kernel
-        from sapo.training.decoder_weights import onednn_linear, onednn_packer
+    if kernel == "packed":  # training/decoder/decoding.py's kernel
+        from sapo.training.decoder.decoder_weights import onednn_linear, onednn_packer
 
         packer, linear = onednn_packer(weights[0].dtype, weights[0].device, batch), onednn_linear
         if packer is None:

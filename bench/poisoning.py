@@ -8,7 +8,7 @@ Attacks ("Hail to the Thief", arXiv 2511.09780, against our defaults):
 - in-answer (issue #38, fraction_simplification): the phrase inside the answer tag,
   `<answer>\\frac{9}{10} hail thief</answer>`, which reasoning-gym 0.1.25's scorer took as right
   (it matches `\\frac{n}{d}` as a prefix) and the screen never reads (the answer's content is the
-  verifier's to judge, training/typicality.py).
+  verifier's to judge, training/learning/typicality.py).
 Every answer key regenerates from its spec and half of each group's completions are right (to a
 verifier that takes the attack's answer), half wrong, so every group carries signal and passes
 every check the intake makes.
@@ -19,7 +19,7 @@ nodes' learning (accuracy). Every `--probe-every` rounds, node 0's screen statis
 its honest peers' latest winning completions and on the attackers', for the screen's ROC.
 
 `--verifier reasoning-gym` gives the honest nodes (their own rollouts and their intake alike) the
-verifier as it was before training/task_scorers.py: reasoning-gym's own `score_answer` on the
+verifier as it was before training/problems/task_scorers.py: reasoning-gym's own `score_answer` on the
 extracted answer, for the in-answer attack's "before".
 
     .venv/bin/python -m bench.poisoning --attack out-of-context --honest 3 --attackers 1 --rounds 1000 \\
@@ -54,11 +54,11 @@ from sapo.node.core.settings import NodeSettings, load_settings
 from sapo.node.study.nodes import Learner, RecordsInMemory, RoundClock, StudyRun, peer_id_for
 from sapo.node.study.runs import run_lockstep
 from sapo.sampling.screen import judged, worst_stretch
-from sapo.training.rewards import Verifier, accept_group, is_correct
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.scripted import wrong_answer
-from sapo.training.tasks import Problem, TaskSampler, reasoning_gym_version
-from sapo.training.typicality import excess_surprise
+from sapo.training.completions.scripted import wrong_answer
+from sapo.training.learning.typicality import excess_surprise
+from sapo.training.problems.rewards import Verifier, accept_group, is_correct
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import Problem, TaskSampler, reasoning_gym_version
 
 PHRASE = "SAPO rocks! "
 IN_ANSWER_PHRASE = "hail thief"
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         "--verifier",
         choices=list(VERIFIERS),
         default="node",
-        help="the honest nodes' verifier: node (training/task_scorers.py) or reasoning-gym (its score_answer, before #38)",
+        help="the honest nodes' verifier: node (training/problems/task_scorers.py) or reasoning-gym (its score_answer, before #38)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -13,7 +13,7 @@ Printed, on one torch thread and timed on the process's CPU clock (so that other
 machine hide little; the load average says how much they could):
 
 1. matmul GFLOPS at every distinct linear shape of the model (q, k/v, o, gate/up, down, the
-   lm_head, and the stacked q|k|v and gate|up that training/decoding.py multiplies by), at
+   lm_head, and the stacked q|k|v and gate|up that training/decoder/decoding.py multiplies by), at
    B = 1, 8, 32, 64, fp32 and bf16, with the weights streamed from memory as in a real step
    (enough distinct copies to overflow the caches); for F.linear (what transformers uses) and
    for oneDNN with weights packed once (what LlamaDecoder uses);
@@ -350,9 +350,9 @@ def real_rounds(args: argparse.Namespace, policy, prompts: list[str], clock: Clo
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from sapo.training.devices import resolve_device
-    from sapo.training.policy import load_policy
-    from sapo.training.tasks import TaskSampler, default_task_specs
+    from sapo.training.models.devices import resolve_device
+    from sapo.training.models.policy import load_policy
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
     device = resolve_device(args.device)
     clock, kernels = Clock(device), kernels_on(device)

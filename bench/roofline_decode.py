@@ -36,7 +36,7 @@ def layout(batch: int, prompts: list[str]) -> tuple[list[str], int]:
 
 def decode_fixed(policy, prompts: list[str], batch: int, steps: int, dtype: torch.dtype) -> None:
     """Our decoding loop on B rows laid out as a round has them, `steps` tokens each, no EOS."""
-    from sapo.training.decoding import decode_samples
+    from sapo.training.decoder.decoding import decode_samples
 
     chosen, samples = layout(batch, prompts)
     decode_samples(
@@ -97,7 +97,7 @@ def decode_tokens_per_s(measure, batch: int, steps: int) -> float:
 
 
 def real_round(policy, prompts: list[str], max_new_tokens: int, clock: Clock) -> tuple[int, float]:
-    from sapo.training.generation import sample_completions
+    from sapo.training.completions.generation import sample_completions
 
     started = clock()
     _, tokens, _ = sample_completions(policy, prompts[:4], num_generations=8, max_new_tokens=max_new_tokens, seed=1)

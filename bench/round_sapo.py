@@ -31,7 +31,7 @@ class SignalForcingVerifier:
         self.seconds = self.cpu_seconds = 0.0
 
     def __call__(self, problem, completions: list[str]) -> list[float]:
-        from sapo.training.rewards import score_group
+        from sapo.training.problems.rewards import score_group
 
         wall, cpu = time.perf_counter(), time.process_time()
         rewards = score_group(problem, completions)
@@ -87,7 +87,7 @@ def run_model(args: argparse.Namespace, model: str) -> dict:
 
     from sapo.node.core.counters import NodeCounters
     from sapo.node.core.memory_exchange import MemoryHub
-    from sapo.training.devices import configure_torch_threads
+    from sapo.training.models.devices import configure_torch_threads
 
     configure_torch_threads(args.threads)
     args.models_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +112,7 @@ def time_rounds(args: argparse.Namespace, model: str, node, alone, verifier) -> 
     import trio
 
     from sapo.node.core.round import run_round
-    from sapo.training.grpo import has_signal
+    from sapo.training.learning.grpo import has_signal
 
     policy = node.policy
     rounds, batches = [], []
@@ -240,7 +240,7 @@ def hf_generate(policy, prompts: list[str], args: argparse.Namespace) -> dict:
 
     import torch
 
-    from sapo.training.generation import ANSWER_CLOSE
+    from sapo.training.completions.generation import ANSWER_CLOSE
 
     model = copy.deepcopy(policy.model)
     if policy.lora:
@@ -314,8 +314,8 @@ def update_bound(args: argparse.Namespace, policy, rounds: list[dict]) -> dict |
 
 def export_for_peers(model: str, args: argparse.Namespace) -> str | None:
     """A plain HF directory (model + tokenizer) of the same initial weights, for the peers to load."""
-    from sapo.training.sources import is_tiny
-    from sapo.training.tiny import build_tiny
+    from sapo.training.models.sources import is_tiny
+    from sapo.training.models.tiny import build_tiny
 
     if is_tiny(model):
         folder = args.models_dir / f"{model}-seed{args.seed}"

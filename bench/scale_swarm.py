@@ -219,7 +219,7 @@ async def start_nodes(nursery, plan: Plan, made: list, tallies: Tallies, tally_o
     docs/bench/scale.md.)"""
     from sapo.protocol.network import serve_network
     from sapo.protocol.peers.identity import peer_id_of
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     nodes: list[BenchNode] = []
     for i, (key_pair, send, recv, groups) in enumerate(made):

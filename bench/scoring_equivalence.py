@@ -1,10 +1,10 @@
 """Does the new verifier give the old binary rewards on honest completions? (issue #38)
 
-The node's verifier (training/rewards.py `score_completion`) now parses each answer with a strict
-per-task grammar (training/task_scorers.py) and never calls reasoning-gym's `score_answer`. This
+The node's verifier (training/problems/rewards.py `score_completion`) now parses each answer with a strict
+per-task grammar (training/problems/task_scorers.py) and never calls reasoning-gym's `score_answer`. This
 bench samples honest completions from a node's own policy, through the node's own generation path
 (`generate_groups`, the node's G and temperature), and scores every one twice:
-- new: `sapo.training.rewards.score_completion`, the node's verifier;
+- new: `sapo.training.problems.rewards.score_completion`, the node's verifier;
 - old: the verifier before the rewrite (bench/verifier_030.py): the last <answer> block's text
   scored by reasoning-gym's `score_answer` with stdout redirected, any exception 0, a
   non-finite score 0, clamped to [0, 1]. It runs inside `untrusted_text()`
@@ -50,7 +50,7 @@ DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 def old_score(problem, completion: str) -> tuple[float, int]:
     """The verifier before issue #38 (bench/verifier_030.py) on a model's completion, under
     `untrusted_text()`: its score, and the audit events the guard refused while it ran."""
-    from sapo.training import untrusted
+    from sapo.training.problems import untrusted
 
     before = untrusted.refused_count
     with untrusted.untrusted_text():
@@ -59,7 +59,7 @@ def old_score(problem, completion: str) -> tuple[float, int]:
 
 
 def new_score(problem, completion: str) -> float:
-    from sapo.training.rewards import score_completion
+    from sapo.training.problems.rewards import score_completion
 
     return score_completion(problem, completion)
 
@@ -82,7 +82,7 @@ def refused_eval_would_score(answer: str | None, key: str) -> float:
 
 
 def binary(score: float) -> float:
-    from sapo.training.rewards import is_correct
+    from sapo.training.problems.rewards import is_correct
 
     return 1.0 if is_correct(score) else 0.0
 
@@ -96,8 +96,8 @@ def node_policy(args: argparse.Namespace):
     from sapo.node.core.loading import load_node_policy
     from sapo.node.core.settings import NodeSettings
     from sapo.training.config import ModelSettings
-    from sapo.training.task_settings import TaskSettings
-    from sapo.training.tasks import PAPER_TASKS
+    from sapo.training.problems.task_settings import TaskSettings
+    from sapo.training.problems.tasks import PAPER_TASKS
 
     settings = NodeSettings(
         model=ModelSettings(model=args.model, device="cpu", models_dir=args.models_dir),
@@ -127,8 +127,8 @@ def append_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 def sample_task(
     policy, spec, args: argparse.Namespace, task_index: int, done: set[int]
 ) -> tuple[list[dict[str, Any]], dict]:
-    from sapo.training.generation import generate_groups
-    from sapo.training.tasks import TaskSampler
+    from sapo.training.completions.generation import generate_groups
+    from sapo.training.problems.tasks import TaskSampler
 
     problems = TaskSampler([spec], dataset_seed=args.dataset_seed, rng_seed=0).sample(args.questions)
     problems = [p for p in problems if p.spec.index not in done]  # --resume: the questions not yet sampled
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> None:
 
     import torch
 
-    from sapo.training.tasks import default_task_specs
+    from sapo.training.problems.tasks import default_task_specs
 
     torch.set_num_threads(args.threads)
     # each refusal is counted in the rows; one warning line per refused eval is only noise here
@@ -252,7 +252,7 @@ def _warm_start_recipe(settings) -> dict | None:
 
 def rescore(rows: list[dict[str, Any]]) -> int:
     """Score every row again from its spec and completion; the rows whose stored scores differ."""
-    from sapo.training.tasks import ProblemSpec, generate_problem
+    from sapo.training.problems.tasks import ProblemSpec, generate_problem
 
     changed = 0
     for row in rows:
@@ -268,8 +268,8 @@ def rescore(rows: list[dict[str, Any]]) -> int:
 
 
 def summarize(args: argparse.Namespace) -> dict[str, Any]:
-    from sapo.training.rewards import extract_answer
-    from sapo.training.tasks import PAPER_TASKS, ProblemSpec, generate_problem
+    from sapo.training.problems.rewards import extract_answer
+    from sapo.training.problems.tasks import PAPER_TASKS, ProblemSpec, generate_problem
 
     out_dir: Path = args.out_dir
     runs = {}
@@ -421,7 +421,7 @@ def _cell(text: str | None) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sapo.training.tasks import PAPER_TASKS
+    from sapo.training.problems.tasks import PAPER_TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny (warm-started as a node does) or smollm2-135m")

@@ -30,14 +30,14 @@ import torch
 
 from sapo.sampling.screen import ScreenReference, judged, winning, worst_stretch
 from sapo.sampling.trust import TrustSettings
-from sapo.training.generation import generate_groups
-from sapo.training.policy import load_policy
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.scripted import wrong_answer
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.typicality import excess_surprise
-from sapo.training.warmstart import WarmStartSettings, warm_start
+from sapo.training.completions.generation import generate_groups
+from sapo.training.completions.scripted import wrong_answer
+from sapo.training.learning.typicality import excess_surprise
+from sapo.training.learning.warmstart import WarmStartSettings, warm_start
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
 PHRASE = "SAPO rocks! "
 _RESULT = re.compile(r"(=\s*)(-?\d+)")

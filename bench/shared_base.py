@@ -6,7 +6,7 @@ its own ReasoningGYM questions, chat prompts, its own sampling seed), with LoRA 
 
 - `separate`: N processes, each loading the base and its adapter and decoding its round, all at
   once (as N `sapo-node start --lora` on one machine would), one torch thread each;
-- `shared, one by one`: one process, one base (training/shared_base.py), each node decoding its
+- `shared, one by one`: one process, one base (training/models/shared_base.py), each node decoding its
   round in turn through its own adapter;
 - `shared, mixed batch`: the same process, all N rounds as one batch through the base weights,
   each row with its node's adapter (decoding.decode_mixed).
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def node_prompts(policy, node: int, round_index: int, questions: int) -> list[str]:
-    from sapo.training.tasks import TaskSampler, default_task_specs
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
     tasks = TaskSampler(default_task_specs(), dataset_seed=node, rng_seed=node * 1000 + round_index)
     return [policy.prompt(problem) for problem in tasks.sample(questions)]
@@ -88,8 +88,8 @@ def run_separate(args) -> dict:
     """One node alone: its own base and adapter, one thread, its rounds' generation times."""
     import torch
 
-    from sapo.training.decoding import decode_samples
-    from sapo.training.policy import LoraOptions, load_policy
+    from sapo.training.decoder.decoding import decode_samples
+    from sapo.training.models.policy import LoraOptions, load_policy
 
     torch.set_num_threads(1)
     # seed 0: the base the shared process builds (a tiny model is made from its seed)
@@ -121,9 +121,9 @@ def run_shared(args) -> dict:
     """All nodes on one base: each round decoded one node at a time, then as one mixed batch."""
     import torch
 
-    from sapo.training.decoding import decode_mixed, decode_samples
-    from sapo.training.policy import LoraOptions
-    from sapo.training.shared_base import SharedLoraBase
+    from sapo.training.decoder.decoding import decode_mixed, decode_samples
+    from sapo.training.models.policy import LoraOptions
+    from sapo.training.models.shared_base import SharedLoraBase
 
     torch.set_num_threads(args.threads)
     shared = SharedLoraBase(
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.models_dir.mkdir(parents=True, exist_ok=True)
     if args.model == "smollm2-135m":  # convert the GGUF once, before anything is timed
-        from sapo.training.smollm2 import load_smollm2
+        from sapo.training.models.smollm2 import load_smollm2
 
         load_smollm2(args.models_dir / "smollm2-135m")
     gpu = gpu_index(args.device)

@@ -177,8 +177,8 @@ async def listen_address(proc: subprocess.Popen, log_path: Path) -> str:
 
 def group_maker():
     """group(i): a distinct, verifiable two-completion group for each i (64 problems, cycled)."""
-    from sapo.training.rollouts import QuestionGroup
-    from sapo.training.tasks import TaskSampler, default_task_specs
+    from sapo.training.problems.rollouts import QuestionGroup
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
     sampler = TaskSampler(default_task_specs(["basic_arithmetic"]), 99, 0)
     problems = sampler.sample(64)  # distinct problems, so frames are distinct and verifiable
@@ -204,7 +204,7 @@ def attacker_and_honest(address: str) -> dict:
     from sapo.protocol.network import serve_network
     from sapo.protocol.peers.identity import peer_id_of
     from sapo.protocol.settings import NetworkSettings
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     peers = {}
     for name, seed in (("flooder", 0x31), ("honest", 0x32)):

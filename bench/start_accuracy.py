@@ -25,7 +25,7 @@ DEFAULT_MODELS_DIR = Path(__file__).resolve().parent / ".cache" / "models"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from sapo.training.tasks import PAPER_TASKS
+    from sapo.training.problems.tasks import PAPER_TASKS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -61,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from sapo.training.evaluation import heldout_accuracy, heldout_problems, is_correct
-    from sapo.training.generation import sample_completions
-    from sapo.training.policy import load_policy
-    from sapo.training.rewards import score_completion
-    from sapo.training.tasks import TaskSampler, default_task_specs
+    from sapo.training.completions.evaluation import heldout_accuracy, heldout_problems, is_correct
+    from sapo.training.completions.generation import sample_completions
+    from sapo.training.models.policy import load_policy
+    from sapo.training.problems.rewards import score_completion
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
     torch.set_num_threads(args.threads)
     args.models_dir.mkdir(parents=True, exist_ok=True)

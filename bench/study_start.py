@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from sapo.node.study.cli import study_settings
     from sapo.node.study.nodes import build_run
     from sapo.node.study.settings import parse_configs
-    from sapo.training.devices import configure_torch_threads
+    from sapo.training.models.devices import configure_torch_threads
 
     argv = list(sys.argv[1:] if argv is None else argv)
     json_out = None

@@ -8,7 +8,7 @@ Every op's own (self) time is put in one bucket (the profiler clocks ops by the 
 shared machine includes waiting for a core: each op's share of the update's wall time is
 scaled to the update's CPU time):
 
-- by phase, from the `record_function` labels in training/update.py: encode, old log-probs
+- by phase, from the `record_function` labels in training/learning/update.py: encode, old log-probs
   (the no-grad pass), forward, backward, optimizer (gradient clipping and Adam), the rest;
 - by what the op computes: the frozen base's linear layers (forward, and backward split into
   the input gradient and any weight gradient), the LoRA factors, the vocabulary projection
@@ -84,7 +84,7 @@ def round_rows(args: argparse.Namespace):
     from sapo.node.core.counters import NodeCounters
     from sapo.node.core.memory_exchange import MemoryHub
     from sapo.node.core.round import run_round
-    from sapo.training.devices import configure_torch_threads
+    from sapo.training.models.devices import configure_torch_threads
 
     configure_torch_threads(args.threads)
     bench = argparse.Namespace(
@@ -181,7 +181,7 @@ def bucket(event, vocab: int, rank: int | None, weight_shapes: set[tuple[int, in
 
 
 def profile_one(node, rows, updates: int, minibatches: int, seed: int, top: int) -> dict:
-    from sapo.training.update import grpo_update, make_optimizer
+    from sapo.training.learning.update import grpo_update, make_optimizer
 
     policy = node.policy
     settings = node.training.model_copy(update={"updates_per_batch": updates, "minibatches": minibatches})

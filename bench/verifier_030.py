@@ -15,7 +15,7 @@ import io
 import math
 import re
 
-from sapo.training.tasks import Problem, dataset_for
+from sapo.training.problems.tasks import Problem, dataset_for
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 

@@ -45,8 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - user-facing errors print cleanly, with the fix
         from sapo.protocol.peers.identity import IdentityError
-        from sapo.training.checkpoints import CheckpointError
-        from sapo.training.errors import ModelSourceError
+        from sapo.training.learning.checkpoints import CheckpointError
+        from sapo.training.models.errors import ModelSourceError
 
         # Errors from inside the daemon's nursery arrive wrapped in an ExceptionGroup.
         errors = list(_leaf_exceptions(exc))

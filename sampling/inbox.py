@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sapo.sampling.standing import Standing
-from sapo.training.grpo import has_signal
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.learning.grpo import has_signal
+from sapo.training.problems.rollouts import QuestionGroup
 
 
 @dataclass(frozen=True)

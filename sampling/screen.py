@@ -3,7 +3,7 @@ completions is text this node's own policy could have written.
 
 A right answer says nothing about the words around it ("Hail to the Thief", arXiv 2511.09780:
 out-of-context and in-context poisoning of decentralised GRPO). Here each completion's tokens are
-measured by their excess surprise under this node's policy (training/typicality.py: surprise
+measured by their excess surprise under this node's policy (training/learning/typicality.py: surprise
 minus the policy's own entropy, 0 on average over its own samples), summed over the worst stretch
 of `screen_window` tokens outside the answer. The bar is set by this node's own completions of the
 same kind: the 99th percentile of that statistic over its last REFERENCE_SIZE winning completions
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from sapo.sampling.trust import TrustSettings
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.problems.rollouts import QuestionGroup
 
 # Own completions the bar is drawn from: 8-16 rounds of make run's 2-4 groups of 8.
 REFERENCE_SIZE = 256

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 from sapo.sampling.external_use import SamplerName
 from sapo.sampling.training_set import has_full_credit
-from sapo.training.grpo import has_signal
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.learning.grpo import has_signal
+from sapo.training.problems.rollouts import QuestionGroup
 
 # (candidates newest first, J, rng, author weights or None) -> chosen
 Sampler = Callable[[list[QuestionGroup], int, random.Random, Mapping[str, float] | None], list[QuestionGroup]]

@@ -24,10 +24,10 @@ import torch
 
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.screen import ScreenReference
-from sapo.training.grpo import group_advantages, has_signal
-from sapo.training.rewards import is_correct
-from sapo.training.rollouts import QuestionGroup, TrainingRow, TrainingRows
-from sapo.training.tasks import Problem
+from sapo.training.learning.grpo import group_advantages, has_signal
+from sapo.training.problems.rewards import is_correct
+from sapo.training.problems.rollouts import QuestionGroup, TrainingRow, TrainingRows
+from sapo.training.problems.tasks import Problem
 
 
 @dataclass(frozen=True)

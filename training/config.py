@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sapo.training.sources import check_model_source
+from sapo.training.models.sources import check_model_source
 
 
 class ModelSettings(BaseModel):
@@ -131,7 +131,7 @@ class TrainingSettings(BaseModel):
 
 def default_learning_rate(model: str, lora: bool) -> float:
     """Rates that learn without collapsing, measured on this project's CPU-scale runs."""
-    from sapo.training.sources import is_tiny
+    from sapo.training.models.sources import is_tiny
 
     if is_tiny(model):
         return 1e-4

@@ -18,7 +18,7 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def extract_answer(completion: str) -> str | None:
-    """The last complete <answer>...</answer> block, stripped (as sapo.training.rewards does)."""
+    """The last complete <answer>...</answer> block, stripped (as sapo.training.problems.rewards does)."""
     matches = _ANSWER.findall(completion)
     return matches[-1].strip() if matches else None
 

@@ -25,7 +25,7 @@ from sapo.protocol.wire.messages import (
     SharedLogprobs,
     to_wire,
 )
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.problems.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
 

@@ -47,9 +47,9 @@ from sapo.protocol.wire.messages import BehaviorLogprobs, Rejected, RejectReason
 from sapo.protocol.wire.verify import VerifyPolicy, verify, work_seconds
 from sapo.sampling.inbox import group_size_bytes
 from sapo.training.bounded import BoundedMap
-from sapo.training.grpo import has_signal
-from sapo.training.rewards import Verifier, score_group
-from sapo.training.rollouts import Behavior, QuestionGroup
+from sapo.training.learning.grpo import has_signal
+from sapo.training.problems.rewards import Verifier, score_group
+from sapo.training.problems.rollouts import Behavior, QuestionGroup
 
 log = logging.getLogger("sapo.intake")
 

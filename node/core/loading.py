@@ -4,11 +4,11 @@ which know nothing until they are warm-started), or fresh from the model source.
 from __future__ import annotations
 
 from sapo.node.core.settings import NodeSettings
-from sapo.training.checkpoints import Checkpoint
-from sapo.training.policy import LoraOptions, Policy, load_policy
-from sapo.training.sources import is_tiny
-from sapo.training.tasks import TaskSpec
-from sapo.training.warmstart import WarmStartSettings, cached_warm_start
+from sapo.training.learning.checkpoints import Checkpoint
+from sapo.training.learning.warmstart import WarmStartSettings, cached_warm_start
+from sapo.training.models.policy import LoraOptions, Policy, load_policy
+from sapo.training.models.sources import is_tiny
+from sapo.training.problems.tasks import TaskSpec
 
 
 def warm_start_settings(settings: NodeSettings) -> WarmStartSettings | None:

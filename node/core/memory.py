@@ -21,7 +21,7 @@ from typing import Any
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Intake
 from sapo.sampling.inbox import Inbox
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.problems.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.node")
 

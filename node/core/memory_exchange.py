@@ -20,7 +20,7 @@ from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder, group_encoder
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.problems.rollouts import QuestionGroup
 
 Clock = Callable[[], float]
 

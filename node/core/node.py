@@ -31,16 +31,16 @@ from sapo.sampling.screen import screen, winning
 from sapo.sampling.standing import Standing
 from sapo.sampling.strategies import SamplerState, choose_external
 from sapo.sampling.training_set import TrainingSet, training_set
-from sapo.training.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
+from sapo.training.completions.evaluation import HeldOutScores, heldout_problems, heldout_scores
+from sapo.training.completions.generation import GenerationRequest, GenerationResult, generate_groups
 from sapo.training.config import default_learning_rate
-from sapo.training.evaluation import HeldOutScores, heldout_problems, heldout_scores
-from sapo.training.generation import GenerationRequest, GenerationResult, generate_groups
-from sapo.training.policy import Policy
-from sapo.training.rewards import Verifier, has_answer_tag, is_correct, verifier_for
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
-from sapo.training.typicality import excess_surprise
-from sapo.training.update import UpdateStats, grpo_update, make_optimizer
+from sapo.training.learning.checkpoints import Checkpoint, latest_checkpoint, save_checkpoint
+from sapo.training.learning.typicality import excess_surprise
+from sapo.training.learning.update import UpdateStats, grpo_update, make_optimizer
+from sapo.training.models.policy import Policy
+from sapo.training.problems.rewards import Verifier, has_answer_tag, is_correct, verifier_for
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
 
 log = logging.getLogger("sapo.node")
 
@@ -96,7 +96,7 @@ class Node:
         checkpoint: Checkpoint | None = None,
         fresh_completions_on_resume: bool = True,
     ):
-        """`policy`: one the caller built (a node on a shared base, training/shared_base.py);
+        """`policy`: one the caller built (a node on a shared base, training/models/shared_base.py);
         such a node resumes only from `checkpoint`, the one the caller loaded the policy from
         (its optimizer and state), and otherwise starts fresh. A node that builds its own policy
         resumes from its last checkpoint, if any: `start_state()` is where its rounds go on.

@@ -15,10 +15,10 @@ from sapo.node.core.node import Node
 from sapo.node.core.state import NodeState, RandomStreams
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.training_set import TrainingSet
-from sapo.training.generation import GenerationResult
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import Problem
-from sapo.training.update import UpdateStats
+from sapo.training.completions.generation import GenerationResult
+from sapo.training.learning.update import UpdateStats
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import Problem
 
 
 class Exchange(Protocol):

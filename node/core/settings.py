@@ -32,8 +32,8 @@ from sapo.sampling.config import SamplingSettings
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.trust import TrustSettings
 from sapo.training.config import ModelSettings, TrainingSettings
-from sapo.training.task_settings import TaskSettings
-from sapo.training.tasks import ProblemSpec
+from sapo.training.problems.task_settings import TaskSettings
+from sapo.training.problems.tasks import ProblemSpec
 
 ENV_PREFIX = "SAPO_"
 

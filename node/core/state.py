@@ -28,7 +28,7 @@ def stream_at(state: RngState) -> random.Random:
 
 
 class TaskCursor(BaseModel):
-    """Where a node's task stream goes on (training/tasks.py:TaskSampler's state)."""
+    """Where a node's task stream goes on (training/problems/tasks.py:TaskSampler's state)."""
 
     model_config = ConfigDict(frozen=True)
 

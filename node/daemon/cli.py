@@ -26,7 +26,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     import trio
 
     from sapo.node.daemon.run import run_node
-    from sapo.training.devices import configure_torch_threads
+    from sapo.training.models.devices import configure_torch_threads
 
     configure_logging(settings.run.log_level)
     configure_torch_threads(settings.model.torch_threads)

@@ -28,7 +28,7 @@ from sapo.node.daemon.status import (
     write_status_file,
 )
 from sapo.protocol.toolkit.release import sapo_version
-from sapo.training.warmstart import WarmStartProgress
+from sapo.training.learning.warmstart import WarmStartProgress
 
 if TYPE_CHECKING:
     from sapo.node.core.node import Node

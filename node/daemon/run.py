@@ -37,10 +37,10 @@ from sapo.protocol.exchange.gossip import ReceivedMessage
 from sapo.protocol.network import Network, serve_network
 from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import logprobs_topic
-from sapo.training.devices import resolve_device
-from sapo.training.generation import GenerationInterrupted
-from sapo.training.tasks import reasoning_gym_version
-from sapo.training.warmstart import watching_warm_start
+from sapo.training.completions.generation import GenerationInterrupted
+from sapo.training.learning.warmstart import watching_warm_start
+from sapo.training.models.devices import resolve_device
+from sapo.training.problems.tasks import reasoning_gym_version
 
 log = logging.getLogger("sapo.node")
 

@@ -21,9 +21,9 @@ import trio
 from sapo.node.core.metrics import RoundRecord
 from sapo.protocol.toolkit.hosts import new_noise_host
 from sapo.protocol.wire import judge_wire as wire
-from sapo.training.generation import greedy_completions
-from sapo.training.policy import Policy
-from sapo.training.tasks import Problem, ProblemSpec
+from sapo.training.completions.generation import greedy_completions
+from sapo.training.models.policy import Policy
+from sapo.training.problems.tasks import Problem, ProblemSpec
 
 log = logging.getLogger("sapo.node.judge.server")
 

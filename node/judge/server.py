@@ -35,8 +35,8 @@ from sapo.node.judge.settings import JudgeSettings
 from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.toolkit.hosts import new_noise_host
 from sapo.protocol.wire import judge_wire as wire
-from sapo.training.rewards import score_completion
-from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
+from sapo.training.problems.rewards import score_completion
+from sapo.training.problems.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 
 log = logging.getLogger("sapo.judge")
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sapo.protocol.settings import check_multiaddr
 from sapo.protocol.wire import judge_wire as wire
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS
+from sapo.training.problems.tasks import EASY_CONFIGS, PAPER_TASKS
 
 
 class JudgeSettings(BaseModel):

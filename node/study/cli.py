@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def experiment_node_flags(node_args: list[str]) -> list[str]:
     """Every study node's flags: the experiment's defaults, then the user's flags on top."""
     from sapo.node.study.settings import EXPERIMENT_NODE_DEFAULTS, EXPERIMENT_TINY_DEFAULTS
-    from sapo.training.sources import is_tiny
+    from sapo.training.models.sources import is_tiny
 
     base = node_settings_from_flags([*EXPERIMENT_NODE_DEFAULTS, *node_args])
     if not is_tiny(base.model.model):
@@ -72,7 +72,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         return 0
     study, base, node_flags = study_settings(args)
     from sapo.node.study.experiment import StudyStopped, run_experiment
-    from sapo.training.devices import configure_torch_threads
+    from sapo.training.models.devices import configure_torch_threads
 
     configure_logging(base.run.log_level)
     configure_torch_threads(base.model.torch_threads)  # the runs this process does itself (--jobs 1)

@@ -21,7 +21,7 @@ from sapo.node.core.settings import NodeSettings, SettingsError
 from sapo.node.study.runs import out_dir_of, rounds_done, run_one, run_over_libp2p
 from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
 from sapo.node.study.summary import node_table, read_rows, warm_start_recipe, write_outputs
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.tasks import reasoning_gym_version
 
 log = logging.getLogger("sapo.experiment")
 
@@ -64,7 +64,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _run_in_worker(study, base, config, seed, queue, deadline, stop) -> dict[str, Any]:
-    from sapo.training.devices import configure_torch_threads
+    from sapo.training.models.devices import configure_torch_threads
 
     logging.basicConfig(level=base.run.log_level)
     configure_torch_threads(base.model.torch_threads)

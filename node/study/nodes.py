@@ -22,10 +22,10 @@ from sapo.node.core.round import Generate, generate_alone
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState, RngState, TaskCursor
 from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
-from sapo.training.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
-from sapo.training.evaluation import heldout_problems
-from sapo.training.scripted import ScriptedSolver
-from sapo.training.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
+from sapo.training.completions.evaluation import heldout_problems
+from sapo.training.completions.scripted import ScriptedSolver
+from sapo.training.learning.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
+from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
 
 RUN_STATE = "run-state.json"  # in the run's dir: the round its checkpoint is at, and all but the nodes' own
 SIZE_CYCLE = ("tiny-micro", "tiny-small", "tiny")  # 0.13M, 0.45M, 1M: 8x apart, all CPU-friendly
@@ -333,8 +333,8 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
 def shared_base(every: list[NodeSettings], resumed: list[Checkpoint | None]):
     """The run's one base model with one LoRA adapter per learner (--shared-base), each adapter
     from its node's checkpoint where it has one."""
-    from sapo.training.policy import LoraOptions
-    from sapo.training.shared_base import SharedLoraBase
+    from sapo.training.models.policy import LoraOptions
+    from sapo.training.models.shared_base import SharedLoraBase
 
     m = every[0].model
     return SharedLoraBase(

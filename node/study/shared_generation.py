@@ -1,7 +1,7 @@
 """One mixed batch for the round's generation of every node on one shared base.
 
 With `--shared-base` the learners of a run are LoRA adapters of one base model
-(training/shared_base.py). Each learner's `run_round` hands its generation here instead of
+(training/models/shared_base.py). Each learner's `run_round` hands its generation here instead of
 generating alone; once every learner taking part in the round has asked, the last one to ask
 samples all of them as one batch through the base weights, and each gets back what its own
 policy sampled with its own seed.
@@ -15,8 +15,8 @@ import trio
 
 from sapo.node.core.node import Node
 from sapo.sampling.balance import RoundPlan
-from sapo.training.generation import GenerationResult, generate_groups_together
-from sapo.training.tasks import Problem
+from sapo.training.completions.generation import GenerationResult, generate_groups_together
+from sapo.training.problems.tasks import Problem
 
 
 class BatchedGeneration:

@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import ProblemSpec
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import ProblemSpec
 
 # Bump on any change a v1 reader would misread; see "Compatibility" in protocol/README.md.
 SCHEMA_VERSION = 1

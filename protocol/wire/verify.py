@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sapo.protocol.wire.allowlist import check_problem_spec
 from sapo.protocol.wire.messages import Rejected, RejectReason, RolloutGroup
-from sapo.training.rewards import Verifier, score_group
-from sapo.training.rollouts import Behavior, QuestionGroup
-from sapo.training.tasks import Problem, generate_problem
+from sapo.training.problems.rewards import Verifier, score_group
+from sapo.training.problems.rollouts import Behavior, QuestionGroup
+from sapo.training.problems.tasks import Problem, generate_problem
 
 # An honest group of 64 completions scores in about a millisecond (bench/hostile_answers.py): a
 # hundred times that is no honest group's cost, and bounds what one group can take.

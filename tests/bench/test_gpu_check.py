@@ -148,7 +148,7 @@ def test_prepare_without_a_gguf_part_installs_sapo_and_falls_back_to_random_weig
     import argparse
     import tarfile
 
-    from sapo.training.tiny import build_tiny
+    from sapo.training.models.tiny import build_tiny
 
     bundle = tmp_path / ".gpu" / "t2"
     (bundle / "wheels").mkdir(parents=True)

@@ -23,7 +23,7 @@ from sapo.node.core.intake import Intake
 from sapo.protocol.wire.codec import DecodeLimits, decode, encode
 from sapo.protocol.wire.messages import Rejected
 from sapo.protocol.wire.verify import VerifyPolicy
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.strategies import SAMPLE_SENDER, hostile_frames, sample_message
 
 

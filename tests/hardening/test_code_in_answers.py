@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import trio
 
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 from tests.support.hostile_answers import code_execution_answers
 from tests.support.peer import Peer
 from tests.support.processes import PLUMBING, NodeProcess

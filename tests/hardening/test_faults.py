@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
-from sapo.training.checkpoints import PARTIAL_PREFIX, latest_checkpoint, save_checkpoint, verify_checkpoint
+from sapo.training.learning.checkpoints import PARTIAL_PREFIX, latest_checkpoint, save_checkpoint, verify_checkpoint
 from tests.support.processes import PLUMBING, TINY, NodeProcess, free_port, sapo_node, since, wait_for, wait_rounds
 
 
@@ -55,7 +55,7 @@ def test_kill_9_mid_round_resumes_from_the_last_checkpoint(tmp_path, nodes):
 CRASH_IN_WRITE = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    from sapo.training.checkpoints import save_checkpoint
+    from sapo.training.learning.checkpoints import save_checkpoint
 
     def write_model(path):
         path.mkdir()
@@ -90,7 +90,7 @@ def test_crash_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
 CRASH_IN_PRUNE = textwrap.dedent("""
     import os, shutil, signal, sys
     from pathlib import Path
-    from sapo.training.checkpoints import save_checkpoint
+    from sapo.training.learning.checkpoints import save_checkpoint
 
     def model(path):
         path.mkdir()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.peer import Peer
 from tests.support.processes import NO_AUGMENT, NodeProcess
 

@@ -17,8 +17,8 @@ import signal
 import trio
 
 from sapo.node.daemon.status import status_from_url
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
 from tests.support.processes import PLUMBING, NodeProcess, page_url, wait_rounds

@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 
 from sapo.node.daemon.status import status_from_url
-from sapo.training.rollouts import QuestionGroup
+from sapo.training.problems.rollouts import QuestionGroup
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
 from tests.support.processes import NO_AUGMENT, NodeProcess, page_url

@@ -39,7 +39,7 @@ NEW_PYTHON = os.environ.get("SAPO_UPGRADE_NEW_PYTHON", sys.executable)
 # 0.1.0 keeps every group; the new nodes keep the tiny model's flat ones because they augment (PLUMBING)
 OLD_ARGS = ["--local", "2", "--external", "2", "--sampler", "uniform", "--rounds", "0"]
 # Only a group whose every completion re-encodes to the tokens sampled shares its log-probs
-# (training/generation.py); the untrained tiny model's 24-token rows do in ~1 group of 10, its
+# (training/completions/generation.py); the untrained tiny model's 24-token rows do in ~1 group of 10, its
 # 8-token ones in about half.
 NEW_ARGS = [
     *PLUMBING,

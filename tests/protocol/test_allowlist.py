@@ -10,7 +10,7 @@ import pytest
 
 from sapo.protocol.wire.allowlist import DEFAULTS, RULES, FloatRange, IntRange, SubsetOf, check_problem_spec
 from sapo.protocol.wire.messages import Rejected, RejectReason, WireProblemSpec
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, ProblemSpec, generate_problem
+from sapo.training.problems.tasks import EASY_CONFIGS, PAPER_TASKS, ProblemSpec, generate_problem
 
 
 def spec(dataset: str, config: dict | None = None, seed: int = 1, index: int = 0) -> ProblemSpec:

@@ -22,8 +22,8 @@ from sapo.protocol.wire import group_wire, judge_wire
 from sapo.protocol.wire.codec import DecodeLimits, decode, decode_logprobs, encode, group_digest
 from sapo.protocol.wire.messages import BehaviorLogprobs, Rejected, RejectReason, RolloutGroup
 from sapo.protocol.wire.peer_records import check_record, decode_request, decode_response
-from sapo.training.rollouts import Behavior
-from sapo.training.tasks import generate_problem
+from sapo.training.problems.rollouts import Behavior
+from sapo.training.problems.tasks import generate_problem
 from tests.protocol.golden.generate import BEHAVIOR, GROUP, JUDGE, JUDGE_V2
 from tests.support.releases import released
 
@@ -98,7 +98,7 @@ def test_a_frame_means_the_same_bytes_in_every_release_that_sends_it():
 
 def test_what_this_release_publishes_as_a_group_is_what_0_1_0_wrote_logprobs_or_not():
     problem = generate_problem(RolloutGroup.model_validate(GROUP).problem.to_spec())
-    from sapo.training.rollouts import QuestionGroup
+    from sapo.training.problems.rollouts import QuestionGroup
 
     group = QuestionGroup(
         problem=problem,

@@ -7,9 +7,9 @@ import pytest
 from sapo.protocol.wire.codec import DecodeLimits, decode, encode
 from sapo.protocol.wire.messages import Rejected, RejectReason, RolloutGroup, WireProblemSpec, to_wire
 from sapo.protocol.wire.verify import VerifyPolicy, verify
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, ProblemSpec, generate_problem, reasoning_gym_version
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import EASY_CONFIGS, PAPER_TASKS, ProblemSpec, generate_problem, reasoning_gym_version
 
 SENDER = "12D3KooWGzh6X5bXvYJXyVWuXWoMf1Mhj6D6qVuYzjXfYqZ3nW9E"
 RG = reasoning_gym_version()

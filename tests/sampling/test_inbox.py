@@ -2,8 +2,8 @@ import random
 
 from sapo.sampling.inbox import Inbox, group_size_bytes
 from sapo.sampling.strategies import SamplerState, choose_external, drop_zero_advantage, nonzero_uniform, uniform
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import Problem, ProblemSpec
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import Problem, ProblemSpec
 
 
 def group(origin="peerA", index=0, rewards=(0.0, 1.0), text="x"):

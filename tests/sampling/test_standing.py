@@ -17,9 +17,9 @@ from sapo.node.study.nodes import peer_id_for
 from sapo.sampling.standing import MAX_GAP_SECONDS, STRIKE_SECONDS, Standing
 from sapo.sampling.strategies import SamplerState
 from sapo.sampling.training_set import training_set
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs, reasoning_gym_version
 from tests.support.receiving import Receiver
 
 T0 = 1_700_000_000.0

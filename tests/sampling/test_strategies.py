@@ -5,8 +5,8 @@ import random
 import pytest
 
 from sapo.sampling.strategies import PEER_LIMIT, SEEN_LIMIT, SamplerState, choose_external, has_correct, seen_key
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
 
 def _group(origin: str, rewards: list[float], problem) -> QuestionGroup:

@@ -3,7 +3,7 @@ logits from LlamaDecoder beside the model's own forward pass."""
 
 import torch
 
-from sapo.training.decoding import LlamaDecoder, _StaticDecoding
+from sapo.training.decoder.decoding import LlamaDecoder, _StaticDecoding
 
 
 def hf_greedy(model, tokenizer, prompts, max_new_tokens):

@@ -1,7 +1,7 @@
 """Honest rollout groups, as a peer that follows the protocol publishes them."""
 
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
 
 def honest_group(index: int = 0) -> QuestionGroup:

@@ -3,7 +3,7 @@
 `code_execution_answers(marker)` gives the issue's binary_matrix answer and 100 other strings, each
 of which, if any scorer evaluated or executed it, would create the file `marker`, start a process,
 open a socket or load a module. `SideEffects` is a second audit hook, independent of the node's
-own guard (training/untrusted.py), that records every such event on the scoring thread.
+own guard (training/problems/untrusted.py), that records every such event on the scoring thread.
 """
 
 from __future__ import annotations

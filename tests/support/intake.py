@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sapo.node.study.nodes import peer_id_for
 from sapo.sampling.inbox import Inbox
-from sapo.training.rewards import Verifier, score_group
+from sapo.training.problems.rewards import Verifier, score_group
 from tests.support.receiving import Receiver, memory_of
 
 ME = peer_id_for(0, 0)  # the receiving node

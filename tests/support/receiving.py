@@ -15,9 +15,9 @@ from sapo.node.core.settings import NodeSettings
 from sapo.protocol.wire.codec import DecodeLimits
 from sapo.protocol.wire.verify import VerifyPolicy
 from sapo.sampling.inbox import Inbox
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import reasoning_gym_version
 
 
 def memory_of(inbox: Inbox, **intake: Any) -> NodeMemory:

@@ -2,7 +2,7 @@
 
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.training_set import training_set
-from sapo.training.update import encode_rows
+from sapo.training.learning.update import encode_rows
 
 # Every row trains, a peer's failures too: the update's own behaviour, without the node's
 # default choice of rows (that is tests/sampling's and test_off_policy_rows.py's subject).

@@ -46,8 +46,8 @@ def frames(groups_file: Path, peer_id: str, swarm: str):
     """Real RolloutGroup frames of the groups in `groups_file` (gossip_peer.write_groups), one per call."""
     from sapo.protocol.wire.codec import encode
     from sapo.protocol.wire.messages import to_wire
-    from sapo.training.rollouts import QuestionGroup
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.rollouts import QuestionGroup
+    from sapo.training.problems.tasks import reasoning_gym_version
 
     groups = [QuestionGroup.model_validate(g) for g in json.loads(groups_file.read_text())]
     version = reasoning_gym_version()

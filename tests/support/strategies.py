@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sapo.protocol.wire.codec import encode
 from sapo.protocol.wire.messages import SCHEMA_VERSION, RolloutGroup, WireProblemSpec
-from sapo.training.tasks import EASY_CONFIGS
+from sapo.training.problems.tasks import EASY_CONFIGS
 
 BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 SAMPLE_SENDER = "12D3KooWGzh6X5bXvYJXyVWuXWoMf1Mhj6D6qVuYzjXfYqZ3nW9E"

@@ -3,7 +3,7 @@ answer to a problem as its task's scorer reads it; for the scorer tests and thei
 
 from __future__ import annotations
 
-from sapo.training.tasks import Problem
+from sapo.training.problems.tasks import Problem
 
 # The easiest settings, and the far corners of what the allowlist lets a peer ask for.
 CONFIGS: dict[str, list[dict]] = {

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from sapo.training.generation import generate_groups
-from sapo.training.policy import load_policy
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, settle_old_logprobs
-from sapo.training.warmstart import WarmStartSettings, warm_start
+from sapo.training.completions.generation import generate_groups
+from sapo.training.learning.update import completion_logprobs, settle_old_logprobs
+from sapo.training.learning.warmstart import WarmStartSettings, warm_start
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import encode_groups
 
 TASKS = default_task_specs(["basic_arithmetic"])

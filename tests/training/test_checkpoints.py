@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from sapo.training.checkpoints import CheckpointError, latest_checkpoint, save_checkpoint
+from sapo.training.learning.checkpoints import CheckpointError, latest_checkpoint, save_checkpoint
 
 
 def writer(payload: bytes):

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from sapo.training.config import TrainingSettings
-from sapo.training.decoding import LlamaDecoder, _StaticDecoding, decode_mixed, decode_samples, sample_tokens
-from sapo.training.policy import LoraOptions, load_policy
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.shared_base import SharedLoraBase
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.tiny import build_tiny
-from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
+from sapo.training.decoder.decoding import LlamaDecoder, _StaticDecoding, decode_mixed, decode_samples, sample_tokens
+from sapo.training.learning.update import completion_logprobs, grpo_update, make_optimizer
+from sapo.training.models.policy import LoraOptions, load_policy
+from sapo.training.models.shared_base import SharedLoraBase
+from sapo.training.models.tiny import build_tiny
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import encode_groups, rows_of
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

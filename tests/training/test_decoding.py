@@ -6,15 +6,15 @@ import threading
 import pytest
 import torch
 
-from sapo.training.decoding import (
+from sapo.training.decoder.decoding import (
     GenerationInterrupted,
     LlamaDecoder,
     _StaticDecoding,
     decode_samples,
     sample_tokens,
 )
-from sapo.training.policy import LoraOptions, _wrap_lora
-from sapo.training.tiny import build_tiny
+from sapo.training.models.policy import LoraOptions, _wrap_lora
+from sapo.training.models.tiny import build_tiny
 from tests.support.decoding import hf_greedy, teacher_forced_logits
 
 PROMPTS = [

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from sapo.training import devices
-from sapo.training.devices import available_devices, resolve_device
+from sapo.training.models import devices
+from sapo.training.models.devices import available_devices, resolve_device
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_torch_threads_are_set_once_for_the_process():
 
     # a child process: the setting is process-wide, so a test must not change the suite's own
     code = (
-        "import torch\nfrom sapo.training.devices import configure_torch_threads, owned_cpus\n"
+        "import torch\nfrom sapo.training.models.devices import configure_torch_threads, owned_cpus\n"
         "print(configure_torch_threads(3), torch.get_num_threads(), configure_torch_threads(0), "
         "torch.get_num_threads(), owned_cpus())\n"
     )
@@ -109,7 +109,7 @@ def test_a_process_that_configured_torch_reuses_freed_memory_without_page_faults
     # tensor: a freed block of the same size may not hold it, and whether it does depends on where
     # the interpreter's small allocations fell in between.)
     code = (
-        "import resource, sys, torch\nfrom sapo.training.devices import configure_torch_threads\n"
+        "import resource, sys, torch\nfrom sapo.training.models.devices import configure_torch_threads\n"
         "if sys.argv[1] == 'configured':\n    configure_torch_threads(1)\n"
         "torch.ones(32 * 2**20)\n"
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"

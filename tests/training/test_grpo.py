@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from sapo.training.grpo import ADVANTAGE_EPS, clipped_policy_loss, group_advantages, has_signal
+from sapo.training.learning.grpo import ADVANTAGE_EPS, clipped_policy_loss, group_advantages, has_signal
 
 
 def test_advantages_hand_computed():

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
+from sapo.training.completions.evaluation import heldout_accuracy, heldout_problems
+from sapo.training.completions.generation import generate_groups
 from sapo.training.config import TrainingSettings
-from sapo.training.evaluation import heldout_accuracy, heldout_problems
-from sapo.training.generation import generate_groups
-from sapo.training.policy import load_policy
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import grpo_update, make_optimizer
-from sapo.training.warmstart import WarmStartSettings, warm_start
+from sapo.training.learning.update import grpo_update, make_optimizer
+from sapo.training.learning.warmstart import WarmStartSettings, warm_start
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import rows_of
 
 ROUNDS = 30

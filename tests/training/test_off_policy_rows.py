@@ -21,13 +21,13 @@ import torch
 
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.training_set import training_set
+from sapo.training.completions.generation import generate_groups
 from sapo.training.config import TrainingSettings
-from sapo.training.generation import generate_groups
-from sapo.training.policy import load_policy
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
-from sapo.training.warmstart import WarmStartSettings, warm_start
+from sapo.training.learning.update import completion_logprobs, grpo_update, make_optimizer
+from sapo.training.learning.warmstart import WarmStartSettings, warm_start
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import encode_groups
 
 TASKS = default_task_specs(["basic_arithmetic"])

@@ -1,4 +1,4 @@
-"""The update's packed forward (training/packed_forward.py): the model's own log-probs and
+"""The update's packed forward (training/decoder/packed_forward.py): the model's own log-probs and
 gradients, with no padding, each group's prompt once, and the frozen base multiplied in bf16
 when asked."""
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import sapo.training.update as update
+import sapo.training.learning.update as update
 from sapo.training.config import TrainingSettings
-from sapo.training.packed_forward import PackedForward, fits, pack_rows, unpack
-from sapo.training.policy import LoraOptions, load_policy
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, grpo_update
+from sapo.training.decoder.packed_forward import PackedForward, fits, pack_rows, unpack
+from sapo.training.learning.update import completion_logprobs, grpo_update
+from sapo.training.models.policy import LoraOptions, load_policy
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import encode_groups, rows_of
 
 CPU = torch.device("cpu")

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from sapo.training.config import TrainingSettings
-from sapo.training.policy import has_native_bf16, load_policy, use_bf16, use_bf16_generation
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import completion_logprobs, grpo_update, make_optimizer
+from sapo.training.learning.update import completion_logprobs, grpo_update, make_optimizer
+from sapo.training.models.policy import has_native_bf16, load_policy, use_bf16, use_bf16_generation
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import encode_groups, rows_of
 
 
@@ -80,8 +80,8 @@ def test_generation_precision_follows_the_hardware_unless_chosen(monkeypatch):
 
 
 def test_bf16_generation_samples_on_bf16_weights_and_leaves_the_model_fp32(tmp_path, monkeypatch):
-    from sapo.training import decoding
-    from sapo.training.generation import sample_completions
+    from sapo.training.completions.generation import sample_completions
+    from sapo.training.decoder import decoding
 
     policy = load_policy(
         "tiny", device="cpu", seed=0, models_dir=tmp_path, generation_precision="bf16", precision="fp32"

@@ -1,6 +1,6 @@
-from sapo.training.prompts import render_prompt
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.tiny import build_tiny
+from sapo.training.models.tiny import build_tiny
+from sapo.training.problems.prompts import render_prompt
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
 
 def test_chat_prompt_carries_system_one_shot_and_question():

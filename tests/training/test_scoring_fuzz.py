@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sapo.training import untrusted
-from sapo.training.rewards import bounded_answer, score_completion
-from sapo.training.task_scorers import SCORERS
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
+from sapo.training.problems import untrusted
+from sapo.training.problems.rewards import bounded_answer, score_completion
+from sapo.training.problems.task_scorers import SCORERS
+from sapo.training.problems.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
 from tests.support.hostile_answers import code_execution_answers, witness
 from tests.support.task_configs import CONFIGS, right_answer
 

@@ -1,7 +1,7 @@
 """The scripted solver: a generate-only peer that is right with a set probability."""
 
-from sapo.training.scripted import ScriptedSolver
-from sapo.training.tasks import TaskSampler, default_task_specs
+from sapo.training.completions.scripted import ScriptedSolver
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
 
 def test_scripted_solver_accuracy():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sapo.training.decoding import decode_mixed, decode_samples
-from sapo.training.policy import LoraOptions, load_policy
-from sapo.training.shared_base import SharedLoraBase
+from sapo.training.decoder.decoding import decode_mixed, decode_samples
+from sapo.training.models.policy import LoraOptions, load_policy
+from sapo.training.models.shared_base import SharedLoraBase
 
 PROMPTS = [["1+2=", "3+4=", "9+9="], ["2+2=", "5+1="], ["7+1=", "4+4=", "6+3=", "0+8="]]
 

@@ -10,10 +10,10 @@ import torch
 from transformers import GgufConfig, LlamaForCausalLM
 from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
 
-from sapo.training import smollm2
-from sapo.training.errors import ModelSourceError
-from sapo.training.smollm2 import MANIFEST, cache_problem, gguf_path, load_smollm2
-from sapo.training.tiny import build_tiny
+from sapo.training.models import smollm2
+from sapo.training.models.errors import ModelSourceError
+from sapo.training.models.smollm2 import MANIFEST, cache_problem, gguf_path, load_smollm2
+from sapo.training.models.tiny import build_tiny
 
 PROMPT = [{"role": "user", "content": "What is 2+3? Reply as <answer>N</answer>."}]
 
@@ -108,7 +108,7 @@ def test_truncated_real_cache_is_rebuilt(converted, tmp_path, monkeypatch, caplo
         f.truncate(weights.stat().st_size // 2)
     # Rebuild from the session's converted model instead of paying for a second conversion.
     monkeypatch.setattr(smollm2, "_load_gguf", lambda path: (model, tokenizer))
-    with caplog.at_level(logging.WARNING, logger="sapo.training.smollm2"):
+    with caplog.at_level(logging.WARNING, logger="sapo.training.models.smollm2"):
         load_smollm2(broken)
     assert "model.safetensors has" in caplog.text and str(broken) in caplog.text
     assert cache_problem(broken) is None
@@ -124,7 +124,7 @@ def test_damaged_cache_of_the_right_size_is_rebuilt(tmp_path, tiny_conversion, c
     with weights.open("r+b") as f:
         f.write(b"\xff" * 64)  # garbles the safetensors header, keeps the size
     assert cache_problem(cache) is None  # the manifest cannot see it; loading does
-    with caplog.at_level(logging.WARNING, logger="sapo.training.smollm2"):
+    with caplog.at_level(logging.WARNING, logger="sapo.training.models.smollm2"):
         model, _ = load_smollm2(cache)
     assert "failed to load" in caplog.text
     assert len(tiny_conversion) == 2
@@ -144,7 +144,7 @@ def test_incomplete_cache_is_rebuilt(tmp_path, tiny_conversion, caplog, damage):
     else:
         (cache / MANIFEST).write_text("{not json")
     assert cache_problem(cache) is not None
-    with caplog.at_level(logging.WARNING, logger="sapo.training.smollm2"):
+    with caplog.at_level(logging.WARNING, logger="sapo.training.models.smollm2"):
         load_smollm2(cache)
     assert "rebuilding the SmolLM2 cache" in caplog.text
     assert len(tiny_conversion) == 2
@@ -199,7 +199,7 @@ def test_package_without_gguf_is_reported(monkeypatch, tmp_path):
 
 def test_decoder_matches_generate_on_smollm2(converted):
     """The real model: greedy fp32 tokens as `generate` picks them, and bf16 close to fp32."""
-    from sapo.training.decoding import decode_samples
+    from sapo.training.decoder.decoding import decode_samples
     from tests.support.decoding import hf_greedy, teacher_forced_logits
 
     _, model, tokenizer, _, _ = converted

@@ -1,4 +1,4 @@
-"""Issue #38: the strict grammars and scorers (training/task_scorers.py) against reasoning-gym's own.
+"""Issue #38: the strict grammars and scorers (training/problems/task_scorers.py) against reasoning-gym's own.
 
 Over the keys of every allowed config's extremes and many renderings of each (near misses, other
 spacing and case, signs, fraction and matrix styles, random formulas, payloads after the value):
@@ -18,10 +18,10 @@ import random
 import pytest
 
 from bench import verifier_030  # the verifier before #38, one copy
-from sapo.training.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, premises_hold
-from sapo.training.rewards import extract_answer, is_correct, score_completion
-from sapo.training.task_scorers import SCORERS
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
+from sapo.training.problems.logic import AND, IFF, IMPLIES, NOT, OR, parse_formula, premises_hold
+from sapo.training.problems.rewards import extract_answer, is_correct, score_completion
+from sapo.training.problems.task_scorers import SCORERS
+from sapo.training.problems.tasks import EASY_CONFIGS, PAPER_TASKS, Problem, ProblemSpec, generate_problem
 from tests.support.task_configs import CONFIGS, right_answer
 
 PER_CONFIG = 40

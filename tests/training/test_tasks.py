@@ -1,7 +1,7 @@
 import reasoning_gym
 
-from sapo.training.rewards import extract_answer, score_completion
-from sapo.training.tasks import PAPER_TASKS, ProblemSpec, TaskSampler, default_task_specs, generate_problem
+from sapo.training.problems.rewards import extract_answer, score_completion
+from sapo.training.problems.tasks import PAPER_TASKS, ProblemSpec, TaskSampler, default_task_specs, generate_problem
 
 
 def test_every_paper_task_regenerates_exactly_from_its_spec():

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from sapo.training.sources import TINY_VARIANTS, is_tiny
-from sapo.training.tiny import build_tiny
+from sapo.training.models.sources import TINY_VARIANTS, is_tiny
+from sapo.training.models.tiny import build_tiny
 
 TEXT = "Calculate 7 - 9.\n<answer>-2</answer>"
 
@@ -160,7 +160,7 @@ def test_is_tiny():
 # Run both here and in a fresh interpreter, so it is source text.
 FINGERPRINT = """
 import hashlib
-from sapo.training.tiny import build_tiny
+from sapo.training.models.tiny import build_tiny
 
 def fingerprint(variant, seed):
     model, tokenizer = build_tiny(variant, seed)

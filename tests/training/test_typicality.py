@@ -12,13 +12,13 @@ import torch
 
 from sapo.sampling.screen import ScreenReference, screen, winning, worst_stretch
 from sapo.sampling.trust import TrustSettings
-from sapo.training.generation import generate_groups
-from sapo.training.policy import load_policy
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.typicality import answer_span, excess_surprise
-from sapo.training.warmstart import WarmStartSettings, warm_start
+from sapo.training.completions.generation import generate_groups
+from sapo.training.learning.typicality import answer_span, excess_surprise
+from sapo.training.learning.warmstart import WarmStartSettings, warm_start
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
     from sapo.node.core.node import Node, Selection
     from sapo.node.core.settings import load_settings
     from sapo.sampling.strategies import SamplerState
-    from sapo.training.generation import GenerationResult
+    from sapo.training.completions.generation import GenerationResult
 
     policy, groups = policy_and_groups
     settings = load_settings(
@@ -160,7 +160,7 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
 
 
 def test_the_answer_tokens_are_found_with_or_without_character_offsets(policy_and_groups):
-    from sapo.training.typicality import answer_tokens
+    from sapo.training.learning.typicality import answer_tokens
 
     tokenizer = policy_and_groups[0].tokenizer
     texts = ["3 + 4 = 7. <answer>7</answer>", "no answer here"]

@@ -18,10 +18,10 @@ import reasoning_gym
 
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.study.nodes import peer_id_for
-from sapo.training import untrusted
-from sapo.training.rewards import accept_group, score_completion, score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import (
+from sapo.training.problems import untrusted
+from sapo.training.problems.rewards import accept_group, score_completion, score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import (
     EASY_CONFIGS,
     PAPER_TASKS,
     ProblemSpec,
@@ -145,7 +145,7 @@ def test_the_guard_acts_on_its_own_thread_only_and_no_thread_starts_under_it(tmp
 # --- reasoning-gym's scorers: which of them read their answer as code ---------------------------
 
 # Pinned for reasoning-gym 0.1.25: the nine tasks' scorers that `eval`/`exec` the answer. The node
-# calls none of the nine scorers (training/task_scorers.py replaces them), and these pins make an
+# calls none of the nine scorers (training/problems/task_scorers.py replaces them), and these pins make an
 # upgrade that changes any of them fail here, so its new behaviour is read before it ships.
 EVALUATES_ITS_ANSWER = {"binary_matrix"}
 SCORER_DIGESTS = {

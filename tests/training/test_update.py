@@ -5,10 +5,7 @@ import pytest
 import torch
 
 from sapo.training.config import TrainingSettings
-from sapo.training.policy import load_policy
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs
-from sapo.training.update import (
+from sapo.training.learning.update import (
     EncodedBatch,
     auto_micro_batch_size,
     completion_logprobs,
@@ -17,6 +14,9 @@ from sapo.training.update import (
     settle_old_logprobs,
     shared_prompt_logprobs,
 )
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.rows import encode_groups, rows_of
 
 
@@ -195,7 +195,7 @@ def test_auto_micro_batch_fits_a_tiny_round_and_splits_a_large_model(problem, tm
 def test_importance_weight_of_a_peers_completion_by_hand(problem, tmp_path):
     """min(1, exp(mean(log p_ours - log p_sender))) for a peer's rows with comparable log-probs;
     1 for our own rows, for rows without them and for another tokenizer's."""
-    from sapo.training.rollouts import Behavior
+    from sapo.training.problems.rollouts import Behavior
 
     pol = policy("tiny", tmp_path)
     texts = ["<answer>7</answer>", "<answer>8</answer>"]

@@ -5,14 +5,14 @@ import logging
 
 import pytest
 
-from sapo.training.policy import load_policy
-from sapo.training.tasks import default_task_specs
-from sapo.training.warmstart import (
+from sapo.training.learning.warmstart import (
     WarmStartSettings,
     cached_warm_start,
     warm_start,
     watching_warm_start,
 )
+from sapo.training.models.policy import load_policy
+from sapo.training.problems.tasks import default_task_specs
 
 TASKS = default_task_specs(["basic_arithmetic"])
 

@@ -22,8 +22,8 @@ async def test_shared_log_probs_cross_the_wire_and_reach_the_receivers_inbox():
     from sapo.node.core.settings import NodeSettings
     from sapo.node.study.nodes import peer_id_for
     from sapo.sampling.inbox import Inbox
-    from sapo.training.rollouts import Behavior
-    from sapo.training.tasks import reasoning_gym_version
+    from sapo.training.problems.rollouts import Behavior
+    from sapo.training.problems.tasks import reasoning_gym_version
     from tests.support.groups import honest_group
     from tests.support.receiving import memory_for
 

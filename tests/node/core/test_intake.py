@@ -8,8 +8,8 @@ import json
 
 from sapo.node.core.exchange import GroupEncoder
 from sapo.node.study.nodes import peer_id_for
-from sapo.training.rollouts import Behavior, QuestionGroup
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.rollouts import Behavior, QuestionGroup
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.groups import honest_group
 from tests.support.intake import intake
 

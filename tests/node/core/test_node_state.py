@@ -9,7 +9,7 @@ import trio
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
 from sapo.sampling.balance import AdaptiveBalance
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.tiny_nodes import PEER, member, tiny_node
 
 

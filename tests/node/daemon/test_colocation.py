@@ -14,8 +14,8 @@ from sapo.node.core.intake import node_intake
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.node import node_inbox
 from sapo.node.core.settings import load_settings
-from sapo.training.rewards import score_group
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.gossip import SWARM, receive_all, start_node, wait_for_mesh
 from tests.support.groups import honest_group
 

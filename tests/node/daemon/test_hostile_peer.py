@@ -12,7 +12,7 @@ from sapo.node.core.exchange import GroupEncoder
 from sapo.protocol.network import open_network
 from sapo.protocol.peers.identity import peer_id_of
 from sapo.protocol.settings import NetworkSettings
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.groups import honest_group
 from tests.support.processes import FAST_TINY, LISTEN, read_metrics
 

@@ -14,9 +14,9 @@ from sapo.protocol.peers.peer_guard import BAN_SCORE, PeerGuard
 from sapo.protocol.toolkit.recent import RecentByAuthor
 from sapo.protocol.wire.verify import SCORING_CPU_SECONDS
 from sapo.sampling.inbox import Inbox
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import TaskSampler, default_task_specs, reasoning_gym_version
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import TaskSampler, default_task_specs, reasoning_gym_version
 from tests.support.receiving import Receiver, memory_of
 
 START = 1_700_000_000.0

@@ -6,7 +6,7 @@ import json
 import signal
 import time
 
-from sapo.training.checkpoints import latest_checkpoint
+from sapo.training.learning.checkpoints import latest_checkpoint
 from tests.support.processes import PLUMBING, NodeProcess, wait_for, with_peers
 
 EXTRA = [*PLUMBING, "--checkpoint-every", "1", "--inbox-max-age-seconds", "86400"]

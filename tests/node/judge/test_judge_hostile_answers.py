@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from sapo.node.judge import server
 from sapo.node.judge.server import DB_FILE_NAME, load_results
-from sapo.training import untrusted
-from sapo.training.tasks import PAPER_TASKS
+from sapo.training.problems import untrusted
+from sapo.training.problems.tasks import PAPER_TASKS
 from tests.support.hostile_answers import code_execution_answers, witness
 from tests.support.judge import ask, client, reply, start_judge
 

@@ -31,8 +31,8 @@ from sapo.node.judge import client as judge_client
 from sapo.node.judge.server import DB_FILE_NAME, load_results
 from sapo.protocol.toolkit.frames import read_frame
 from sapo.protocol.wire import judge_wire as wire
-from sapo.training.rewards import score_completion
-from sapo.training.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
+from sapo.training.problems.rewards import score_completion
+from sapo.training.problems.tasks import EASY_CONFIGS, ProblemSpec, generate_problem
 from tests.support.judge import client, start_judge
 from tests.support.releases import ROOT, released
 

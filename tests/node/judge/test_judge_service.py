@@ -7,7 +7,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from sapo.node.judge.server import DB_FILE_NAME, JudgeResult, ResultStore, load_results
 from sapo.protocol.peers.identity import peer_id_of
 from sapo.protocol.wire import judge_wire as wire
-from sapo.training.tasks import generate_problem
+from sapo.training.problems.tasks import generate_problem
 from tests.support.judge import ask, client, reply, start_judge
 
 

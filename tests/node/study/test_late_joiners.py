@@ -17,7 +17,7 @@ from sapo.node.study.metrics import late_joiner_metrics, late_joiner_summary
 from sapo.node.study.nodes import peer_id_for
 from sapo.node.study.settings import ExperimentSettings, parse_configs
 from sapo.sampling.inbox import Inbox
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.groups import honest_group
 from tests.support.receiving import memory_for
 

@@ -14,7 +14,7 @@ from sapo.node.study.cli import experiment_node_settings
 from sapo.node.study.nodes import build_run
 from sapo.node.study.runs import run_lockstep
 from sapo.node.study.settings import ExperimentSettings, parse_configs
-from sapo.training import decoding
+from sapo.training.decoder import decoding
 
 NODE_FLAGS = [
     "--model",
@@ -49,7 +49,9 @@ def rounds_of(tmp_path, name: str, batched: bool, monkeypatch) -> tuple[list[dic
         run.generate = generate_alone
     calls = []
     real = decoding.decode_mixed
-    monkeypatch.setattr("sapo.training.generation.decode_mixed", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        "sapo.training.completions.generation.decode_mixed", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     rows: list[dict] = []
     trio.run(
         run_lockstep,

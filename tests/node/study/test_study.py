@@ -23,7 +23,7 @@ from sapo.node.study.nodes import node_model, specialist_tasks
 from sapo.node.study.run_timing import cpu_hours
 from sapo.node.study.settings import TREATMENTS, ExperimentSettings, parse_configs
 from sapo.node.study.summary_markdown import best_isolated_lines, heldout_lines, per_model_lines
-from sapo.training.tasks import default_task_specs
+from sapo.training.problems.tasks import default_task_specs
 
 STUDY = [
     "experiment",

@@ -7,7 +7,7 @@ the rows apart with a mask: a prompt token sees the prompt before it, a completi
 its prompt and its own completion before it. Positions restart after the prompt for each row, so
 a row's log-probs are those of the row run alone.
 
-The frozen base weights (a LoRA policy's; training/policy.py) need no gradient, so each is
+The frozen base weights (a LoRA policy's; training/models/policy.py) need no gradient, so each is
 multiplied in `dtype` from a copy made once per update (q|k|v and gate|up stacked into one
 matmul each), and its backward is the input gradient alone. LoRA factors, and any weight that
 trains (full fine-tuning), take part in fp32 with autograd, from the modules themselves. The
@@ -15,8 +15,8 @@ residual stream, norms, rotary embeddings, the vocabulary projection and the log
 fp32 in either precision, and so does attention (its q, k and v come out of the projections
 widened to fp32): in bf16 only the base's matmuls round to bf16, with fp32 accumulation.
 
-Which models fit is LlamaDecoder's test (training/llama_decoder.py); any other runs through its
-own forward (training/update.py).
+Which models fit is LlamaDecoder's test (training/decoder/llama_decoder.py); any other runs through its
+own forward (training/learning/update.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sapo.training.decoder_weights import linear_parts
-from sapo.training.llama_decoder import LlamaDecoder
+from sapo.training.decoder.decoder_weights import linear_parts
+from sapo.training.decoder.llama_decoder import LlamaDecoder
 
 
 @dataclass(frozen=True)

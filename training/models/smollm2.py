@@ -26,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from sapo.training.errors import ModelSourceError
+from sapo.training.models.errors import ModelSourceError
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sapo.training.decoder_cache import SharedPromptCache
-from sapo.training.decoder_weights import (
+from sapo.training.decoder.decoder_cache import SharedPromptCache
+from sapo.training.decoder.decoder_weights import (
     Adapters,
     Segments,
     decoder_layers,

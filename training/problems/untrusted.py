@@ -1,7 +1,7 @@
 """While a stranger's text is being scored, the scoring thread may not run code, start a process,
 open a socket or a file, or load a module: defence in depth under the strict answer grammars.
 
-The grammars (training/task_scorers.py) already keep every stranger's answer away from
+The grammars (training/problems/task_scorers.py) already keep every stranger's answer away from
 reasoning-gym's scorers, several of which call `eval` on their argument. This guard is for the
 mistake nobody has made yet: a future scorer, a library upgrade, a new task. It is a PEP 578
 audit hook (`sys.addaudithook`), installed once per process and acting only on a thread inside

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from sapo.training.sources import TINY_VARIANTS, TinyVariant
+from sapo.training.models.sources import TINY_VARIANTS, TinyVariant
 
 PAD, UNK, IM_START, IM_END = "<pad>", "<unk>", "<|im_start|>", "<|im_end|>"
 # Ids 0-3 in both tokenizers. <|im_start|> doubles as bos and <|im_end|> as eos, as in SmolLM2;
@@ -134,7 +134,7 @@ def training_corpus(num_problems: int = 600) -> list[str]:
     """The fixed text the BPE tokenizer learns from: easy ReasoningGYM problems and the answers
     a policy should write, in the ChatML turns it will see. Changing it changes every tiny-bpe id.
     """
-    from sapo.training.tasks import TaskSampler, default_task_specs
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
     problems = TaskSampler(default_task_specs(), dataset_seed=0, rng_seed=0).sample(num_problems)
     corpus = []

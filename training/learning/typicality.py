@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from sapo.training.policy import Policy
-from sapo.training.rewards import answer_span as last_answer_span
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.update import encode_completion, shared_prompt_logits
+from sapo.training.learning.update import encode_completion, shared_prompt_logits
+from sapo.training.models.policy import Policy
+from sapo.training.problems.rewards import answer_span as last_answer_span
+from sapo.training.problems.rollouts import QuestionGroup
 
 # Rows per forward pass: the full next-token distribution is kept for every position, so a pass
 # holds rows x completion length x vocabulary floats (SmolLM2: 8 x 128 x 49k x 4 B = 200 MB).

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sapo.training.hf_cache import CACHE
-from sapo.training.llama_decoder import LlamaDecoder
+from sapo.training.decoder.hf_cache import CACHE
+from sapo.training.decoder.llama_decoder import LlamaDecoder
 
 
 class GenerationInterrupted(RuntimeError):

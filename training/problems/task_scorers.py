@@ -31,8 +31,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sapo.training.logic import MAX_FORMULA_CHARS, Formula, is_tautology, parse_formula, premises_hold
-from sapo.training.tasks import Problem, dataset_for
+from sapo.training.problems.logic import MAX_FORMULA_CHARS, Formula, is_tautology, parse_formula, premises_hold
+from sapo.training.problems.tasks import Problem, dataset_for
 
 FULL = 1.0
 NOTHING = 0.0

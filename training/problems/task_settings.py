@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sapo.training.tasks import EASY_CONFIGS, PAPER_TASKS, TaskSpec
+from sapo.training.problems.tasks import EASY_CONFIGS, PAPER_TASKS, TaskSpec
 
 
 class TaskSettings(BaseModel):

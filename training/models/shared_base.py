@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sapo.training.devices import resolve_device
-from sapo.training.packed_forward import fits
-from sapo.training.policy import LoraOptions, Policy, _load_base, use_bf16, use_bf16_generation
-from sapo.training.prompts import PromptStyle, prompt_style_for
-from sapo.training.sources import is_tiny
+from sapo.training.decoder.packed_forward import fits
+from sapo.training.models.devices import resolve_device
+from sapo.training.models.policy import LoraOptions, Policy, _load_base, use_bf16, use_bf16_generation
+from sapo.training.models.sources import is_tiny
+from sapo.training.problems.prompts import PromptStyle, prompt_style_for
 
 if TYPE_CHECKING:
     from peft import PeftModel

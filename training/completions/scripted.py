@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 import time
 
-from sapo.training.generation import GenerationResult
-from sapo.training.rewards import score_group
-from sapo.training.rollouts import QuestionGroup
-from sapo.training.tasks import Problem
+from sapo.training.completions.generation import GenerationResult
+from sapo.training.problems.rewards import score_group
+from sapo.training.problems.rollouts import QuestionGroup
+from sapo.training.problems.tasks import Problem
 
 
 def wrong_answer(answer: str, rng: random.Random) -> str:

@@ -6,11 +6,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sapo.training.decoding import DecodedBatch, GenerationInterrupted, decode_mixed, decode_samples
-from sapo.training.policy import Policy
-from sapo.training.rewards import Verifier, score_group
-from sapo.training.rollouts import Behavior, QuestionGroup
-from sapo.training.tasks import Problem
+from sapo.training.decoder.decoding import DecodedBatch, GenerationInterrupted, decode_mixed, decode_samples
+from sapo.training.models.policy import Policy
+from sapo.training.problems.rewards import Verifier, score_group
+from sapo.training.problems.rollouts import Behavior, QuestionGroup
+from sapo.training.problems.tasks import Problem
 
 __all__ = [
     "ANSWER_CLOSE",
@@ -97,9 +97,9 @@ def sample_completions_together(
     record_logprobs: bool = False,
 ) -> list[tuple[list[list[str]], int, list[list[list[float]]] | None]]:
     """sample_completions for several policies that are adapters of one shared base
-    (training/shared_base.py), as one mixed batch: each policy's result as it would be alone.
+    (training/models/shared_base.py), as one mixed batch: each policy's result as it would be alone.
     Policies that do not share one base, or a model LlamaDecoder cannot run, decode one by one."""
-    from sapo.training.shared_base import AdapterView
+    from sapo.training.models.shared_base import AdapterView
 
     views = [p.model for p in policies if isinstance(p.model, AdapterView)]
     if len(views) == len(policies) and len({id(v.shared) for v in views}) == 1:

@@ -26,9 +26,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel
 
-from sapo.training.policy import Policy, load_policy
-from sapo.training.scripted import wrong_answer
-from sapo.training.tasks import TaskSampler, TaskSpec
+from sapo.training.completions.scripted import wrong_answer
+from sapo.training.models.policy import Policy, load_policy
+from sapo.training.problems.tasks import TaskSampler, TaskSpec
 
 
 class WarmStartSettings(BaseModel):

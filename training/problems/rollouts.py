@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sapo.training.tasks import Problem
+from sapo.training.problems.tasks import Problem
 
 LOCAL_ORIGIN = "local"
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import record_function  # labels the update's phases for bench/update_profile.py
 
+from sapo.training.completions.generation import ANSWER_CLOSE
 from sapo.training.config import TrainingSettings
-from sapo.training.generation import ANSWER_CLOSE
-from sapo.training.grpo import clipped_policy_loss
-from sapo.training.hf_cache import CACHE
-from sapo.training.packed_forward import PackedForward, fits, pack_rows, unpack
-from sapo.training.policy import Policy
-from sapo.training.rollouts import TrainingRows
+from sapo.training.decoder.hf_cache import CACHE
+from sapo.training.decoder.packed_forward import PackedForward, fits, pack_rows, unpack
+from sapo.training.learning.grpo import clipped_policy_loss
+from sapo.training.models.policy import Policy
+from sapo.training.problems.rollouts import TrainingRows
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: torch.Tensor) 
 
 def shared_prompt_logits(model, prompt: list[int], completions: torch.Tensor) -> torch.Tensor:
     """The fp32 logits that predict each completion token, [rows, width, vocabulary], for rows
-    that share one prompt, run once (`shared_prompt_logprobs`, the screen's training/typicality.py)."""
+    that share one prompt, run once (`shared_prompt_logprobs`, the screen's training/learning/typicality.py)."""
     device = completions.device
     rows, width = completions.shape
     prompt_ids = torch.tensor([prompt], device=device)
@@ -331,7 +331,7 @@ def grpo_update(
 
 
 def pass_layout(policy: Policy, batch: EncodedBatch, settings: TrainingSettings) -> PassLayout:
-    """Packed rows where the model fits training/packed_forward.py, else its own forward's layout."""
+    """Packed rows where the model fits training/decoder/packed_forward.py, else its own forward's layout."""
     if fits(policy.model):
         forward = PackedForward(policy.model, torch.bfloat16 if policy.bf16 else torch.float32)
         return PassLayout(batch, settings.micro_batch_size or len(batch.completions), False, forward)
@@ -362,7 +362,7 @@ def step_plan(batch: EncodedBatch, settings: TrainingSettings, rng: random.Rando
 class PassLayout:
     """How rows go through forward passes.
 
-    A Llama-family model runs on `packed` (training/packed_forward.py): a pass holds whole
+    A Llama-family model runs on `packed` (training/decoder/packed_forward.py): a pass holds whole
     groups' rows end to end, no padding, each group's prompt once, up to `budget` bytes of
     activations. Any other model runs through its own forward: at most `micro` rows a pass, and
     with a shared prompt (when it saves work) only rows of one group, padded to the pass's

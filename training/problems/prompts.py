@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sapo.training.tasks import Problem
+from sapo.training.problems.tasks import Problem
 
 PromptStyle = Literal["chat", "plain"]
 

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sapo.training.devices import resolve_device
-from sapo.training.errors import ModelSourceError
-from sapo.training.packed_forward import fits
-from sapo.training.prompts import PromptStyle, prompt_style_for, render_prompt
-from sapo.training.sources import check_model_source, is_tiny, looks_local
-from sapo.training.tasks import Problem
+from sapo.training.decoder.packed_forward import fits
+from sapo.training.models.devices import resolve_device
+from sapo.training.models.errors import ModelSourceError
+from sapo.training.models.sources import check_model_source, is_tiny, looks_local
+from sapo.training.problems.prompts import PromptStyle, prompt_style_for, render_prompt
+from sapo.training.problems.tasks import Problem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -35,7 +35,7 @@ class Policy:
     one_shot: bool
     lora: bool
     bf16: bool = False  # bf16 autocast for forward passes; weights and Adam state stay fp32
-    generation_bf16: bool = False  # sampling runs on a bf16 copy of the weights (training/decoding.py)
+    generation_bf16: bool = False  # sampling runs on a bf16 copy of the weights (training/decoder/decoding.py)
 
     @functools.cached_property
     def tokenizer_fingerprint(self) -> str:
@@ -65,7 +65,7 @@ class Policy:
 def use_bf16(precision: str, device: torch.device, packed: bool = False) -> bool:
     """`auto`: bf16 on CUDA GPUs that support it, and on CPUs with native bf16 matmuls
     (has_native_bf16) when the update runs on the packed forward (`packed`,
-    training/packed_forward.py), where only the frozen base's matmuls round to bf16 while
+    training/decoder/packed_forward.py), where only the frozen base's matmuls round to bf16 while
     attention, LoRA, logits and the log-softmax stay fp32. Measured on an AVX512-BF16 core: the
     default update 1.4x faster, learning within the equivalence bench's tolerance
     (docs/bench/equivalence.md). fp32 on other CPUs (bf16 emulated: 2-13x slower, measured), for
@@ -167,8 +167,8 @@ def load_policy(
 def _load_base(source: str, *, seed: int, models_dir: Path, weights_from: Path | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sapo.training.smollm2 import load_smollm2
-    from sapo.training.tiny import build_tiny
+    from sapo.training.models.smollm2 import load_smollm2
+    from sapo.training.models.tiny import build_tiny
 
     if weights_from is not None:
         return (

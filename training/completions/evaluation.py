@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sapo.training.generation import greedy_completions, sample_completions
-from sapo.training.policy import Policy
-from sapo.training.rewards import is_correct, score_completion
-from sapo.training.tasks import Problem, TaskSampler, TaskSpec
+from sapo.training.completions.generation import greedy_completions, sample_completions
+from sapo.training.models.policy import Policy
+from sapo.training.problems.rewards import is_correct, score_completion
+from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec
 
 HELDOUT_DATASET_SEED = 999_999_937
 # Sequences decoded at once: a batch's KV cache grows with it (SmolLM2-135M: about 46 KB a

@@ -1,7 +1,7 @@
 """The verifier: a completion's reward is this node's own score of its last <answer> block.
 
 Every completion a node scores may be a stranger's: its peers' groups, and the judge's answers.
-So the answer goes through the task's strict grammar and scorer (training/task_scorers.py),
+So the answer goes through the task's strict grammar and scorer (training/problems/task_scorers.py),
 never through reasoning-gym's own `score_answer`, and inside `untrusted_text()`, which refuses
 any attempt to run code, start a process, open a socket or a file while it is scored.
 """
@@ -12,9 +12,9 @@ import logging
 import math
 from collections.abc import Callable
 
-from sapo.training.task_scorers import SCORERS
-from sapo.training.tasks import Problem
-from sapo.training.untrusted import untrusted_text
+from sapo.training.problems.task_scorers import SCORERS
+from sapo.training.problems.tasks import Problem
+from sapo.training.problems.untrusted import untrusted_text
 
 log = logging.getLogger("sapo.rewards")
 

@@ -1,0 +1,1 @@
+"""training/models/: the policy: which model, loaded how, on which device (training/README.md, "Rooms")."""
