@@ -86,7 +86,7 @@ SMOKE_ARGS = [
 
 
 def keep_checkpoints(node_args: list[str]) -> int:
-    from sapo.node.core.flags import node_settings_from_flags
+    from sapo.node.flags import node_settings_from_flags
 
     return node_settings_from_flags(node_args).run.keep_checkpoints
 

@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from sapo.node.core.flags import add_settings_arguments, configure_logging, node_settings_from_flags, settings_from_args
+from sapo.node.flags import add_settings_arguments, configure_logging, node_settings_from_flags, settings_from_args
 
 GIL_SWITCH_SECONDS = 0.001
 

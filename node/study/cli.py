@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sapo.node.core.flags import configure_logging, flag, node_settings_from_flags
 from sapo.node.core.settings import NodeSettings
+from sapo.node.flags import configure_logging, flag, node_settings_from_flags
 
 if TYPE_CHECKING:
     from sapo.node.study.settings import ExperimentSettings

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sapo.node.core.flags import flag
 from sapo.node.core.settings import NodeSettings, SettingsError
+from sapo.node.flags import flag
 from sapo.node.study.runs import out_dir_of, rounds_done, run_one, run_over_libp2p
 from sapo.node.study.settings import ExperimentSettings, MixConfig, parse_configs
 from sapo.node.study.summary import node_table, read_rows, warm_start_recipe, write_outputs

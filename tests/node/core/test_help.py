@@ -8,8 +8,8 @@ import subprocess
 import sys
 import typing
 
-from sapo.node.core.flags import add_settings_arguments, settings_from_args
 from sapo.node.core.settings import CONCERNS, EVERYDAY, field_owner, settings_groups
+from sapo.node.flags import add_settings_arguments, settings_from_args
 
 # A value other than its default for every setting that is not a bool, a choice or a number
 # (those are derived below), as a user would type it.

@@ -1,8 +1,8 @@
 import pytest
 
 from sapo.node.cli import build_parser
-from sapo.node.core.flags import settings_from_args
 from sapo.node.core.settings import SettingsError, field_owner, load_settings
+from sapo.node.flags import settings_from_args
 
 
 def test_paper_defaults():

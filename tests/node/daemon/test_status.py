@@ -92,9 +92,9 @@ def test_long_runs_are_binned_to_at_most_max_points_with_the_newest_round_last()
 
 def test_a_live_node_holds_the_same_memory_after_16000_rounds_as_after_8000(tmp_path):
     """The page's curves are bins, not every round a node ever ran (5.6 KB a round before)."""
-    from sapo.node.core.flags import node_settings_from_flags
     from sapo.node.core.state import NodeState, RandomStreams
     from sapo.node.daemon.live import LiveStatus
+    from sapo.node.flags import node_settings_from_flags
     from sapo.sampling.balance import BalanceState
 
     live = LiveStatus(node_settings_from_flags(["--data-dir", str(tmp_path)]), "12D3KooWme", threading.Event())

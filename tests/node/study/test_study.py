@@ -114,7 +114,7 @@ def test_configs_parse_and_reject():
 
 
 def test_every_treatment_reaches_a_libp2p_node_process_as_flags_start_accepts():
-    from sapo.node.core.flags import node_settings_from_flags
+    from sapo.node.flags import node_settings_from_flags
 
     for name, overrides in TREATMENTS.items():
         config = parse_configs([f"4/4+{name}"])[0]
