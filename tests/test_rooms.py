@@ -6,12 +6,20 @@ A test module that imports another makes the first one's helpers a contract nobo
 moving or deleting a test then breaks a file that only borrowed from it, and pytest collects the
 borrowed tests' module twice over. An edited sys.path makes a module importable under a second
 name, and what a test imports then depends on which test ran first. Read with `ast`: nothing
-is imported and nothing runs."""
+is imported and nothing runs.
+
+The package's own rooms too (issue #40): no folder of it holds more than 12 modules, every folder
+installs, and in protocol/ and training/ each room imports only what its row of the README's
+"Rooms" table allows, the table naming every module of each room."""
 
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
+
+from tests.support.import_graph import cycles, import_graph
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -159,3 +167,138 @@ def test_no_module_or_function_of_the_package_is_over_its_bound():
     assert not found, f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function:\n" + "\n".join(found)
     long_function = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
     assert oversized(long_function, "m") == [f"m:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+
+
+# Issue #40: rooms a reader sees from the tree. A folder of more than a dozen modules side by side
+# hides its layers; a README's table of rooms says them, and is checked against the imports.
+MAX_FOLDER_MODULES = 12
+# the folders whose README.md has a "Rooms" table: folder -> the package it installs as
+ROOMED = {"protocol": "sapo.protocol", "training": "sapo.training"}
+CODE = re.compile(r"`([^`]+)`")
+
+
+def crowded(folders: list[Path], root: Path = ROOT) -> list[str]:
+    """'folder: N modules' for each of `folders` with more than MAX_FOLDER_MODULES (its __init__ aside)."""
+    counts = {folder: [p for p in folder.glob("*.py") if p.name != "__init__.py"] for folder in folders}
+    return [
+        f"{folder.relative_to(root)}: {len(m)} modules" for folder, m in counts.items() if len(m) > MAX_FOLDER_MODULES
+    ]
+
+
+def package_folders() -> list[Path]:
+    return [
+        path
+        for top in PACKAGE
+        for path in sorted([ROOT / top, *(ROOT / top).rglob("*")])
+        if path.is_dir() and "__pycache__" not in path.parts
+    ]
+
+
+def rooms_on_disk(folder: Path) -> dict[str, set[str]]:
+    """A folder's rooms: each sub-package ('wire/') with its modules' files, each top module ('network.py')."""
+    rooms = {f"{d.name}/": {p.name for p in d.glob("*.py") if p.name != "__init__.py"} for d in folder.iterdir()}
+    rooms = {name: modules for name, modules in rooms.items() if (folder / name / "__init__.py").is_file()}
+    return rooms | {p.name: {p.name} for p in folder.glob("*.py") if p.name != "__init__.py"}
+
+
+def room_table(readme: str) -> dict[str, tuple[set[str], set[str]]]:
+    """The "Rooms" table of a README: room -> (the modules its row names, the rooms it may import)."""
+    section = readme.split("\n## Rooms\n", 1)[1].split("\n#", 1)[0] if "\n## Rooms\n" in readme else ""
+    table = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and CODE.fullmatch(cells[0]):
+            names = set(CODE.findall(cells[1]))
+            table[cells[0].strip("`")] = ({n for n in names if n.endswith(".py")}, set(CODE.findall(cells[2])))
+    return table
+
+
+def room_of(module: str, package: str, rooms: set[str]) -> str | None:
+    """The room of `package` that `module` is in: 'wire/' or 'network.py'; None outside it (or its __init__)."""
+    if not module.startswith(package + "."):
+        return None
+    first = module[len(package) + 1 :].split(".")[0]
+    return f"{first}/" if f"{first}/" in rooms else f"{first}.py"
+
+
+def room_disagreements(
+    table: dict[str, tuple[set[str], set[str]]], rooms: dict[str, set[str]], graph: dict[str, set[str]], package: str
+) -> list[str]:
+    """What a Rooms table gets wrong about the rooms on disk and the import graph."""
+    problems = [f"no row for {room}" for room in sorted(rooms.keys() - table.keys())]
+    problems += [f"a row for {room}, which is no room" for room in sorted(table.keys() - rooms.keys())]
+    for room, (named, allowed) in sorted(table.items()):
+        if room.endswith("/") and room in rooms:
+            problems += [f"{room}'s row does not name {m}" for m in sorted(rooms[room] - named)]
+            problems += [f"{room}'s row names {m}, which is not in it" for m in sorted(named - rooms[room])]
+        problems += [f"{room} may import {other}, which is no room" for other in sorted(allowed - rooms.keys())]
+    rules = {room: allowed for room, (_, allowed) in table.items()}
+    problems += [f"the table lets rooms import each other: {' <-> '.join(c)}" for c in cycles(rules)]
+    for importer, targets in sorted(graph.items()):
+        here = room_of(importer, package, set(rooms))
+        for target in sorted(targets):
+            there = room_of(target, package, set(rooms))
+            if here and there and there != here and there not in rules.get(here, set()):
+                problems.append(f"{importer} ({here}) imports {target} ({there}), which its row does not allow")
+    return problems
+
+
+def test_no_folder_of_the_package_holds_more_than_twelve_modules():
+    found = crowded(package_folders())
+    assert not found, f"over {MAX_FOLDER_MODULES} modules side by side (give the folder rooms):\n" + "\n".join(found)
+
+
+def test_every_folder_of_the_package_installs():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(["sapo", *f.relative_to(ROOT).parts]) for f in package_folders() if (f / "__init__.py").is_file()}
+    assert not found - listed, f"pyproject.toml's packages leave out {sorted(found - listed)}: a wheel would lack them"
+
+
+def test_each_room_imports_only_what_its_row_allows():
+    graph = import_graph()
+    problems = [
+        f"{folder}/README.md: {problem}"
+        for folder, package in ROOMED.items()
+        for problem in room_disagreements(
+            room_table((ROOT / folder / "README.md").read_text(encoding="utf-8")),
+            rooms_on_disk(ROOT / folder),
+            graph,
+            package,
+        )
+    ]
+    assert not problems, "the rooms and their table disagree:\n" + "\n".join(problems)
+
+
+def test_the_room_checks_catch_what_they_are_for(tmp_path):
+    readme = (
+        "# p/\n\n## Rooms\n\n| room | holds | may import |\n|---|---|---|\n"
+        "| `low/` | `a.py` | nothing |\n| `high/` | `b.py`, `c.py` | `low/`, `top.py` |\n"
+        "| `top.py` | settings | nothing |\n\n## Next\n| `x/` | `y.py` | `z/` |\n"
+    )
+    table = room_table(readme)
+    assert table == {
+        "low/": ({"a.py"}, set()),
+        "high/": ({"b.py", "c.py"}, {"low/", "top.py"}),
+        "top.py": (set(), set()),
+    }
+    rooms = {"low/": {"a.py"}, "high/": {"b.py", "c.py"}, "top.py": {"top.py"}}
+    fine = {"p.high.b": {"p.low.a", "p.top", "p.high.c", "p", "q.elsewhere"}, "p.low.a": set()}
+    assert room_disagreements(table, rooms, fine, "p") == []
+    wrong = {**fine, "p.low.a": {"p.high.b"}}
+    assert room_disagreements(table, rooms, wrong, "p") == [
+        "p.low.a (low/) imports p.high.b (high/), which its row does not allow"
+    ]
+    moved = {"low/": {"a.py", "d.py"}, "high/": {"b.py"}, "top.py": {"top.py"}, "new/": set()}
+    assert room_disagreements(table, moved, {}, "p") == [
+        "no row for new/",
+        "high/'s row names c.py, which is not in it",
+        "low/'s row does not name d.py",
+    ]
+    looped = {**table, "low/": ({"a.py"}, {"high/"})}
+    assert room_disagreements(looped, rooms, {}, "p") == ["the table lets rooms import each other: high/ <-> low/"]
+    (tmp_path / "full").mkdir()
+    for name in ["__init__", *(f"m{n}" for n in range(MAX_FOLDER_MODULES))]:
+        (tmp_path / "full" / f"{name}.py").write_text("")
+    assert crowded([tmp_path / "full"], tmp_path) == []
+    (tmp_path / "full" / "one_more.py").write_text("")
+    assert crowded([tmp_path / "full"], tmp_path) == [f"full: {MAX_FOLDER_MODULES + 1} modules"]
