@@ -1,7 +1,7 @@
 """The node's network as one value: `async with open_network(settings, key_pair, incoming) as net`.
 
 `open_network` builds, in this order, the py-libp2p 0.8.1 host, its GossipSub pubsub with the
-guards 0.8.1 lacks (pubsub_guards.py), the NAT services (reachability, relay), discovery and the
+guards 0.8.1 lacks (protocol/exchange/pubsub_guards.py), the NAT services (reachability, relay), discovery and the
 keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: what the
 exchange uses (share, want, publish, refusal, penalize, network group), and one `status()` for
 the page. When the block ends the
@@ -71,7 +71,7 @@ def counter(counters: dict[str, int]) -> Callable[..., None]:
 class NetworkStatus:
     """What the page (and a bench) reads of a running network, at one moment."""
 
-    reachability: str  # 'public', 'private' or 'unknown' (reachability.py)
+    reachability: str  # 'public', 'private' or 'unknown' (protocol/reach/reachability.py)
     relaying: bool  # whether we serve circuits for other peers now
     relayed_addrs: list[str]  # ours through the relays we hold a slot on, ending in /p2p/<our id>
     advertised_addrs: list[str]  # what our signed peer record says (only the relayed ones behind NAT)
@@ -135,7 +135,7 @@ class Network:
     # --- groups ------------------------------------------------------------------------------
 
     async def share(self, frame: bytes, round_index: int) -> bool:
-        """Offer one of our group frames: peers fetch it from the outbox (group_fetch.py). It is
+        """Offer one of our group frames: peers fetch it from the outbox (protocol/exchange/group_fetch.py). It is
         also gossiped on the rollouts topic with `exchange="gossip"`, or while a connected peer
         is an older release that only reads the topic (`legacy_peers`). False if dropped here."""
         if len(frame) > self.settings.max_message_bytes:

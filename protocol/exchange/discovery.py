@@ -23,12 +23,12 @@ unsigned); an unspecified address takes the hint's IP. A wrong hint costs a fail
 an impersonation: Noise authenticates the peer id on every connection.
 
 A node behind NAT advertises its relayed addresses instead (`<relay>/p2p/<relay id>/p2p-circuit`,
-relay.py), and its record is sealed again (`own_record`) when it has won or lost a relay slot. A
+protocol/reach/relay.py), and its record is sealed again (`own_record`) when it has won or lost a relay slot. A
 relayed address never takes the hint, and a record that arrives over a relayed connection
 travels without one: the IP seen there is the relay's. Whether the relay may be used (allow
 list, bans) is the dialler's check, like the peer's own.
 
-The records and their wire frames: peer_records.py.
+The records and their wire frames: protocol/wire/peer_records.py.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class PeerTable:
 
 
 class Dials(Protocol):
-    """What discovery needs of the network's dialer (dialing.py)."""
+    """What discovery needs of the network's dialer (protocol/reach/dialing.py)."""
 
     async def dial(self, info: PeerInfo) -> bool: ...
 
@@ -167,7 +167,7 @@ class PeerDiscovery:
     """Serves `/sapo/peers/1` and keeps up to `target` peers connected by dialling discovered ones.
 
     The network (network.py) owns the host and passes in what discovery must not decide alone:
-    its `gate` (peer_gate.py: whom we may serve, record and dial, which peers lack
+    its `gate` (protocol/toolkit/peer_gate.py: whom we may serve, record and dial, which peers lack
     `/sapo/peers/1` and so are never asked, and the counters), its `dialer` (one bounded dial),
     and `addresses()`, what our signed record says now: a relay slot won or lost changes them,
     and our record is sealed again (a newer sequence number) before it next goes out."""

@@ -6,7 +6,7 @@ at a few thousand nodes it is more than a laptop's network and cores. Here a nod
 it uses: each round it asks for about the groups it will train on, and nothing else arrives.
 
 How:
-- `GroupServer` answers a peer's request from our `Outbox` (group_wire.py): our own newest groups
+- `GroupServer` answers a peer's request from our `Outbox` (protocol/wire/group_wire.py): our own newest groups
   after the round the asker names. It answers each peer at most SERVE_BURST times in a row, then
   one a SERVE_INTERVAL, and at most MAX_CONCURRENT_SERVES at once; a peer we refuse (allow list,
   bans) or one over its budget gets its stream reset. Serving costs us a tiny read and a write
@@ -64,7 +64,7 @@ from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.fetch")
 
-# One request/response, stream open included (a dial has its own bound, dialing.py).
+# One request/response, stream open included (a dial has its own bound, protocol/reach/dialing.py).
 STREAM_TIMEOUT_SECONDS = 5.0
 # Requests one peer may make in a row, then one per SERVE_INTERVAL: an honest node asks each
 # author about once a round.
@@ -107,8 +107,8 @@ GROUPS_PER_AUTHOR = 2
 
 
 class GroupServer:
-    """Answers `/sapo/groups/1` from `outbox`, within the limits above (streams.py serves each
-    request); the `gate` says whom (peer_gate.py: allow list, bans) and counts."""
+    """Answers `/sapo/groups/1` from `outbox`, within the limits above (protocol/toolkit/streams.py serves each
+    request); the `gate` says whom (protocol/toolkit/peer_gate.py: allow list, bans) and counts."""
 
     def __init__(self, outbox: Outbox, *, swarm: str, gate: PeerGate) -> None:
         self.outbox = outbox
@@ -156,7 +156,7 @@ class Author:
 
 
 class Links(Protocol):
-    """What the fetcher needs of the network's dialer (dialing.py)."""
+    """What the fetcher needs of the network's dialer (protocol/reach/dialing.py)."""
 
     async def dial(self, info: PeerInfo) -> bool:
         """One bounded dial, unless the gate refuses the peer: whether it is connected after."""
@@ -298,7 +298,7 @@ class GroupFetcher:
         connected = set(open_peers(self.host))
         if author.peer_id in connected:
             return True
-        # A relayed link is never closed here (both ends would dial it again, relayed_links.py),
+        # A relayed link is never closed here (both ends would dial it again, protocol/reach/relayed_links.py),
         # so at most FETCH_LINGER of those we opened stay open; past that, relay-only authors
         # wait until one closes.
         self._kept &= connected

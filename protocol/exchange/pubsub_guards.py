@@ -1,7 +1,7 @@
 """The guards py-libp2p 0.8.1's Pubsub lacks, as a subclass whose every override calls the
 original (protocol/README.md, "Transport"). It touches private internals of that exact release,
 which is why pyproject pins `libp2p==0.8.1`. The policy (who is refused, who pays for what)
-stays in peer_policy.py and delivery in gossip.py; this module only puts their checks (the
+stays in protocol/peers/peer_policy.py and delivery in gossip.py; this module only puts their checks (the
 network's `PeerGate`, the author's bucket, the delivery) where libp2p would otherwise crash, drop
 silently or interleave frames."""
 
@@ -43,11 +43,11 @@ class GuardedPubsub(Pubsub):
       32-slot subscription channel, which drops silently when full.
     - `_handle_new_peer`: enlarge the 32-slot per-peer outbound queue (not a constructor
       argument in 0.8.1), and do not open a gossip stream to a peer that lacks gossipsub (a
-      relay that does not gossip): it is remembered once (peer_protocols.py), not retried.
+      relay that does not gossip): it is remembered once (protocol/peers/peer_protocols.py), not retried.
     - With an allowlist, a peer not on it is disconnected when pubsub first sees it (either
       direction), and a message it signed or forwarded is dropped before validation, so it
       neither receives our messages nor gets its own delivered or relayed. A banned peer
-      (peer_guard.py) is treated the same way until its ban expires.
+      (protocol/peers/peer_guard.py) is treated the same way until its ban expires.
     - Every new message's author draws from its token bucket once its signature has checked
       out; a message over the bucket is dropped before validation (so not relayed either),
       and unsigned or badly signed messages, bad frames and messages that make libp2p raise
@@ -63,8 +63,8 @@ class GuardedPubsub(Pubsub):
         close_timeout: float,
         **kwargs: Any,
     ) -> None:
-        """`gate`: who may connect or send, who pays, which peers lack gossip (peer_gate.py);
-        `admit_author(msg)` charges a new message to its author's bucket (peer_policy.py) and
+        """`gate`: who may connect or send, who pays, which peers lack gossip (protocol/toolkit/peer_gate.py);
+        `admit_author(msg)` charges a new message to its author's bucket (protocol/peers/peer_policy.py) and
         says why it is dropped, or None; `deliver(msg, message_id)` hands a message on our
         topics to the node (gossip.py); `close_timeout` bounds cutting a peer off."""
         super().__init__(*args, **kwargs)

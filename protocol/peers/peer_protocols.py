@@ -13,7 +13,7 @@ and the callers do not ask it. Identify listing the protocol (a peer that upgrad
 peer askable again, and so does time: after `REMEMBER_SECONDS` the peer is asked once more
 (quietly), since identify is a snapshot taken when the connection opened. Relaying is not one of
 these protocols: a node of ours starts relaying only once it finds itself public, after its
-peers have identified it (relay.py backs off from a refusal instead).
+peers have identified it (protocol/reach/relay.py backs off from a refusal instead).
 
 py-libp2p 0.8.1 logs each refused stream at ERROR in `BasicHost.new_stream` before the caller
 sees the exception, and that first refusal can come before identify has answered. While the

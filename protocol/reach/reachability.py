@@ -228,7 +228,7 @@ class ReachabilityService:
     """Serves AutoNAT dial-backs and keeps this node's own `status` current.
 
     `mode` "public"/"private" fixes the status (no checks; requests are still served).
-    The `gate` (peer_gate.py) says whom we serve and ask (allow list, bans; peers known to lack
+    The `gate` (protocol/toolkit/peer_gate.py) says whom we serve and ask (allow list, bans; peers known to lack
     AutoNAT are never asked) and counts (`reachability_<status>` at each change);
     `on_change(status)` is called (synchronously) whenever the status changes. `bootstrap(peer)`
     says whether the operator named the peer (it is asked at once); any other peer only once

@@ -114,7 +114,7 @@ def circuit_parts(address: multiaddr.Multiaddr) -> tuple[multiaddr.Multiaddr, ID
 class RelayService:
     """Relay for others when we should, reserve on relays when we must, dial circuits, punch holes.
 
-    The network (network.py) owns the host and passes in its `gate` (peer_gate.py: whom we may
+    The network (network.py) owns the host and passes in its `gate` (protocol/toolkit/peer_gate.py: whom we may
     relay for, reserve on and dial through, and the counters), the relays to try first, and the
     `reservations` the host's identify answers read (its own, by default)."""
 

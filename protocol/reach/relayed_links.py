@@ -155,7 +155,7 @@ class Dials(Protocol):
 
 class RelayedLinks:
     """Recovers relayed links that end (see the module docstring); `run()` it in the network's
-    nursery (network.py). The `gate` says whom not to dial again (peer_gate.py) and counts;
+    nursery (network.py). The `gate` says whom not to dial again (protocol/toolkit/peer_gate.py) and counts;
     `known_addrs(peer)` is what discovery's record of it says."""
 
     def __init__(

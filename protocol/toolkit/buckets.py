@@ -3,10 +3,10 @@
 Every rate limit of the node is one of these, each with its own parameters:
 - the intake's verifications per author (node/core/intake.py): 40 a second, bursts of 100, and a
   CPU debt down to minus one burst (`floor`), which later refills pay back first;
-- `/sapo/groups/1` requests per peer (group_fetch.py): 4 in a row, then one per 0.5 s;
-- gossip messages per author and its replays (peer_guard.py): a publish over the bucket spends
+- `/sapo/groups/1` requests per peer (protocol/exchange/group_fetch.py): 4 in a row, then one per 0.5 s;
+- gossip messages per author and its replays (protocol/peers/peer_guard.py): a publish over the bucket spends
   what is left, and the shortfall is what the author is charged;
-- the relay's bytes (relay_guards.py): a rate that may run into any debt (later bytes wait it
+- the relay's bytes (protocol/reach/relay_guards.py): a rate that may run into any debt (later bytes wait it
   out) and an hour's worth that cuts circuits once spent.
 
 `TokenBuckets` keeps one bucket per key (a peer, an author), at most `capacity` of them: the

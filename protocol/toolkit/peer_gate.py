@@ -1,8 +1,8 @@
 """The one gate every service of the network asks about a peer.
 
 go-libp2p hands its host one `ConnectionGater`; the network (network.py) hands each of its
-services one `PeerGate`, built once from its policy (peer_policy.py: the allow list, the score
-and its bans) and its memory of which optional protocols each peer lacks (peer_protocols.py):
+services one `PeerGate`, built once from its policy (protocol/peers/peer_policy.py: the allow list, the score
+and its bans) and its memory of which optional protocols each peer lacks (protocol/peers/peer_protocols.py):
 - `refusal(peer)`: why the peer may not connect, send, be served or be dialled, or None
   (`may_use` says the same as a bool);
 - `penalize(peer, reason)`: charge it for an offence (peer_guard.PENALTIES);

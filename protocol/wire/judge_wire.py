@@ -13,7 +13,7 @@ id that the judge alone maps back to the problem. Version 1 is retired: a v1 fra
 (`RetiredVersionRefusal`, a v1 JudgeError). An old judge's refusal of our v2 request is shown
 the same way, with its own reason and detail.
 
-A frame is frames.py's, as our other stream protocols': a 4-byte big-endian payload length, then
+A frame is protocol/toolkit/frames.py's, as our other stream protocols': a 4-byte big-endian payload length, then
 the payload, one msgpack map, which is the message's `model_dump(mode="json")` (keys sorted)
 including `schema_version` and `kind`.
 Decoding never trusts its input: the length is checked against `max_frame_bytes` before a byte

@@ -28,7 +28,7 @@ from libp2p.peer.peer_record import PeerRecord
 
 from sapo.protocol.toolkit.frames import FrameError, length_prefixed, unpack_map
 
-# The stream protocol discovery speaks (discovery.py); frames are `v` WIRE_VERSION inside it.
+# The stream protocol discovery speaks (protocol/exchange/discovery.py); frames are `v` WIRE_VERSION inside it.
 PROTOCOL_ID = "/sapo/peers/1"
 WIRE_VERSION = 1
 RECORD_DOMAIN = "libp2p-peer-record"

@@ -325,7 +325,7 @@ def _sample(
         parts = [sample_tokens(logits[start:end], temperature, generators[owner]) for owner, start, end in segments]
         chosen = parts[0] if len(parts) == 1 else torch.cat(parts)
         steps += 1
-        # what a peer's importance weight compares with (update.py)
+        # what a peer's importance weight compares with (training/learning/update.py)
         picked = None if rows.logprobs is None else _logprobs_of(logits, chosen, temperature)
         keep = rows.write(active, chosen.tolist(), picked, eos)
         if not keep:
