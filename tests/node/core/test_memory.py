@@ -14,8 +14,8 @@ import trio
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
-from sapo.training.checkpoints import Checkpoint, write_json_in_pieces
-from sapo.training.tasks import reasoning_gym_version
+from sapo.training.learning.checkpoints import Checkpoint, write_json_in_pieces
+from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.tiny_nodes import PEER, member, tiny_node
 
 
