@@ -29,8 +29,9 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
+from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.exchange.discovery import PeerDiscovery
-from sapo.protocol.exchange.gossip import Delivery, ReceivedMessage, size_validator
+from sapo.protocol.exchange.gossip import Delivery, size_validator
 from sapo.protocol.exchange.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.exchange.group_fetch import Author, GroupFetcher, GroupServer
 from sapo.protocol.exchange.pubsub_guards import cut_connections
@@ -148,7 +149,7 @@ class Network:
 
     def want(self, count: int) -> None:
         """Fetch about `count` groups from authors drawn uniformly across the peers we know; they
-        arrive on `incoming` as gossip's do. Nothing with `exchange="gossip"`: the topic brings all."""
+        arrive on `incoming` as `FetchedGroup`s. Nothing with `exchange="gossip"`: the topic brings all."""
         if self.settings.exchange == "fetch":
             self.fetcher.want(count)
 
@@ -222,14 +223,15 @@ def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -
 async def open_network(
     settings: NetworkSettings,
     key_pair: KeyPair,
-    incoming: trio.MemorySendChannel[ReceivedMessage],
+    incoming: trio.MemorySendChannel[Arrival],
     *,
     counters: dict[str, int] | None = None,
     extra_topics: tuple[str, ...] = (),
 ) -> AsyncIterator[Network]:
     """Listen, subscribe to the rollouts topic (and `extra_topics`), keep the bootstrap peers
-    dialled; yield the running network. Other peers' messages go to `incoming` (never blocking:
-    a full channel drops and counts `inbox_channel_full`); counts go to `counters`."""
+    dialled; yield the running network. What other peers send goes to `incoming`, gossip's messages
+    and fetched groups alike (protocol/exchange/arrivals.py), never blocking: a full channel drops
+    and counts `inbox_channel_full`. Counts go to `counters`."""
     counters = counters if counters is not None else {}
     count = counter(counters)
     my_id = ID.from_pubkey(key_pair.public_key)
@@ -315,7 +317,6 @@ def _services(
     fetcher = GroupFetcher(
         host,
         swarm=settings.swarm,
-        topic=settings.topic,
         max_message_bytes=settings.max_message_bytes,
         gate=gate,
         links=dialer,
@@ -388,7 +389,7 @@ async def _close(host: Any, timeout: float) -> None:
 async def serve_network(
     settings: NetworkSettings,
     key_pair: KeyPair,
-    incoming: trio.MemorySendChannel[ReceivedMessage],
+    incoming: trio.MemorySendChannel[Arrival],
     *,
     counters: dict[str, int] | None = None,
     extra_topics: tuple[str, ...] = (),
@@ -425,4 +426,4 @@ async def _cut_off_banned(
             nursery.start_soon(disconnect, peer)
 
 
-__all__ = ["Network", "ReceivedMessage", "open_network", "serve_network"]
+__all__ = ["Arrival", "Network", "open_network", "serve_network"]

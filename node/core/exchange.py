@@ -14,7 +14,7 @@ from libp2p.peer.id import ID
 
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.protocol.exchange.gossip import ReceivedMessage
+from sapo.protocol.exchange.arrivals import Arrival, FetchedGroup
 from sapo.protocol.settings import logprobs_topic
 from sapo.protocol.wire.codec import canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.wire.messages import (
@@ -189,7 +189,7 @@ class GossipExchange:
     def peers(self) -> list[str]:
         return sorted(self.network.connected_peers())
 
-    async def receive(self, incoming: trio.MemoryReceiveChannel[ReceivedMessage]) -> None:
+    async def receive(self, incoming: trio.MemoryReceiveChannel[Arrival]) -> None:
         """Checks run in a worker thread: regenerating and re-scoring a problem is CPU work
         that must not stall the libp2p heartbeats. Frames still queued from an author banned
         since they arrived are dropped here, counted as `banned`, without a trip to the thread,
@@ -199,20 +199,22 @@ class GossipExchange:
         limiter = trio.CapacityLimiter(1)
         shared = logprobs_topic(self.encoder.swarm)
         intake = self.memory.intake
-        async for message in incoming:
-            if self.network.refusal_bytes(_peer_bytes(message.sender)) == "banned":
+        async for arrival in incoming:
+            if isinstance(arrival, FetchedGroup):  # its author served it: Noise says who that is
+                sender, data, accept = arrival.author, arrival.frame, intake.accept
+            else:  # gossip: libp2p checked the author's signature
+                sender, data = arrival.sender, arrival.data
+                accept = intake.accept_logprobs if arrival.topic == shared else intake.accept
+            if self.network.refusal_bytes(_peer_bytes(sender)) == "banned":
                 self.counters.rejected["banned"] += 1
                 continue
-            accept = intake.accept_logprobs if message.topic == shared else intake.accept
-            verdict = await trio.to_thread.run_sync(
-                accept, message.data, message.sender, message.received_at, limiter=limiter
-            )
+            verdict = await trio.to_thread.run_sync(accept, data, sender, arrival.received_at, limiter=limiter)
             if verdict.refusal is not None:
-                self.network.penalize_sender(message.sender, verdict.refusal)
+                self.network.penalize_sender(sender, verdict.refusal)
             if verdict.group is not None:
-                place = self.network.network_group_of(message.sender)
+                place = self.network.network_group_of(sender)
                 # the inbox's eviction weighs every author it holds: work for a worker, not the loop
-                await trio.to_thread.run_sync(self._store, verdict.group, message.received_at, place, limiter=limiter)
+                await trio.to_thread.run_sync(self._store, verdict.group, arrival.received_at, place, limiter=limiter)
 
     def _store(self, group: QuestionGroup, now: float, place: str | None) -> None:
         try:

@@ -33,8 +33,7 @@ from sapo.node.daemon.live import LiveStatus, LoadingStopped
 from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
-from sapo.protocol.exchange.gossip import ReceivedMessage
-from sapo.protocol.network import Network, serve_network
+from sapo.protocol.network import Arrival, Network, serve_network
 from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import logprobs_topic
 from sapo.training.completions.generation import GenerationInterrupted
@@ -127,11 +126,11 @@ async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: thre
 
 async def start_network(
     nursery: trio.Nursery, settings: NodeSettings, key_pair, counters: dict[str, int], live: LiveStatus
-) -> tuple[Network, trio.MemoryReceiveChannel[ReceivedMessage]]:
+) -> tuple[Network, trio.MemoryReceiveChannel[Arrival]]:
     """Open the network (protocol/network.py) as a task of the daemon's nursery and print the
     addresses peers can dial. What it receives waits in the returned channel until the node
     can check it (start_intake)."""
-    send, receive = trio.open_memory_channel[ReceivedMessage](INCOMING_BUFFER)
+    send, receive = trio.open_memory_channel[Arrival](INCOMING_BUFFER)
     # peers' shared log-probs only reach a node that weighs their completions by them
     reads_logprobs = settings.external_use.importance_weight != "off"
     extra = (logprobs_topic(settings.network.swarm),) if reads_logprobs else ()
@@ -169,7 +168,7 @@ def start_intake(
     nursery: trio.Nursery,
     node: Node,
     network: Network,
-    receive: trio.MemoryReceiveChannel[ReceivedMessage],
+    receive: trio.MemoryReceiveChannel[Arrival],
     settings: NodeSettings,
 ) -> GossipExchange:
     """The node is loaded: check what has been waiting, and everything from now on."""

@@ -1,5 +1,5 @@
-"""What gossip hands the node: each new message from another peer once, as a `ReceivedMessage` on
-a memory channel, and no message over the size limit.
+"""What gossip hands the node: each new message from another peer once, as a `GossipMessage` on
+a memory channel (protocol/exchange/arrivals.py), and no message over the size limit.
 
 The network (network.py) builds the host and pubsub around these; everything there works around
 measured sharp edges of py-libp2p 0.8.1 (see protocol/README.md, "Transport").
@@ -11,12 +11,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
+from sapo.protocol.exchange.arrivals import Arrival, GossipMessage
 from sapo.protocol.toolkit.hosts import peer_str
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.recent import RecentByAuthor
@@ -36,17 +36,6 @@ GOSSIPING_AUTHORS = 4096
 GOSSIPING_SECONDS = 120.0
 
 
-@dataclass(frozen=True)
-class ReceivedMessage:
-    """One message from another peer, signature already verified by libp2p."""
-
-    sender: str  # base58 peer id of the signer (the message's `from` field)
-    data: bytes
-    message_id: bytes
-    received_at: float  # time.time() when it reached this node
-    topic: str = ""  # the topic it came on (the rollouts topic, unless the network was given others)
-
-
 class Delivery:
     """Hands other peers' messages to `incoming`, each once, never blocking the network: a full
     channel drops and counts (`inbox_channel_full`). `topics[0]` is the rollouts topic."""
@@ -55,7 +44,7 @@ class Delivery:
         self,
         my_id: ID,
         topics: tuple[str, ...],
-        incoming: trio.MemorySendChannel[ReceivedMessage],
+        incoming: trio.MemorySendChannel[Arrival],
         count: Callable[[str], None],
     ) -> None:
         self.my_id = my_id
@@ -82,24 +71,23 @@ class Delivery:
         if self.topics[0] in msg.topicIDs:
             self._gossiping.put(msg.from_id, now)
         self.count("received")
-        received = ReceivedMessage(
+        received = GossipMessage(
             sender=peer_str(msg.from_id),
             data=bytes(msg.data),
-            message_id=message_id,
             received_at=time.time(),
             topic=next((t for t in msg.topicIDs if t in self.topics), self.topics[0]),
         )
         self.hand(received)
 
-    def hand(self, received: ReceivedMessage) -> None:
-        """Pass one message on to the node; a full channel drops and counts. Fetched groups
-        (group_fetch.py) come this way too, so the node reads one stream of messages."""
+    def hand(self, received: Arrival) -> None:
+        """Pass one arrival on to the node; a full channel drops and counts. Fetched groups
+        (group_fetch.py) come this way too, so the node reads one stream of arrivals."""
         try:
             # Never block the network on a slow consumer: drop and count instead.
             self.incoming.send_nowait(received)
         except trio.WouldBlock:
             self.count("inbox_channel_full")
-            logger.debug("inbox full: dropped message %s", received.message_id.hex())
+            logger.debug("inbox full: dropped a %s", type(received).__name__)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.count("inbox_closed")
 
@@ -126,4 +114,4 @@ def size_validator(max_bytes: int, my_id: ID, gate: PeerGate) -> Callable[[ID, r
     return validate
 
 
-__all__ = ["Delivery", "ReceivedMessage", "size_validator"]
+__all__ = ["Delivery", "size_validator"]

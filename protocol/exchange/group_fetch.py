@@ -18,8 +18,9 @@ How:
   record says), and at most FETCH_LINGER such links are kept; older ones are closed.
   An author answers only for itself: Noise authenticated the stream's peer, and the node's
   intake refuses a group whose sender is not that peer. So no one can serve another's group.
-- What comes back goes to the node exactly as gossip's messages do (`ReceivedMessage`), through
-  the same intake checks, which charge a bad group to its author as they always have.
+- What comes back goes to the node as what it is, a `FetchedGroup` from its author
+  (protocol/exchange/arrivals.py), on the channel gossip's messages take, through the same intake
+  checks, which charge a bad group to its author as they always have.
 
 A peer that lacks the protocol (a release before 0.4.0) is never asked; the network gossips our
 groups on the rollouts topic while one is connected (network.py, `legacy_peers`).
@@ -27,7 +28,6 @@ groups on the rollouts topic while one is connected (network.py, `legacy_peers`)
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
@@ -41,7 +41,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.exchange.gossip import ReceivedMessage
+from sapo.protocol.exchange.arrivals import FetchedGroup
 from sapo.protocol.toolkit import streams
 from sapo.protocol.toolkit.frames import FrameError
 from sapo.protocol.toolkit.hosts import open_peers
@@ -169,7 +169,7 @@ class Links(Protocol):
 
 class GroupFetcher:
     """Brings groups on `want(count)`: from authors drawn uniformly from `authors()`, handed to
-    `hand` as `ReceivedMessage`s on `topic`. The network passes in its host, its `gate` (who may
+    `hand` as `FetchedGroup`s. The network passes in its host, its `gate` (who may
     be asked, which peers lack the protocol, the counters) and its dialer (`links`)."""
 
     def __init__(
@@ -177,16 +177,14 @@ class GroupFetcher:
         host: Any,
         *,
         swarm: str,
-        topic: str,
         max_message_bytes: int,
         gate: PeerGate,
         links: Links,
         authors: Callable[[], list[Author]],
-        hand: Callable[[ReceivedMessage], None],
+        hand: Callable[[FetchedGroup], None],
     ) -> None:
         self.host = host
         self.swarm = swarm
-        self.topic = topic
         self.max_message_bytes = max_message_bytes
         self.gate = gate
         self.count = gate.count
@@ -282,15 +280,7 @@ class GroupFetcher:
         for group in groups:
             self._remember(author.peer_id, group.round_index)
             self.count("fetch_bytes", len(group.frame))
-            self.hand(
-                ReceivedMessage(
-                    sender=author.peer_id.to_base58(),
-                    data=group.frame,
-                    message_id=hashlib.sha256(group.frame).digest()[:20],
-                    received_at=time.time(),
-                    topic=self.topic,
-                )
-            )
+            self.hand(FetchedGroup(author.peer_id.to_base58(), group.frame, received_at=time.time()))
         self.count("fetch_groups", len(groups))
         out.append(len(groups))
 
