@@ -1,6 +1,11 @@
-"""The running daemon's view of itself: which phase it is in, and the live objects (gossip
-service, node, judge client) as each comes to exist. It answers the page's `/api/status`
-and keeps DATA_DIR/status.json current for `sapo-node status DATA_DIR`."""
+"""The running daemon's view of itself: which phase it is in, its network, and its node once the
+model has loaded. It answers the page's `/api/status` and keeps DATA_DIR/status.json current for
+`sapo-node status DATA_DIR`.
+
+It is built once the network is up (a second after start), with the network: nothing in it is
+None until filled. The one thing that comes later is the node, which takes minutes to load while
+the page already answers; it arrives whole (`LoadedNode`: the node, its judge client, its state)
+when it is ready, and until then the phase says the model is loading."""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -33,7 +39,7 @@ from sapo.training.learning.warmstart import WarmStartProgress
 if TYPE_CHECKING:
     from sapo.node.core.node import Node
     from sapo.node.judge.client import JudgeClient
-    from sapo.protocol.network import Network
+    from sapo.protocol.network import NetworkStatus
 
 log = logging.getLogger("sapo.node")
 
@@ -44,23 +50,47 @@ class LoadingStopped(Exception):
     """Asked to stop (SIGINT/SIGTERM) while the model was still loading."""
 
 
+class Watched(Protocol):
+    """What the page reads of the network (protocol/network.py's `Network`)."""
+
+    def status(self) -> NetworkStatus: ...
+
+
+@dataclass
+class LoadedNode:
+    """The node once its model has loaded, with its judge client and the state after its last
+    round: they exist together, so the page has all of them or none."""
+
+    node: Node
+    judge: JudgeClient | None
+    state: NodeState
+
+
 class LiveStatus:
-    def __init__(self, settings: NodeSettings, peer_id: str, stop: threading.Event):
+    def __init__(
+        self,
+        settings: NodeSettings,
+        peer_id: str,
+        stop: threading.Event,
+        network: Watched,
+        *,
+        listen: list[str],
+        waiting: Callable[[], int],
+    ):
         self.settings = settings
         self.peer_id = peer_id
-        # Set by the signal handler; the warm start checks it after every step.
+        # Set by the signal handler; the warm start checks it after every step, and the phase
+        # reads "stopping" once it is set.
         self.stop = stop
+        self.network = network
+        self.listen = listen
+        # Received frames queued between the network and the (not yet started) intake.
+        self.waiting = waiting
         self.started = time.time()
         self.phase: Phase = "starting"
         self.progress: Progress | None = None
-        self.listen: list[str] = []
-        self.page: list[str] = []
-        self.network: Network | None = None  # once open_network has it up
-        self.node: Node | None = None
-        self.state: NodeState | None = None  # after the last round done
-        self.judge: JudgeClient | None = None
-        # Received frames queued between the network and the (not yet started) intake.
-        self.waiting: Callable[[], int] = lambda: 0
+        self.page: list[str] = []  # the page's addresses, once it serves (it serves this object)
+        self.loaded: LoadedNode | None = None  # while the model loads: the phase says so
         self._history = RoundHistory()  # bounded: bins of rounds, not every round
 
     # --- what the daemon tells it ----------------------------------------------------------
@@ -78,24 +108,29 @@ class LiveStatus:
             seconds_left=progress.seconds_left,
         )
 
-    def node_ready(self, node: Node, state: NodeState) -> None:
+    def node_ready(self, loaded: LoadedNode) -> None:
         """The node exists: its past rounds (a resumed node's) join the curves."""
-        self.node = node
-        self.state = state
+        self.loaded = loaded
         self.progress = None
-        self._history = RoundHistory(r for r in read_records(node.data_dir) if r.round <= state.round)
+        self._history = RoundHistory(r for r in read_records(loaded.node.data_dir) if r.round <= loaded.state.round)
 
     def after_round(self, state: NodeState, record: RoundRecord) -> None:
         """The round loop's after-round call: the curves grow, and the judge hears of it."""
-        self.state = state
+        assert self.loaded is not None, "rounds run only once the node has loaded"
+        self.loaded.state = state
         self._history.add(record)
-        if self.judge is not None:
-            self.judge.round_done(record)
+        if self.loaded.judge is not None:
+            self.loaded.judge.round_done(record)
+
+    def current_phase(self) -> Phase:
+        if self.stop.is_set() and self.phase not in ("finished", "stopped"):
+            return "stopping"
+        return self.phase
 
     # --- what it answers -------------------------------------------------------------------
 
     def snapshot(self) -> NodeStatus:
-        node, network = self.node, self.network
+        loaded = self.loaded
         status = NodeStatus(
             source="live",
             updated=time.time(),
@@ -104,7 +139,7 @@ class LiveStatus:
             peer_id=self.peer_id,
             model=self.settings.model.model,
             data_dir=str(self.settings.run.data_dir),
-            phase=self.phase,
+            phase=self.current_phase(),
             progress=self.progress,
             started=self.started,
             listen=self.listen,
@@ -114,14 +149,14 @@ class LiveStatus:
             judge=self._judge(),
         )
         update: dict = {}
-        seen = network.status() if network is not None else None
-        transport = seen.counters if seen is not None else {}
-        if node is not None and self.state is not None:  # set together, by node_ready
-            counters = node.counters
+        seen = self.network.status()
+        transport = seen.counters
+        if loaded is not None:
+            counters = loaded.node.counters
             update |= {
-                "round": self.state.round,
-                "cumulative_reward": self.state.cumulative_reward,
-                "inbox_size": len(node.inbox),
+                "round": loaded.state.round,
+                "cumulative_reward": loaded.state.cumulative_reward,
+                "inbox_size": len(loaded.node.inbox),
                 "received": counters.received,
                 "accepted": counters.accepted,
                 "rejected": counters.all_rejections(),
@@ -134,12 +169,9 @@ class LiveStatus:
             "dropped": transport.get("inbox_channel_full", 0),
             "peers_banned": transport.get("peers_banned", 0),
             "transport": dict(transport),
+            "bans": seen.bans,
+            "peers": peer_rows(seen.connected, seen.addresses, accepted_from, seen.bans, seen.agents, seen.scores),
         }
-        if seen is not None:
-            update |= {
-                "bans": seen.bans,
-                "peers": peer_rows(seen.connected, seen.addresses, accepted_from, seen.bans, seen.agents, seen.scores),
-            }
         update |= self._history.fields()
         return status.model_copy(update=update)
 
@@ -147,7 +179,7 @@ class LiveStatus:
         address = self.settings.run.judge
         if not address:
             return None
-        judge = self.judge
+        judge = self.loaded.judge if self.loaded is not None else None
         if judge is None:
             return JudgeStatus(address=address, every=self.settings.run.judge_every)
         scores = list(judge.scores)

@@ -29,7 +29,7 @@ from sapo.node.core.round import Exchange, run_round
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState
 from sapo.node.daemon.dialable import dialable_all, page_urls
-from sapo.node.daemon.live import LiveStatus, LoadingStopped
+from sapo.node.daemon.live import LiveStatus, LoadedNode, LoadingStopped
 from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
@@ -91,17 +91,16 @@ async def round_loop(
     return state
 
 
-def _finish(scope: trio.CancelScope, stop: threading.Event, live: LiveStatus) -> None:
+def _finish(scope: trio.CancelScope, stop: threading.Event) -> None:
     # A worker thread cannot be cancelled from trio: ask the warm start and the generation
     # loop to stop at their next step. An update in progress finishes, so the weights always
-    # match a whole round.
+    # match a whole round. The page reads "stopping" from `stop`.
     stop.set()
-    live.phase = "stopping"
     scope.cancel()
 
 
 async def _cancel_on_signal(
-    scope: trio.CancelScope, stop: threading.Event, live: LiveStatus, *, task_status=trio.TASK_STATUS_IGNORED
+    scope: trio.CancelScope, stop: threading.Event, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         task_status.started()
@@ -111,25 +110,25 @@ async def _cancel_on_signal(
                 signal.Signals(signum).name,
                 SIGNAL_MEANING[signal.Signals(signum)],
             )
-            _finish(scope, stop, live)
+            _finish(scope, stop)
             return
 
 
-async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: threading.Event, live: LiveStatus) -> None:
+async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: threading.Event) -> None:
     """A node its swarm started stops as on SIGTERM once the swarm is gone, however it went: a
     SIGKILLed swarm can forward nothing, and its nodes would train on, orphaned, for good."""
     while os.getppid() == parent:  # noqa: ASYNC110 - no event says a parent went: poll
         await trio.sleep(ORPHAN_CHECK_SECONDS)
     log.info("its swarm (pid %d) is gone; finishing cleanly", parent)
-    _finish(scope, stop, live)
+    _finish(scope, stop)
 
 
 async def start_network(
-    nursery: trio.Nursery, settings: NodeSettings, key_pair, counters: dict[str, int], live: LiveStatus
-) -> tuple[Network, trio.MemoryReceiveChannel[Arrival]]:
+    nursery: trio.Nursery, settings: NodeSettings, key_pair, counters: dict[str, int], stop: threading.Event
+) -> tuple[Network, trio.MemoryReceiveChannel[Arrival], LiveStatus]:
     """Open the network (protocol/network.py) as a task of the daemon's nursery and print the
     addresses peers can dial. What it receives waits in the returned channel until the node
-    can check it (start_intake)."""
+    can check it (start_intake). The daemon's status, which shows the network, starts here."""
     send, receive = trio.open_memory_channel[Arrival](INCOMING_BUFFER)
     # peers' shared log-probs only reach a node that weighs their completions by them
     reads_logprobs = settings.external_use.importance_weight != "off"
@@ -137,12 +136,17 @@ async def start_network(
     network: Network = await nursery.start(
         partial(serve_network, settings.network, key_pair, send, counters=counters, extra_topics=extra)
     )
-    live.network = network
-    live.listen = dialable_all(network.listen_addrs)
-    live.waiting = lambda: receive.statistics().current_buffer_used
+    live = LiveStatus(
+        settings,
+        network.peer_id,
+        stop,
+        network,
+        listen=dialable_all(network.listen_addrs),
+        waiting=lambda: receive.statistics().current_buffer_used,
+    )
     for address in live.listen:
         print(f"listening on {address}", flush=True)
-    return network, receive
+    return network, receive, live
 
 
 def groups_to_fetch(settings: NodeSettings) -> int:
@@ -196,7 +200,8 @@ async def load_node(
 ) -> tuple[Node, NodeState]:
     """Load (or convert) the model, warm-start it if due, resume from the last checkpoint:
     in a worker thread, so the network and the page keep answering meanwhile. The node counts
-    into `counters` and stops generating when `stop` is set."""
+    into `counters` and stops generating when `stop` is set. The page sees it once its judge
+    client is up too (`LiveStatus.node_ready`)."""
     live.phase = "loading model"
     started = time.perf_counter()
     log.info("loading %s%s", settings.model.model, " (the page shows the progress)" if live.page else "")
@@ -207,7 +212,6 @@ async def load_node(
             return node, node.start_state()
 
     node, state = await trio.to_thread.run_sync(build)
-    live.node_ready(node, state)
     policy = node.policy
     precisions = f"sampling {'bf16' if policy.generation_bf16 else 'fp32'}, update {'bf16' if policy.bf16 else 'fp32'}"
     print(f"model loaded in {time.perf_counter() - started:.1f}s ({policy.device.type}; {precisions})", flush=True)
@@ -252,7 +256,7 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
     key_pair = load_or_create_identity(settings.run.data_dir, bytes.fromhex(seed) if seed else None)
     peer_id = peer_id_of(key_pair)
     stop = threading.Event()
-    live = LiveStatus(settings, peer_id, stop)
+    live: LiveStatus | None = None  # once the network is up
     transport: dict[str, int] = {}  # the gossip layer's counters, reported with the node's own
     torch_lock = trio.Lock()
     node: Node | None = None
@@ -260,10 +264,10 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
     try:
         with trio.CancelScope() as scope:
             async with trio.open_nursery() as nursery:
-                await nursery.start(_cancel_on_signal, scope, stop, live)
+                await nursery.start(_cancel_on_signal, scope, stop)
                 if parent is not None:
-                    nursery.start_soon(_cancel_when_orphaned, parent, scope, stop, live)
-                network, receive = await start_network(nursery, settings, key_pair, transport, live)
+                    nursery.start_soon(_cancel_when_orphaned, parent, scope, stop)
+                network, receive, live = await start_network(nursery, settings, key_pair, transport, stop)
                 prefetch = await nursery.start(fetch_until_training, network, groups_to_fetch(settings))
                 metrics = await open_page(nursery, settings, live)
                 nursery.start_soon(live.keep_file)
@@ -271,7 +275,8 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                 node, state = await load_node(settings, peer_id, live, NodeCounters(transport=transport), stop)
                 start = state
                 exchange = start_intake(nursery, node, network, receive, settings)
-                live.judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
+                judge = await start_judge_client(nursery, node, key_pair, torch_lock, settings)
+                live.node_ready(LoadedNode(node, judge, state))
                 live.phase = "waiting for peers"
                 await wait_for_peers(exchange, settings.network.wait_for_peers, settings.network.wait_for_peers_seconds)
                 prefetch.cancel()  # from now on each round asks after it publishes
@@ -296,7 +301,8 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
     ):
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(node.checkpoint, state)
-    if live.phase != "finished":
-        live.phase = "stopped"
-    live.write_file()
+    if live is not None:  # a stop before the network was up has nothing to report
+        if live.phase != "finished":
+            live.phase = "stopped"
+        live.write_file()
     return node

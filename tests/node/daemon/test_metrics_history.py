@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,21 +76,22 @@ def write_history(path, rounds: int) -> None:
 # What a resumed daemon reads of its history before its first round: Node.start_state's
 # truncate_after, the page's curves (LiveStatus.node_ready) and `sapo-node status DATA_DIR`.
 RESUME = """
-import json, resource, sys, threading
+import json, resource, sys
 from pathlib import Path
 from types import SimpleNamespace
-from sapo.node.daemon.live import LiveStatus
+from sapo.node.daemon.live import LoadedNode
 from sapo.node.core.metrics import METRICS_FILE, MetricsLog
 from sapo.node.core.settings import NodeSettings
 from sapo.node.core.state import NodeState, RandomStreams
 from sapo.node.daemon.status import status_from_data_dir
 from sapo.sampling.balance import BalanceState
+from tests.support.live import live_status
 
 data_dir, last = Path(sys.argv[1]), int(sys.argv[2])
 MetricsLog(data_dir / METRICS_FILE).truncate_after(last)
-live = LiveStatus(NodeSettings(), "peer", threading.Event())
+live = live_status(NodeSettings())
 state = NodeState(round=last, balance=BalanceState(external=4), streams=RandomStreams.from_seed(0))
-live.node_ready(SimpleNamespace(data_dir=data_dir), state)
+live.node_ready(LoadedNode(SimpleNamespace(data_dir=data_dir), None, state))
 page = live._history.fields()["rounds"]
 status = status_from_data_dir(data_dir)
 print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "round": status.round,
@@ -99,7 +101,11 @@ print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 
 def resume(data_dir, last: int) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", RESUME, str(data_dir), str(last)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", RESUME, str(data_dir), str(last)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[3],  # the checkout, where `tests.support` imports from
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -4,8 +4,8 @@ directories written the way a node writes them (MetricsLog, status.json)."""
 import json
 import subprocess
 import sys
-import threading
 import tracemalloc
+from types import SimpleNamespace
 
 from pytest import approx
 
@@ -92,13 +92,19 @@ def test_long_runs_are_binned_to_at_most_max_points_with_the_newest_round_last()
 
 def test_a_live_node_holds_the_same_memory_after_16000_rounds_as_after_8000(tmp_path):
     """The page's curves are bins, not every round a node ever ran (5.6 KB a round before)."""
+    from sapo.node.core.counters import NodeCounters
     from sapo.node.core.state import NodeState, RandomStreams
-    from sapo.node.daemon.live import LiveStatus
+    from sapo.node.daemon.live import LoadedNode
     from sapo.node.flags import node_settings_from_flags
     from sapo.sampling.balance import BalanceState
+    from tests.support.live import live_status
 
-    live = LiveStatus(node_settings_from_flags(["--data-dir", str(tmp_path)]), "12D3KooWme", threading.Event())
+    live = live_status(node_settings_from_flags(["--data-dir", str(tmp_path)]), "12D3KooWme")
     base, streams = record(1), RandomStreams.from_seed(0)
+    start = NodeState(round=0, balance=BalanceState(external=4), streams=streams)
+    # the parts of a node the page reads: no model needs to load for its curves
+    node = SimpleNamespace(data_dir=tmp_path, counters=NodeCounters(), inbox=[])
+    live.node_ready(LoadedNode(node, None, start))
     tracemalloc.start()
     try:
         held = []
