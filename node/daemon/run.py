@@ -10,6 +10,7 @@ counted (`inbox_channel_full`), never allowed to block the network.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from sapo.node.core.state import NodeState
 from sapo.node.daemon.dialable import dialable_all, page_urls
 from sapo.node.daemon.live import LiveStatus, LoadedNode, LoadingStopped
 from sapo.node.daemon.prometheus import NodeMetrics
+from sapo.node.daemon.status import NodeStatus, write_status_file
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
 from sapo.protocol.network import Arrival, Network, serve_network
@@ -288,7 +290,8 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
                     live.after_round(done, record)
 
                 await round_loop(node, state, exchange, torch_lock, metrics, after_round)
-                live.phase = "finished"
+                # a signal mid-round ends the loop early, and trio may not have cancelled us yet
+                live.phase = "stopped" if stop.is_set() else "finished"
                 nursery.cancel_scope.cancel()
     except* LoadingStopped as stopped:
         log.info("%s", stopped.exceptions[0])
@@ -301,7 +304,19 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
     ):
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(node.checkpoint, state)
-    if live is not None:  # a stop before the network was up has nothing to report
+    if live is None:  # stopped before the network was up: still, the last run's file is not ours
+        data_dir = settings.run.data_dir
+        stopped = NodeStatus(
+            source="live",
+            updated=time.time(),
+            pid=os.getpid(),
+            peer_id=peer_id,
+            data_dir=str(data_dir),
+            phase="stopped",
+        )
+        with contextlib.suppress(OSError):  # as LiveStatus.write_file: a full disk is no reason to fail here
+            write_status_file(data_dir, stopped)
+    else:
         if live.phase != "finished":
             live.phase = "stopped"
         live.write_file()
