@@ -149,7 +149,7 @@ class Network:
 
     def want(self, count: int) -> None:
         """Fetch about `count` groups from authors drawn uniformly across the peers we know; they
-        arrive on `incoming` as `FetchedGroup`s. Nothing with `exchange="gossip"`: the topic brings all."""
+        arrive on `incoming` by the fetch route. Nothing with `exchange="gossip"`: the topic brings all."""
         if self.settings.exchange == "fetch":
             self.fetcher.want(count)
 

@@ -14,7 +14,7 @@ from libp2p.peer.id import ID
 
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
-from sapo.protocol.exchange.arrivals import Arrival, FetchedGroup
+from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.settings import logprobs_topic
 from sapo.protocol.wire.codec import canonical_bytes, encode, encode_logprobs, group_digest
 from sapo.protocol.wire.messages import (
@@ -200,15 +200,13 @@ class GossipExchange:
         shared = logprobs_topic(self.encoder.swarm)
         intake = self.memory.intake
         async for arrival in incoming:
-            if isinstance(arrival, FetchedGroup):  # its author served it: Noise says who that is
-                sender, data, accept = arrival.author, arrival.frame, intake.accept
-            else:  # gossip: libp2p checked the author's signature
-                sender, data = arrival.sender, arrival.data
-                accept = intake.accept_logprobs if arrival.topic == shared else intake.accept
+            sender = arrival.sender  # the signer, or the author a fetch asked
             if self.network.refusal_bytes(_peer_bytes(sender)) == "banned":
                 self.counters.rejected["banned"] += 1
                 continue
-            verdict = await trio.to_thread.run_sync(accept, data, sender, arrival.received_at, limiter=limiter)
+            logprobs = arrival.route == "gossip" and arrival.topic == shared
+            accept = intake.accept_logprobs if logprobs else intake.accept
+            verdict = await trio.to_thread.run_sync(accept, arrival.data, sender, arrival.received_at, limiter=limiter)
             if verdict.refusal is not None:
                 self.network.penalize_sender(sender, verdict.refusal)
             if verdict.group is not None:

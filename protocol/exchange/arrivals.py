@@ -1,36 +1,37 @@
-"""What the network hands the node, one `Arrival` at a time on one memory channel, each saying by
-which route it came: a gossip message (`GossipMessage`, signed by its author, on a topic) or a
-group its author served us when asked (`FetchedGroup`). The node's intake checks both the same
-way; the route says which check to run (a log-probs message is not a group) and whom to charge.
+"""What the network hands the node, one `Arrival` at a time on one memory channel: a peer's
+bytes, whose they are, when they came and by which route. The node's intake checks every route
+the same way; the route says which check to run (a log-probs message is not a group).
+
+- `route="gossip"`: a message on one of our topics, signed by `sender` (libp2p checked the
+  signature), each message once (gossip.py remembers ids to drop repeats). `topic` says which.
+- `route="fetch"`: a group `sender` served us when we asked it on `/sapo/groups/1`
+  (group_fetch.py). Noise authenticated the stream's peer, and the intake refuses a group whose
+  origin is anyone else (`sender_mismatch`), so no one can serve another's group. No topic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Route = Literal["gossip", "fetch"]
 
 
 @dataclass(frozen=True)
-class GossipMessage:
-    """One message from another peer, signature already verified by libp2p, each once (gossip.py
-    remembers message ids to drop repeats; the node needs no id)."""
-
-    sender: str  # base58 peer id of the signer (the message's `from` field)
+class Arrival:
+    sender: str  # base58 peer id of the author: the signer, or the peer we asked
     data: bytes
     received_at: float  # time.time() when it reached this node
-    topic: str  # the topic it came on (the rollouts topic, unless the network was given others)
+    route: Route
+    topic: str | None = None  # the topic a gossip message came on; None for a fetched group
+
+    @classmethod
+    def fetched(cls, author: str, frame: bytes, received_at: float) -> Arrival:
+        return cls(author, frame, received_at, "fetch")
+
+    @classmethod
+    def gossiped(cls, signer: str, data: bytes, received_at: float, topic: str) -> Arrival:
+        return cls(signer, data, received_at, "gossip", topic)
 
 
-@dataclass(frozen=True)
-class FetchedGroup:
-    """One group's frame as its author answered our request on `/sapo/groups/1` (group_fetch.py).
-    `author` is the stream's peer, which Noise authenticated; the intake refuses a group whose
-    origin is anyone else (`sender_mismatch`), so no one can serve another's group."""
-
-    author: str  # base58 peer id
-    frame: bytes
-    received_at: float  # time.time() when it reached this node
-
-
-Arrival = GossipMessage | FetchedGroup
-
-__all__ = ["Arrival", "FetchedGroup", "GossipMessage"]
+__all__ = ["Arrival", "Route"]

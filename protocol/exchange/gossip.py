@@ -1,5 +1,5 @@
-"""What gossip hands the node: each new message from another peer once, as a `GossipMessage` on
-a memory channel (protocol/exchange/arrivals.py), and no message over the size limit.
+"""What gossip hands the node: each new message from another peer once, as an `Arrival` by the
+gossip route on a memory channel (protocol/exchange/arrivals.py), and no message over the size limit.
 
 The network (network.py) builds the host and pubsub around these; everything there works around
 measured sharp edges of py-libp2p 0.8.1 (see protocol/README.md, "Transport").
@@ -16,7 +16,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
-from sapo.protocol.exchange.arrivals import Arrival, GossipMessage
+from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.toolkit.hosts import peer_str
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.recent import RecentByAuthor
@@ -71,12 +71,8 @@ class Delivery:
         if self.topics[0] in msg.topicIDs:
             self._gossiping.put(msg.from_id, now)
         self.count("received")
-        received = GossipMessage(
-            sender=peer_str(msg.from_id),
-            data=bytes(msg.data),
-            received_at=time.time(),
-            topic=next((t for t in msg.topicIDs if t in self.topics), self.topics[0]),
-        )
+        topic = next((t for t in msg.topicIDs if t in self.topics), self.topics[0])
+        received = Arrival.gossiped(peer_str(msg.from_id), bytes(msg.data), time.time(), topic)
         self.hand(received)
 
     def hand(self, received: Arrival) -> None:
@@ -87,7 +83,7 @@ class Delivery:
             self.incoming.send_nowait(received)
         except trio.WouldBlock:
             self.count("inbox_channel_full")
-            logger.debug("inbox full: dropped a %s", type(received).__name__)
+            logger.debug("inbox full: dropped a %s arrival from %s", received.route, received.sender)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self.count("inbox_closed")
 

@@ -18,8 +18,8 @@ How:
   record says), and at most FETCH_LINGER such links are kept; older ones are closed.
   An author answers only for itself: Noise authenticated the stream's peer, and the node's
   intake refuses a group whose sender is not that peer. So no one can serve another's group.
-- What comes back goes to the node as what it is, a `FetchedGroup` from its author
-  (protocol/exchange/arrivals.py), on the channel gossip's messages take, through the same intake
+- What comes back goes to the node as what it is, an `Arrival` by the fetch route from its
+  author (protocol/exchange/arrivals.py), on the channel gossip's messages take, through the same intake
   checks, which charge a bad group to its author as they always have.
 
 A peer that lacks the protocol (a release before 0.4.0) is never asked; the network gossips our
@@ -41,7 +41,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sapo.protocol.exchange.arrivals import FetchedGroup
+from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.toolkit import streams
 from sapo.protocol.toolkit.frames import FrameError
 from sapo.protocol.toolkit.hosts import open_peers
@@ -169,7 +169,7 @@ class Links(Protocol):
 
 class GroupFetcher:
     """Brings groups on `want(count)`: from authors drawn uniformly from `authors()`, handed to
-    `hand` as `FetchedGroup`s. The network passes in its host, its `gate` (who may
+    `hand` as `Arrival`s by the fetch route. The network passes in its host, its `gate` (who may
     be asked, which peers lack the protocol, the counters) and its dialer (`links`)."""
 
     def __init__(
@@ -181,7 +181,7 @@ class GroupFetcher:
         gate: PeerGate,
         links: Links,
         authors: Callable[[], list[Author]],
-        hand: Callable[[FetchedGroup], None],
+        hand: Callable[[Arrival], None],
     ) -> None:
         self.host = host
         self.swarm = swarm
@@ -280,7 +280,7 @@ class GroupFetcher:
         for group in groups:
             self._remember(author.peer_id, group.round_index)
             self.count("fetch_bytes", len(group.frame))
-            self.hand(FetchedGroup(author.peer_id.to_base58(), group.frame, received_at=time.time()))
+            self.hand(Arrival.fetched(author.peer_id.to_base58(), group.frame, time.time()))
         self.count("fetch_groups", len(groups))
         out.append(len(groups))
 

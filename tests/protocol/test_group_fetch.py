@@ -9,7 +9,6 @@ import pytest
 import trio
 
 from sapo.protocol.exchange import group_fetch
-from sapo.protocol.exchange.arrivals import FetchedGroup, GossipMessage
 from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
 from sapo.protocol.wire.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
@@ -100,14 +99,14 @@ async def test_an_asked_for_group_arrives_once_from_its_author_and_never_on_the_
 
             asker.service.want(2)
             received = await receive_all(asker, 2)
-            assert all(isinstance(m, FetchedGroup) for m in received)  # its route, not a gossip message
-            assert [m.frame for m in received] == [b"group 2", b"group 1"]
-            assert {m.author for m in received} == {author.service.peer_id}
+            assert [(m.route, m.topic) for m in received] == [("fetch", None)] * 2  # not a gossip message
+            assert [m.data for m in received] == [b"group 2", b"group 1"]
+            assert {m.sender for m in received} == {author.service.peer_id}
 
             assert await author.service.share(b"group 3", 3)
             asker.service.want(4)  # only what is newer than what it has: round 3, not rounds 0-2 again
             [newest] = await receive_all(asker, 1)
-            assert newest.frame == b"group 3"
+            assert newest.data == b"group 3"
             await trio.sleep(0.5)
             assert asker.counters["fetch_groups"] == 3 and author.counters["fetch_served"] >= 2
             with pytest.raises(trio.WouldBlock):
@@ -130,7 +129,7 @@ async def test_each_drawn_author_is_asked_for_two_groups_so_a_want_costs_half_th
             received = await receive_all(asker, 4)
             by_author: dict[str, list[bytes]] = {}
             for message in received:
-                by_author.setdefault(message.author, []).append(message.frame)
+                by_author.setdefault(message.sender, []).append(message.data)
             assert sorted(len(groups) for groups in by_author.values()) == [2, 2]  # two authors, two groups each
             assert asker.counters["fetch_requests"] == 2
             nursery.cancel_scope.cancel()
@@ -149,7 +148,7 @@ async def test_a_request_that_comes_before_the_group_is_answered_when_it_is_publ
             await trio.sleep(0.3)  # the request is at the author, which has nothing yet
             assert await author.service.share(b"just published", 0)
             [message] = await receive_all(asker, 1)
-            assert message.frame == b"just published"
+            assert message.data == b"just published"
             assert asker.counters["fetch_requests"] == 1  # the held request brought it: no second ask
             nursery.cancel_scope.cancel()
 
@@ -182,7 +181,7 @@ async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
                     asker.service.want(2)
                     with trio.move_on_after(1.0):
                         got.append(await asker.inbox.receive())
-            assert got[0] == FetchedGroup(far.service.peer_id, b"from afar", got[0].received_at)
+            assert (got[0].route, got[0].sender, got[0].data) == ("fetch", far.service.peer_id, b"from afar")
             assert asker.counters["fetch_dials"] >= 1
             nursery.cancel_scope.cancel()
 
@@ -261,7 +260,7 @@ async def test_groups_go_on_the_topic_while_an_older_release_is_connected():
             await wait_for_mesh([new, old])
             assert await new.service.share(b"for the old one", 0)
             [message] = await receive_all(old, 1)
-            assert isinstance(message, GossipMessage)  # on the topic: the old release cannot fetch
+            assert message.route == "gossip"  # on the topic: the old release cannot fetch
             assert message.data == b"for the old one" and message.sender == new.service.peer_id
             assert new.counters["published"] == 1
             nursery.cancel_scope.cancel()
@@ -280,7 +279,7 @@ async def test_an_author_whose_groups_come_on_the_topic_is_not_asked_for_them_ag
             await wait_for_mesh([new, old, other])
             assert await new.service.share(b"on the topic", 0)  # gossiped: an older release is connected
             [message] = await receive_all(other, 1)
-            assert isinstance(message, GossipMessage) and message.sender == new.service.peer_id
+            assert message.route == "gossip" and message.sender == new.service.peer_id
             assert other.counters["received"] >= 1
             other.service.want(4)
             await trio.sleep(1.5)

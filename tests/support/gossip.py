@@ -69,4 +69,4 @@ def assert_empty(node):
         message = node.inbox.receive_nowait()
     except trio.WouldBlock:
         return
-    raise AssertionError(f"unexpected arrival: {str(message)[:160]}")
+    raise AssertionError(f"unexpected {message.route} arrival from {message.sender}: {message.data[:20]!r}")
