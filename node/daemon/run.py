@@ -306,7 +306,7 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
             await trio.to_thread.run_sync(node.checkpoint, state)
     if live is None:  # stopped before the network was up: still, the last run's file is not ours
         data_dir = settings.run.data_dir
-        stopped = NodeStatus(
+        last_word = NodeStatus(
             source="live",
             updated=time.time(),
             pid=os.getpid(),
@@ -315,7 +315,7 @@ async def run_node(settings: NodeSettings, parent: int | None = None) -> Node | 
             phase="stopped",
         )
         with contextlib.suppress(OSError):  # as LiveStatus.write_file: a full disk is no reason to fail here
-            write_status_file(data_dir, stopped)
+            write_status_file(data_dir, last_word)
     else:
         if live.phase != "finished":
             live.phase = "stopped"
