@@ -38,12 +38,12 @@ from sapo.protocol.exchange.pubsub_guards import cut_connections
 from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.peers.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.reach.dialing import BootstrapKeeper, Dialer
-from sapo.protocol.reach.reachability import Reachability, ReachabilityService, network_group
+from sapo.protocol.reach.reachability import Reachability, ReachabilityService
 from sapo.protocol.reach.relay import RelayService, Reservations
 from sapo.protocol.reach.relayed_links import RelayedLinks
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.toolkit.agents import PeerAgents
-from sapo.protocol.toolkit.hosts import connection_addresses, direct_ip, new_noise_host, open_peers
+from sapo.protocol.toolkit.hosts import connection_addresses, direct_ip, network_group, new_noise_host, open_peers
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.protocol.wire.group_wire import Outbox
@@ -203,7 +203,7 @@ class Network:
         return sorted(peer.to_base58() for peer in open_peers(self.host))
 
     def network_group_of(self, peer: str) -> str | None:
-        """The network address group (reachability.network_group: IPv4 /16, IPv6 /32, or one
+        """The network address group (toolkit/hosts.py's network_group: IPv4 /16, IPv6 /32, or one
         "local" group) of `peer`'s direct connection; None if it has none."""
         try:
             ip = direct_ip(self.host, ID.from_base58(peer))

@@ -74,7 +74,7 @@ FAST_INTERVAL_SECONDS = 1.0
 # A peer asking more often than this is refused: answering costs a signature check.
 MIN_SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
-MAX_SERVES_PER_PEER = 2
+MAX_SERVES_PER_PEER = 1
 # Failed dials back off 2, 4, 8... s (at most a minute); after this many the record is dropped.
 MAX_DIAL_FAILURES = 4
 

@@ -116,7 +116,7 @@ class GroupServer:
         limits = ServeLimits(
             seconds=STREAM_TIMEOUT_SECONDS,
             total=MAX_CONCURRENT_SERVES,
-            per_peer=SERVE_BURST,
+            per_peer=1,  # an asker waits for its answer before it asks again
             rate=1 / SERVE_INTERVAL_SECONDS,
             burst=SERVE_BURST,
             max_tracked=MAX_TRACKED_ASKERS,

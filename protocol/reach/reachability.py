@@ -24,7 +24,7 @@ able to flip them, though (a node told it is public stops reserving relay slots 
 unreachable behind its NAT; one told it is private stops relaying and leans on the teller's
 relays). So a verdict counts only from an established server: a bootstrap peer (the operator
 named it), or a peer whose connection has lasted `MIN_SERVER_AGE_SECONDS`; and at most one
-verdict counts per network group (`network_group`: a peer's IPv4 /16 or IPv6 /32, as Bitcoin
+verdict counts per network group (toolkit/hosts.py's `network_group`: a peer's IPv4 /16 or IPv6 /32, as Bitcoin
 Core buckets its peers, and one group for every address that is not globally routable), the
 latest of that group's. The status is the majority of the latest `KEPT_VERDICTS` groups. Fresh
 identities from one network, however many, are one voice, and only after they have stayed. The server side answers at
@@ -49,7 +49,7 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
-from sapo.protocol.toolkit.hosts import direct_peers, is_relayed
+from sapo.protocol.toolkit.hosts import direct_peers, is_relayed, network_group
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.streams import ServeLimits, StreamServer
 
@@ -182,26 +182,6 @@ class _DialBackAutoNAT(AutoNATService):
                 except Exception as error:  # noqa: BLE001 - refused, reset, wrong peer
                     logger.debug("dial-back to %s at %s failed: %s", peer_id, multiaddr.Multiaddr(raw), error)
         return None
-
-
-def network_group(ip: str) -> str:
-    """The network a peer's IP belongs to, for counting its verdict once with its neighbours':
-    the IPv4 /16 or the IPv6 /32 (Bitcoin Core's buckets: one operator rarely holds addresses in
-    many of them), or "local" for any address that is not globally routable (loopback, RFC 1918
-    and ULA, link-local, carrier-grade NAT, documentation ranges). Such a peer shares our host, LAN,
-    VPN or container network: nothing tells its addresses apart as operators, and its dial-back
-    only proves the local path, so all of them together are one voice (as Bitcoin Core puts every
-    unroutable address in one group). On one machine or in one test network every peer is local."""
-    try:
-        address = ipaddress.ip_address(ip)
-    except ValueError:
-        return "local"
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if not address.is_global:
-        return "local"
-    prefix = 16 if address.version == 4 else 32
-    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
 
 
 def _direct_connection(host: Any, peer: ID) -> tuple[str, float] | None:

@@ -21,6 +21,7 @@ Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which 
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
@@ -161,6 +162,27 @@ def direct_ip(host: Any, peer: ID) -> str | None:
                 except Exception:  # noqa: BLE001 - multiaddr raises when the protocol is absent
                     continue
     return None
+
+
+def network_group(ip: str) -> str:
+    """The network a peer's IP belongs to, for counting it once with its neighbours' (a
+    reachability verdict, a place among a server's requests, standing's budget):
+    the IPv4 /16 or the IPv6 /32 (Bitcoin Core's buckets: one operator rarely holds addresses in
+    many of them), or "local" for any address that is not globally routable (loopback, RFC 1918
+    and ULA, link-local, carrier-grade NAT, documentation ranges). Such a peer shares our host, LAN,
+    VPN or container network: nothing tells its addresses apart as operators, and its dial-back
+    only proves the local path, so all of them together are one voice (as Bitcoin Core puts every
+    unroutable address in one group). On one machine or in one test network every peer is local."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return "local"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if not address.is_global:
+        return "local"
+    prefix = 16 if address.version == 4 else 32
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
 
 
 def peer_str(peer_id_bytes: bytes) -> str:

@@ -6,12 +6,16 @@ task, a stream and our CPU, so `StreamServer` spends them on one rule for all th
 
 - who: a peer the gate refuses (allow list, bans) gets a reset stream, before a byte is read;
 - how many: at most `total` requests served at once in all (a `trio.CapacityLimiter`), at most
-  `per_peer` of one peer's, and a token bucket per peer (`rate` a second, `burst` in a row,
-  buckets.py); over any of them, a reset stream (`<name>_refused`);
-- how long: the request read, answered and the answer written within `seconds`. A request that
-  runs past it held a place others could have used, so its peer pays: the stream is reset,
-  `<name>_request_timeouts` is counted and its bucket is charged a whole burst (a debt that its
-  next requests wait out);
+  `per_peer` of one peer's open, at most `per_group` open from one network group (IPv4 /16,
+  IPv6 /32, every relayed peer together; hosts.py's `network_group`), and a token bucket per peer
+  (`rate` a second, `burst` in a row, buckets.py); over any of them, a reset stream
+  (`<name>_refused`). Peers on our host, LAN or container network (the "local" group) have no
+  group cap: a local swarm is all one group, and whoever is inside it is ours to trust or not;
+- how long: the request's frame within `read_seconds` of the stream opening (an asker writes it
+  at once: a silent stream is only holding a place), and the request read, answered and the
+  answer written within `seconds`. A request that runs past either held a place others could
+  have used, so its peer pays: the stream is reset, `<name>_request_timeouts` is counted and its
+  bucket is charged a whole burst (a debt that its next requests wait out);
 - what it sends: one frame of at most `max_request_bytes`, its length checked before the payload
   is read (frames.py); anything that fails there or in the answer resets the stream
   (`<name>_bad_request`).
@@ -38,13 +42,16 @@ from libp2p.peer.id import ID
 
 from sapo.protocol.toolkit.buckets import TokenBuckets
 from sapo.protocol.toolkit.frames import read_frame
-from sapo.protocol.toolkit.hosts import close_stream, is_relayed, reset_stream
+from sapo.protocol.toolkit.hosts import close_stream, is_relayed, network_group, reset_stream
 from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.streams")
 
 # A polite close of a stream we are done with; a peer that does not take it is cut by the reset.
 CLOSE_SECONDS = 1.0
+# For a request's frame (at most a few hundred bytes, written as the stream opens) to arrive:
+# a round trip of 100 ms with a lost segment or two takes well under a second.
+REQUEST_READ_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,16 @@ class ServeLimits:
 
     seconds: float  # to read a request, answer it and write the answer
     total: int  # requests served at once, all peers together
-    per_peer: int  # one peer's requests served at once
+    per_peer: int  # one peer's requests open at once
     rate: float  # requests a peer may start a second, on average...
     burst: float  # ...and in a row
     max_tracked: int = 4096  # peers whose bucket is remembered, least recently heard forgotten
+    per_group: int | None = None  # requests open at once from one network group; None: total // 2
+    read_seconds: float = REQUEST_READ_SECONDS  # for the request's frame to arrive whole
+
+    @property
+    def group_cap(self) -> int:
+        return self.per_group if self.per_group is not None else max(1, self.total // 2)
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,8 @@ class StreamServer:
         self.count = gate.count
         self.clock = clock
         self._serving = trio.CapacityLimiter(limits.total)
-        self._open: dict[ID, int] = {}  # requests being served per peer; at most `total` keys, and those set aside
+        self._open: dict[ID, int] = {}  # requests open per peer: at most `total` keys, and those set aside
+        self._groups: dict[str, int] = {}  # requests open per network group but "local", likewise bounded
         self._rates: TokenBuckets[ID] = TokenBuckets(
             limits.rate, limits.burst, limits.max_tracked, floor=-float(limits.burst)
         )
@@ -97,7 +111,8 @@ class StreamServer:
         """Serve one frame request: `respond` turns it into the whole answer frame. Never raises."""
 
         async def exchange(slot: _Slot) -> None:
-            payload = await read_frame(stream, max_request_bytes)
+            with trio.fail_after(self.limits.read_seconds):
+                payload = await read_frame(stream, max_request_bytes)
             request = Request(slot.peer, payload, remote_ip(stream), slot.set_aside)
             await stream.write(await respond(request))
 
@@ -114,18 +129,22 @@ class StreamServer:
 
     async def _serve(self, stream: Any, exchange: Callable[[_Slot], Awaitable[None]]) -> None:
         peer = stream.muxed_conn.peer_id
-        slot = self._admit(peer)
+        slot = self._admit(peer, serving_group(stream))
         if slot is None:
             self.count(f"{self.name}_refused")
             await reset_stream(stream)
             return
         try:
+            silent = False
             with trio.move_on_after(self.limits.seconds) as deadline:
-                await exchange(slot)
-            if deadline.cancelled_caught:
+                try:
+                    await exchange(slot)
+                except trio.TooSlowError:  # the request's frame did not come in `read_seconds`
+                    silent = True
+            if silent or deadline.cancelled_caught:
                 self.count(f"{self.name}_request_timeouts")
                 self._rates.charge(peer, self.limits.burst, self.clock())
-                logger.debug("%s request from %s ran past %.0f s", self.name, peer, self.limits.seconds)
+                logger.debug("%s request from %s ran past its deadline", self.name, peer)
                 await reset_stream(stream)
                 return
             self.count(f"{self.name}_served")
@@ -138,18 +157,23 @@ class StreamServer:
         finally:
             slot.release()
 
-    def _admit(self, peer: ID) -> _Slot | None:
-        """A place for one of `peer`'s requests, or None. Its bucket pays only for one admitted."""
+    def _admit(self, peer: ID, group: str) -> _Slot | None:
+        """A place for one of `peer`'s requests from network `group`, or None. Its bucket pays
+        only for one admitted."""
+        capped = group != "local"
         if (
             self._serving.available_tokens < 1
             or self._open.get(peer, 0) >= self.limits.per_peer
+            or (capped and self._groups.get(group, 0) >= self.limits.group_cap)
             or not self.gate.may_use(peer)
             or not self._rates.take(peer, self.clock())
         ):
             return None
-        slot = _Slot(self, peer)
+        slot = _Slot(self, peer, group if capped else None)
         self._serving.acquire_on_behalf_of_nowait(slot)
-        self._open[peer] = self._open.get(peer, 0) + 1
+        _add(self._open, peer, 1)
+        if slot.group is not None:
+            _add(self._groups, slot.group, 1)
         return slot
 
     def _release(self, slot: _Slot, *, done: bool) -> None:
@@ -157,19 +181,38 @@ class StreamServer:
             slot.serving = False
             self._serving.release_on_behalf_of(slot)
         if done:
-            left = self._open[slot.peer] - 1
-            if left:
-                self._open[slot.peer] = left
-            else:
-                del self._open[slot.peer]
+            _add(self._open, slot.peer, -1)
+            if slot.group is not None:
+                _add(self._groups, slot.group, -1)
+
+
+def _add(counts: dict, key: Any, step: int) -> None:
+    """A count per key that keeps no zeros, so the dict holds only what is open."""
+    left = counts.get(key, 0) + step
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
+def serving_group(stream: Any) -> str:
+    """The network group a request's place counts in: its IP's (hosts.network_group), one
+    "relayed" group for every peer that reaches us through a relay (its IP is the relay's), and
+    "unknown" when the transport does not say."""
+    if is_relayed(stream.muxed_conn):
+        return "relayed"
+    ip = remote_ip(stream)
+    return network_group(ip) if ip is not None else "unknown"
 
 
 class _Slot:
-    """One admitted request's places: among `total` (until set aside) and among its peer's."""
+    """One admitted request's places: among `total` (until set aside), among its peer's and
+    among its network group's (None: a local peer, which no group cap counts)."""
 
-    def __init__(self, server: StreamServer, peer: ID) -> None:
+    def __init__(self, server: StreamServer, peer: ID, group: str | None) -> None:
         self.server = server
         self.peer = peer
+        self.group = group
         self.serving = True
 
     def set_aside(self) -> None:

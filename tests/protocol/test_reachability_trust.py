@@ -1,6 +1,6 @@
 """Reachability cannot be flipped by a few fake peers: a verdict counts only from an established
 server (a bootstrap peer, or one connected `MIN_SERVER_AGE_SECONDS`), and once per network group
-(reachability.network_group). The hosts here are stand-ins that say which peers are connected,
+(toolkit/hosts.py's network_group). The hosts here are stand-ins that say which peers are connected,
 from which address, since when; the answers are whatever each peer would say."""
 
 import time
@@ -10,7 +10,8 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from sapo.protocol.reach.reachability import MIN_SERVER_AGE_SECONDS, Reachability, ReachabilityService, network_group
+from sapo.protocol.reach.reachability import MIN_SERVER_AGE_SECONDS, Reachability, ReachabilityService
+from sapo.protocol.toolkit.hosts import network_group
 from sapo.protocol.toolkit.peer_gate import PeerGate
 
 
