@@ -136,7 +136,7 @@ class PeerWeighted:
         count: int,
         rng: random.Random,
         state: SamplerState,
-        standing: Mapping[str, float] | None = None,
+        author_weights: Mapping[str, float] | None = None,
     ) -> list[QuestionGroup]:
         pool = drop_zero_advantage(candidates)
         chosen: list[QuestionGroup] = []
@@ -144,7 +144,7 @@ class PeerWeighted:
             held = Counter(g.origin for g in pool)  # standing is per author, shared by its groups
             weights = [
                 (cls.floor + state.usefulness.get(g.origin, cls.prior))
-                * (1.0 if standing is None else (standing.get(g.origin, 0.0) + 1e-12) / held[g.origin])
+                * (1.0 if author_weights is None else (author_weights.get(g.origin, 0.0) + 1e-12) / held[g.origin])
                 for g in pool
             ]
             pick = rng.choices(range(len(pool)), weights=weights, k=1)[0]
@@ -168,14 +168,14 @@ def choose_external(
     count: int,
     rng: random.Random,
     state: SamplerState,
-    standing: Mapping[str, float] | None = None,
+    author_weights: Mapping[str, float] | None = None,
 ) -> tuple[list[QuestionGroup], SamplerState]:
     """J of the candidates by the named sampler, and the sampler's state after seeing them.
-    `standing`: each author's weight (sampling/standing.py), or None to weigh every group alike."""
+    `author_weights`: each author's weight (its standing, sampling/standing.py), or None (standing off) to weigh every group alike."""
     if name == "peer-weighted":
         state = PeerWeighted.observe(state, candidates)
-        return PeerWeighted.choose(candidates, count, rng, state, standing), state
+        return PeerWeighted.choose(candidates, count, rng, state, author_weights), state
     try:
-        return SAMPLERS[name](candidates, count, rng, standing), state
+        return SAMPLERS[name](candidates, count, rng, author_weights), state
     except KeyError:
         raise ValueError(f"unknown sampler {name!r}; choose from {', '.join([*SAMPLERS, 'peer-weighted'])}") from None
