@@ -35,11 +35,11 @@ identities is not addressed here: each fresh key gets a full bucket (`--allow-pe
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sapo.protocol.toolkit.buckets import TokenBucket
+from sapo.training.bounded import BoundedMap
 
 # Score at or below which a peer is banned. With RECOVERY_PER_SECOND = 1 a peer may run at most
 # one point a second in deficit forever; 100 points is 100 s of slack for bursts and slips.
@@ -124,9 +124,11 @@ class PeerGuard:
         self.ban_seconds = ban_seconds
         self.max_tracked = max_tracked
         self.clock = clock
-        # Least recently heard first; beyond max_tracked the quietest peer is forgotten. A banned
-        # peer is never forgotten early (it would come back with a clean slate), see _evict.
-        self._peers: OrderedDict[bytes, _PeerState] = OrderedDict()
+        # Least recently heard first; beyond max_tracked the quietest peer is forgotten, in O(1).
+        # Banned peers are kept apart, oldest ban first, so that no stream of fresh keys pushes a
+        # ban out early (the peer would come back with a clean slate) and no eviction scans them.
+        self._peers: BoundedMap[bytes, _PeerState] = BoundedMap(max_tracked)
+        self._bans: BoundedMap[bytes, _PeerState] = BoundedMap(max_tracked)
 
     def admit(self, peer: bytes, seqno: int | None = None) -> str | None:
         """None if a message authored by `peer` (with its signed `seqno`) may go on, else why not:
@@ -165,32 +167,35 @@ class PeerGuard:
         if state.score > BAN_SCORE:
             return False
         state.banned_until = now + self.ban_seconds
+        self._peers.pop(peer)
+        self._bans.put(peer, state)  # past max_tracked bans, the oldest is served early
         return True
 
     def is_banned(self, peer: bytes) -> bool:
-        state = self._peers.get(peer)
-        if state is None or not state.banned_until:
-            return False
-        return self._state(self.clock(), peer).banned_until > 0
+        return peer in self._bans and self._state(self.clock(), peer).banned_until > 0
 
     def banned(self) -> list[bytes]:
         now = self.clock()
-        return [peer for peer, s in list(self._peers.items()) if s.banned_until and self._state(now, peer).banned_until]
+        return [peer for peer in list(self._bans) if self._state(now, peer).banned_until]
 
     def score(self, peer: bytes) -> float:
         return self._state(self.clock(), peer).score
 
     def _state(self, now: float, peer: bytes) -> _PeerState:
-        state = self._peers.get(peer)
-        if state is None:
-            state = self._peers[peer] = self._fresh(now)
-            self._evict()
-            return state
-        self._peers.move_to_end(peer)
-        if state.banned_until and now >= state.banned_until:
+        state = self._bans.get(peer)
+        if state is not None and now >= state.banned_until:
             # the ban is served: a clean slate, as if we had never met (its numbering aside)
+            self._bans.pop(peer)
             state.banned_until, state.score = 0.0, 0.0
             state.publishes, state.replays = self._full(now), self._full(now)
+            self._peers.put(peer, state)
+        elif state is None:
+            state = self._peers.get(peer)
+            if state is None:
+                state = self._fresh(now)
+                self._peers.put(peer, state)  # past max_tracked, the quietest peer is forgotten
+                return state
+            self._peers.touch(peer)
         elapsed = max(0.0, now - state.updated)
         state.updated = now
         state.publishes.refill(now)
@@ -203,10 +208,3 @@ class PeerGuard:
 
     def _full(self, now: float) -> TokenBucket:
         return TokenBucket(self.rate, self.burst, now)
-
-    def _evict(self) -> None:
-        while len(self._peers) > self.max_tracked:
-            victim = next((p for p, s in self._peers.items() if not s.banned_until), None)
-            if victim is None:  # all banned: drop the oldest ban rather than grow without bound
-                victim = next(iter(self._peers))
-            del self._peers[victim]

@@ -138,6 +138,15 @@ def test_paper_scale_command_is_a_valid_study():
     assert settings.training.updates_per_batch == 1 and len(settings.tasks.tasks) == 9
 
 
+def test_author_memory_benchmark_smoke():
+    done = run_script("author_memory", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] and line.split()[0][0].isdigit()]
+    assert [(r[0], r[1]) for r in rows] == [("1,000", "0"), ("2,000", "0"), ("2,000", "100")], done.stdout
+    assert rows[2][4] == "100"  # 2,200 fresh authors pushed no ban out
+    assert all(float(r[2]) > 0 for r in rows)
+
+
 def test_discovery_benchmark_smoke():
     # sapo, rendezvous and Kademlia on 4 hosts in one process: 32 s at load average 10 on 2 cores
     # (5 hosts); the timeout only catches a hang.
