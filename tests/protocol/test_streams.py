@@ -113,7 +113,9 @@ async def test_a_request_past_the_deadline_is_reset_counted_and_costs_its_peer_a
     slow = FakeStream("slow", arrive=trio.Event())  # opens a stream, never sends
     started = trio.current_time()
     await served.answer(slow, 64, echo)
-    assert trio.current_time() - started == pytest.approx(LIMITS.seconds)
+    # a silent stream is given the read deadline, not the whole request's
+    assert LIMITS.read_seconds < LIMITS.seconds
+    assert trio.current_time() - started == pytest.approx(LIMITS.read_seconds)
     assert slow.was_reset and counts == {"echo_request_timeouts": 1}
     # its bucket had filled up again meanwhile, and paid a whole burst: its next request waits
     await served.answer(FakeStream("slow"), 64, echo)
@@ -121,6 +123,52 @@ async def test_a_request_past_the_deadline_is_reset_counted_and_costs_its_peer_a
     await trio.sleep(1.0)
     await served.answer(FakeStream("slow"), 64, echo)
     assert counts["echo_served"] == 1
+
+
+async def test_a_request_read_but_answered_too_slowly_runs_to_the_whole_deadline(autojump_clock):
+    served, counts = server()
+
+    async def never(request: Request) -> bytes:
+        await trio.sleep_forever()
+        return b""
+
+    started = trio.current_time()
+    stream = FakeStream("a")
+    await served.answer(stream, 64, never)
+    assert trio.current_time() - started == pytest.approx(LIMITS.seconds)
+    assert stream.was_reset and counts == {"echo_request_timeouts": 1}
+
+
+class RoutableStream(FakeStream):
+    def __init__(self, peer: str, ip: str, arrive: trio.Event | None = None) -> None:
+        super().__init__(peer, arrive=arrive)
+        self.ip = ip
+
+    def get_remote_address(self):
+        return (self.ip, 4001)
+
+
+async def test_one_network_group_holds_at_most_half_the_places_but_the_local_one_is_not_capped(autojump_clock):
+    assert LIMITS.group_cap == 1  # half of total=2
+    served, counts = server()
+    hold = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(served.answer, RoutableStream("a", "8.8.1.1", arrive=hold), 64, echo)
+        await trio.sleep(0.1)
+        await served.answer(RoutableStream("b", "8.8.200.2"), 64, echo)  # another key, same /16
+        assert counts == {"echo_refused": 1}
+        await served.answer(RoutableStream("c", "9.9.1.1"), 64, echo)  # another /16
+        assert counts["echo_served"] == 1
+        hold.set()
+    assert counts["echo_served"] == 2
+    # two keys on our host or LAN: "local" has no group cap (a local swarm is all one group)
+    hold = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(served.answer, RoutableStream("d", "127.0.0.1", arrive=hold), 64, echo)
+        await trio.sleep(0.1)
+        await served.answer(RoutableStream("e", "127.0.0.1"), 64, echo)
+        assert counts["echo_served"] == 3
+        hold.set()
 
 
 async def test_one_peer_at_a_time_and_two_in_all_and_a_request_set_aside_frees_its_place(autojump_clock):
