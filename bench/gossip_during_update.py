@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def gossip_settings(peers: list[str]):
     from sapo.protocol.settings import NetworkSettings
 
-    return NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM, discover_peers=0)
+    return NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM, discover_peers=0, exchange="gossip")
 
 
 # --- sender B: its own process -------------------------------------------------------------------

@@ -174,7 +174,15 @@ async def peer_main(args: argparse.Namespace) -> None:
 
     key_pair = load_or_create_identity(args.data_dir)
     settings = NetworkSettings(
-        **{"listen": args.listen, "peers": args.peers, "swarm": SWARM, **json.loads(args.settings)}
+        # a gossip peer gossips (in fetch mode the topic takes only older releases' groups); with
+        # --fetch it is a 0.4.0 node, which shares and asks instead
+        **{
+            "listen": args.listen,
+            "peers": args.peers,
+            "swarm": SWARM,
+            "exchange": "fetch" if args.fetch else "gossip",
+            **json.loads(args.settings),
+        }
     )
     send, incoming = trio.open_memory_channel(4096)
     groups = load_groups(args)

@@ -113,7 +113,11 @@ def gossip_settings(args: argparse.Namespace, peers: list[str], discover: bool):
     from sapo.protocol.settings import NetworkSettings
 
     return NetworkSettings(
-        listen="/ip4/127.0.0.1/tcp/0", peers=peers, swarm=SWARM, discover_peers=args.discover_peers if discover else 0
+        listen="/ip4/127.0.0.1/tcp/0",
+        peers=peers,
+        swarm=SWARM,
+        discover_peers=args.discover_peers if discover else 0,
+        exchange="gossip",  # the topic is what this bench measures
     )
 
 

@@ -153,6 +153,10 @@ def start_victim(data: Path, log) -> subprocess.Popen:
             "uniform",
             "--rounds",
             "0",
+            # the topic path, which a flood takes: in fetch mode (the default) a stranger's group
+            # on the topic is refused before any check, and the honest peer's would be too
+            "--exchange",
+            "gossip",
             "--inbox-max-groups",
             str(INBOX_CAP),
             "--data-dir",
@@ -210,7 +214,8 @@ def attacker_and_honest(address: str) -> dict:
     for name, seed in (("flooder", 0x31), ("honest", 0x32)):
         key = create_new_key_pair(bytes([seed]) * 32)
         send, _receive = trio.open_memory_channel(10_000)
-        service = partial(serve_network, NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address]), key, send)
+        settings = NetworkSettings(listen="/ip4/127.0.0.1/tcp/0", peers=[address], exchange="gossip")
+        service = partial(serve_network, settings, key, send)
         encoder = GroupEncoder(
             peer_id=peer_id_of(key), swarm="default", model_id=name, rg_version=reasoning_gym_version()
         )

@@ -31,7 +31,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.exchange.discovery import PeerDiscovery
-from sapo.protocol.exchange.gossip import Delivery, size_validator
+from sapo.protocol.exchange.gossip import Delivery, is_legacy, only_from_legacy, size_validator
 from sapo.protocol.exchange.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.exchange.group_fetch import Author, GroupFetcher, GroupServer
 from sapo.protocol.exchange.pubsub_guards import cut_connections
@@ -43,7 +43,14 @@ from sapo.protocol.reach.relay import RelayService, Reservations
 from sapo.protocol.reach.relayed_links import RelayedLinks
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.toolkit.agents import PeerAgents
-from sapo.protocol.toolkit.hosts import connection_addresses, direct_ip, network_group, new_noise_host, open_peers
+from sapo.protocol.toolkit.hosts import (
+    connected_seconds,
+    connection_addresses,
+    direct_ip,
+    network_group,
+    new_noise_host,
+    open_peers,
+)
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.protocol.wire.group_wire import Outbox
@@ -57,6 +64,10 @@ START_TIMEOUT_SECONDS = 10.0
 # Bans waiting for their peer to be cut off; bans come one per misbehaving identity, and the
 # queue is drained at once, so this is never reached short of a flood of fresh identities.
 PENDING_BANS = 1024
+# An older release that cannot fetch gets our groups on the rollouts topic once it has been
+# connected this long: a stranger claiming to be one must stay, not just connect, to make every
+# node gossip again (issue #41). An honest one waits this long for its first group from us.
+LEGACY_AFTER_SECONDS = 30.0
 
 
 def counter(counters: dict[str, int]) -> Callable[..., None]:
@@ -154,13 +165,14 @@ class Network:
             self.fetcher.want(count)
 
     def legacy_peers(self) -> list[str]:
-        """Connected peers that read the rollouts topic but cannot fetch (releases before 0.4.0)."""
-        lacks = self.gate.lacks
-        gossip = self.pubsub.protocols[0]
+        """Connected peers that read the rollouts topic but cannot fetch (releases before 0.4.0),
+        connected for LEGACY_AFTER_SECONDS at least: a stranger that says it cannot fetch must stay
+        a while before our groups go on the topic for it."""
         return sorted(
             peer.to_base58()
             for peer in open_peers(self.host)
-            if lacks(peer, GROUPS_PROTOCOL_ID) and not lacks(peer, gossip)
+            if is_legacy(self.gate, self.pubsub.protocols[0], peer)
+            and connected_seconds(self.host, peer) >= LEGACY_AFTER_SECONDS
         )
 
     # --- gossip ------------------------------------------------------------------------------
@@ -255,7 +267,13 @@ async def open_network(
     async with quiet_refusals(), host.run([listen]):
         try:
             async with background_trio_service(pubsub), background_trio_service(router):
-                await _subscribe(pubsub, topics, size_validator(settings.max_message_bytes, my_id, gate))
+                validate = size_validator(settings.max_message_bytes, my_id, gate)
+                validators = {topic: validate for topic in topics}
+                if settings.exchange == "fetch":  # groups there came unasked, but an older release's
+                    validators[settings.topic] = only_from_legacy(
+                        validate, my_id, partial(is_legacy, gate, pubsub.protocols[0]), gate
+                    )
+                await _subscribe(pubsub, validators)
                 network = _services(
                     settings, key_pair, topics, host, pubsub, policy, gate, delivery, reservations, counters
                 )
@@ -273,10 +291,11 @@ async def open_network(
             await _close(host, settings.close_timeout_seconds)
 
 
-async def _subscribe(pubsub: Pubsub, topics: tuple[str, ...], validate: Callable[..., bool]) -> None:
+async def _subscribe(pubsub: Pubsub, validators: dict[str, Callable[..., bool]]) -> None:
+    """Subscribe to each topic, with its validator (run before a message is delivered or forwarded)."""
     with trio.fail_after(START_TIMEOUT_SECONDS):
         await pubsub.wait_until_ready()
-    for topic in topics:
+    for topic, validate in validators.items():
         pubsub.set_topic_validator(topic, validate, False)
         with trio.fail_after(START_TIMEOUT_SECONDS):
             await pubsub.subscribe(topic)

@@ -20,6 +20,7 @@ from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.toolkit.hosts import peer_str
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.recent import RecentByAuthor
+from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
 from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.gossip")
@@ -110,4 +111,30 @@ def size_validator(max_bytes: int, my_id: ID, gate: PeerGate) -> Callable[[ID, r
     return validate
 
 
-__all__ = ["Delivery", "size_validator"]
+def is_legacy(gate: PeerGate, gossip_protocol: str, peer: ID) -> bool:
+    """A release before 0.4.0: it gossips groups and cannot serve them (identify says so)."""
+    return gate.lacks(peer, GROUPS_PROTOCOL_ID) and not gate.lacks(peer, gossip_protocol)
+
+
+def only_from_legacy(
+    validate: Callable[[ID, rpc_pb2.Message], bool], my_id: ID, is_legacy: Callable[[ID], bool], gate: PeerGate
+) -> Callable[[ID, rpc_pb2.Message], bool]:
+    """The rollouts topic's validator in fetch mode: a node asks for the groups it uses, so a
+    group on the topic is one nobody asked for, unless its author is an older release that can
+    only gossip (`is_legacy`: connected, and its identify lists gossip but not `/sapo/groups/1`).
+    Anyone else's is refused here, after the signature and the author's rate bucket and before
+    any check that costs (decoding, regenerating the problem), and counted `pushed_refused`; it is
+    not forwarded either. Nobody is charged for it: a node beside an older release publishes
+    there in good faith (network.py, `legacy_peers`). Our own publishes pass."""
+    me = my_id.to_bytes()
+
+    def check(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        if msg.from_id != me and not is_legacy(ID(msg.from_id)):
+            gate.count("pushed_refused")
+            return False
+        return validate(forwarder, msg)
+
+    return check
+
+
+__all__ = ["Delivery", "is_legacy", "only_from_legacy", "size_validator"]

@@ -22,6 +22,7 @@ Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which 
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -143,6 +144,18 @@ def connection_addresses(host: Any) -> dict[str, list[str]]:
                 continue
         found[peer.to_base58()] = sorted(set(addresses))
     return found
+
+
+def connected_seconds(host: Any, peer: ID) -> float:
+    """How long our oldest open connection to `peer` has lasted (0 if none). py-libp2p 0.8.1's
+    SwarmConn notes when it was made (wall clock); no other record exists."""
+    now = time.time()
+    ages = [
+        now - getattr(connection, "_created_at", now)
+        for connection in host.get_network().get_connections(peer)
+        if not connection.is_closed
+    ]
+    return max(ages, default=0.0)
 
 
 def direct_ip(host: Any, peer: ID) -> str | None:

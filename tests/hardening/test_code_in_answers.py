@@ -1,8 +1,10 @@
 """Issue #38, as it was found: a running default node, a fresh identity that connects to it over
 real libp2p, and one valid binary_matrix group (the right spec, question and key) whose answers are
 Python. 0.3.0's node ran the command 17 s later (reasoning-gym's scorer `eval`s any answer that is
-not the key). Here the group is verified, every code answer scores 0, the file never appears, and
-the node keeps serving: an honest group sent after it is accepted."""
+not the key). Here the stranger serves the group when the node asks for groups (a default node
+fetches; a group pushed on the topic is refused before any check), the group is verified, every
+code answer scores 0, the file never appears, and the node keeps serving: an honest group served
+after it is accepted."""
 
 from __future__ import annotations
 
@@ -29,13 +31,11 @@ async def test_a_group_of_code_answers_runs_nothing_on_a_running_node(tmp_path, 
     with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             await stranger.join(nursery, node)
-            while not (node.metrics() or [{}])[-1].get(
-                "received"
-            ):  # until the mesh carries it (again: a duplicate, free)
-                await stranger.service.publish(frame)
+            assert await stranger.service.share(frame, 1)  # the node asks its peers each round
+            while not (node.metrics() or [{}])[-1].get("received"):
                 await trio.sleep(1)
             await trio.sleep(20)  # 0.3.0 ran the command after 17 s
-            await stranger.publish_honest()
+            await stranger.share_honest(2)
             while (node.metrics() or [{}])[-1].get("accepted_from", {}).get(stranger.peer_id, 0) < 2:
                 assert node.alive(), node.log_text()[-3000:]
                 await trio.sleep(0.3)

@@ -20,7 +20,7 @@ import trio
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.peer import Peer
-from tests.support.processes import NO_AUGMENT, NodeProcess
+from tests.support.processes import NO_AUGMENT, TOPIC_PATH, NodeProcess
 
 RATE = 50  # a second: the gossip limit
 BAN_WITHIN = 60.0
@@ -45,7 +45,7 @@ def costly_groups(count: int) -> list[QuestionGroup]:
 async def test_a_flooder_at_its_maximum_rate_is_banned_within_a_minute_and_honest_groups_keep_coming_in(
     tmp_path, nodes, groups
 ):
-    node = NodeProcess(tmp_path / "n", [*NO_AUGMENT])
+    node = NodeProcess(tmp_path / "n", [*NO_AUGMENT, *TOPIC_PATH])
     nodes.append(node)
     flooder, honest = Peer(0x61, node.address, model_id="flat"), Peer(0x62, node.address, model_id="honest")
     frames = [flooder.encoder.frame(group, 1) for group in groups(int(RATE * BAN_WITHIN) + 100)]

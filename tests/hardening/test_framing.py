@@ -21,7 +21,7 @@ from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
-from tests.support.processes import PLUMBING, NodeProcess, page_url, wait_rounds
+from tests.support.processes import PLUMBING, TOPIC_PATH, NodeProcess, page_url, wait_rounds
 
 HONEST_GROUPS = 10
 STALE = 400
@@ -29,7 +29,7 @@ CHECKPOINT_EVERY = 3
 
 
 async def test_after_a_flood_of_stale_frames_replays_of_an_honest_authors_groups_cost_it_nothing(tmp_path, nodes):
-    node = NodeProcess(tmp_path / "n", [*PLUMBING, "--metrics-port", "0"])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING, *TOPIC_PATH, "--metrics-port", "0"])
     nodes.append(node)
     url = page_url(node)
     honest, flooder = Peer(0x71, node.address, model_id="honest"), Peer(0x72, node.address, model_id="stale")

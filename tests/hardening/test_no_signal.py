@@ -11,13 +11,13 @@ from sapo.node.daemon.status import status_from_url
 from sapo.training.problems.rollouts import QuestionGroup
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
-from tests.support.processes import NO_AUGMENT, NodeProcess, page_url
+from tests.support.processes import NO_AUGMENT, TOPIC_PATH, NodeProcess, page_url
 
 EMPTY_GROUPS = 30
 
 
 async def test_groups_of_empty_completions_take_no_inbox_room_and_honest_ones_still_do(tmp_path, nodes):
-    node = NodeProcess(tmp_path / "n", [*NO_AUGMENT, "--metrics-port", "0"])
+    node = NodeProcess(tmp_path / "n", [*NO_AUGMENT, *TOPIC_PATH, "--metrics-port", "0"])
     nodes.append(node)
     url = page_url(node)
     empty, honest = Peer(0x51, node.address, model_id="empty"), Peer(0x52, node.address, model_id="honest")

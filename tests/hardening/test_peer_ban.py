@@ -8,11 +8,11 @@ import trio
 
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
-from tests.support.processes import PLUMBING, NodeProcess
+from tests.support.processes import PLUMBING, TOPIC_PATH, NodeProcess
 
 
 async def test_peer_sending_junk_groups_is_banned_and_cut_off(tmp_path, nodes):
-    node = NodeProcess(tmp_path / "n", [*PLUMBING])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING, *TOPIC_PATH])
     nodes.append(node)
     junk = Peer(0x31, node.address, model_id="junk")
     group = honest_group()

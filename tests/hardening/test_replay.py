@@ -8,13 +8,13 @@ import trio
 
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
-from tests.support.processes import PLUMBING, NodeProcess
+from tests.support.processes import PLUMBING, TOPIC_PATH, NodeProcess
 
 COPIES = 20
 
 
 async def test_a_re_stamped_replay_is_trained_on_once_and_counted_as_a_repeat(tmp_path, nodes):
-    node = NodeProcess(tmp_path / "n", [*PLUMBING])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING, *TOPIC_PATH])
     nodes.append(node)
     peer = Peer(0x41, node.address, model_id="replayer")
     group = honest_group()

@@ -14,7 +14,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import load_swarm_key
 from tests.support.peer import Peer
-from tests.support.processes import PLUMBING, TINY, NodeProcess, sapo_node
+from tests.support.processes import PLUMBING, TINY, TOPIC_PATH, NodeProcess, sapo_node
 
 PSK = "6f" * 32
 SWARM_KEY = f"/key/swarm/psk/1.0.0/\n/base16/\n{PSK}\n"
@@ -62,7 +62,7 @@ def load_swarm_key_text(text: str) -> str:
 async def test_outsider_without_the_swarm_key_can_neither_receive_nor_inject(tmp_path, nodes):
     key_file = tmp_path / "swarm.key"
     key_file.write_text(SWARM_KEY)
-    node = NodeProcess(tmp_path / "n", [*PLUMBING, "--swarm-key", str(key_file)])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING, *TOPIC_PATH, "--swarm-key", str(key_file)])
     nodes.append(node)
     member = Peer(1, node.address, swarm_key=key_file)
     outsider = Peer(2, node.address, swarm_key=None)
@@ -82,7 +82,7 @@ async def test_outsider_without_the_swarm_key_can_neither_receive_nor_inject(tmp
 
 async def test_peer_not_on_the_allowlist_can_neither_receive_nor_inject(tmp_path, nodes):
     member = create_new_key_pair(bytes([3]) * 32)
-    node = NodeProcess(tmp_path / "n", [*PLUMBING, "--allow-peers", peer_id_of(member)])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING, *TOPIC_PATH, "--allow-peers", peer_id_of(member)])
     nodes.append(node)
     member_peer = Peer(3, node.address)
     outsider = Peer(4, node.address)
@@ -106,7 +106,7 @@ async def test_model_id_with_dot_dot_in_a_message_creates_no_file(tmp_path, node
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)
     data = work / "data"
-    node = NodeProcess(data, [*PLUMBING])
+    node = NodeProcess(data, [*PLUMBING, *TOPIC_PATH])
     nodes.append(node)
     before = {p for p in tmp_path.rglob("*") if not p.is_relative_to(data)}
     peer = Peer(5, node.address, model_id="../../pwned")

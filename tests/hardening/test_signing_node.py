@@ -15,7 +15,7 @@ from libp2p.pubsub.pubsub import PUBSUB_SIGNING_PREFIX, Pubsub
 from sapo.protocol.settings import rollout_topic
 from tests.support.groups import honest_group
 from tests.support.peer import Peer
-from tests.support.processes import PLUMBING, NodeProcess
+from tests.support.processes import PLUMBING, TOPIC_PATH, NodeProcess
 
 TOPIC = rollout_topic("default")
 
@@ -29,7 +29,7 @@ def forged(pubsub, data: bytes, *, signer, key_of) -> rpc_pb2.Message:
 
 
 async def test_running_node_counts_unsigned_and_wrongly_signed_messages_and_keeps_training(tmp_path, nodes):
-    node = NodeProcess(tmp_path / "n", [*PLUMBING, "--metrics-port", "0"])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING, *TOPIC_PATH, "--metrics-port", "0"])
     nodes.append(node)
     with trio.fail_after(10):  # after the listening line: "page on URL", then "metrics on URL/metrics"
         lines = [await trio.to_thread.run_sync(node.proc.stdout.readline) for _ in range(2)]

@@ -19,7 +19,7 @@ RATE = 0.5  # groups per second from the standard peer
 
 
 def test_a_gossipsub_only_peer_is_no_error_and_still_exchanges_groups(tmp_path, nodes):
-    node = NodeProcess(tmp_path / "n", [*PLUMBING])
+    node = NodeProcess(tmp_path / "n", [*PLUMBING])  # fetching: the topic takes an older peer's groups
     nodes.append(node)
     groups = tmp_path / "groups.json"  # distinct questions: the node refuses a repeat as a duplicate
     groups.write_text(json.dumps([honest_group(i).model_dump(mode="json") for i in range(int(SECONDS * RATE) + 10)]))

@@ -4,10 +4,13 @@ A node's groups reach a peer that asks, from its outbox, once each; they do not 
 unless an older release is connected; an author the asker knows only from discovery is dialled;
 frames are bounded before they are read, and a peer that asks too often is refused."""
 
+from functools import partial
+
 import msgpack
 import pytest
 import trio
 
+from sapo.protocol import network as network_module
 from sapo.protocol.exchange import group_fetch
 from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
 from sapo.protocol.wire.group_wire import (
@@ -22,7 +25,9 @@ from sapo.protocol.wire.group_wire import (
     encode_request,
     encode_response,
 )
-from tests.support.gossip import receive_all, start_node, wait_for_mesh
+from tests.support.gossip import assert_empty, receive_all, start_node, wait_for_mesh
+
+start_fetching = partial(start_node, exchange="fetch")  # the node's default: groups are asked for
 
 # --- the wire ------------------------------------------------------------------------------------
 
@@ -90,8 +95,8 @@ async def connected(node, other) -> None:
 async def test_an_asked_for_group_arrives_once_from_its_author_and_never_on_the_topic():
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            author = await start_node(nursery)
-            asker = await start_node(nursery, peers=[author.addr])
+            author = await start_fetching(nursery)
+            asker = await start_fetching(nursery, peers=[author.addr])
             await connected(asker, author)
             for round_index in range(3):
                 assert await author.service.share(f"group {round_index}".encode(), round_index)
@@ -118,8 +123,8 @@ async def test_each_drawn_author_is_asked_for_two_groups_so_a_want_costs_half_th
     assert GROUPS_PER_AUTHOR == 2
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            authors = [await start_node(nursery) for _ in range(4)]
-            asker = await start_node(nursery, peers=[a.addr for a in authors])
+            authors = [await start_fetching(nursery) for _ in range(4)]
+            asker = await start_fetching(nursery, peers=[a.addr for a in authors])
             for index, author in enumerate(authors):
                 await connected(asker, author)
                 for round_index in range(2):
@@ -138,8 +143,8 @@ async def test_each_drawn_author_is_asked_for_two_groups_so_a_want_costs_half_th
 async def test_a_request_that_comes_before_the_group_is_answered_when_it_is_published():
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            author = await start_node(nursery)
-            asker = await start_node(nursery, peers=[author.addr])
+            author = await start_fetching(nursery)
+            asker = await start_fetching(nursery, peers=[author.addr])
             await connected(asker, author)
             asker.service.want(1)
             with trio.fail_after(5):
@@ -157,11 +162,11 @@ async def far_author(nursery, hub_handler=None):
     """A hub, an author that shared "from afar", and an asker that knows that author from
     discovery only: with a discovery target of one peer, both stay connected to the hub alone.
     `hub_handler` replaces the hub's `/sapo/groups/1` handler."""
-    hub = await start_node(nursery)
+    hub = await start_fetching(nursery)
     if hub_handler is not None:
         hub.service.host.set_stream_handler(PROTOCOL_ID, hub_handler)
-    far = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
-    asker = await start_node(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+    far = await start_fetching(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+    asker = await start_fetching(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
     assert await far.service.share(b"from afar", 0)
     with trio.fail_after(20):
         while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
@@ -212,8 +217,8 @@ async def test_after_a_request_times_out_a_node_asks_only_over_open_links(monkey
 async def test_a_node_of_another_swarm_gets_no_groups():
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            author = await start_node(nursery)
-            stranger = await start_node(nursery, peers=[author.addr], swarm="elsewhere")
+            author = await start_fetching(nursery)
+            stranger = await start_fetching(nursery, peers=[author.addr], swarm="elsewhere")
             await connected(stranger, author)
             assert await author.service.share(b"ours only", 0)
             stranger.service.want(2)
@@ -229,8 +234,8 @@ async def test_a_node_of_another_swarm_gets_no_groups():
 async def test_a_peer_that_asks_too_often_is_refused():
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            author = await start_node(nursery)
-            asker = await start_node(nursery, peers=[author.addr])
+            author = await start_fetching(nursery)
+            asker = await start_fetching(nursery, peers=[author.addr])
             await connected(asker, author)
             assert await author.service.share(b"one group", 0)  # something to answer with at once
             host, peer = asker.service.host, author.service.my_id
@@ -247,18 +252,23 @@ async def test_a_peer_that_asks_too_often_is_refused():
             nursery.cancel_scope.cancel()
 
 
-async def test_groups_go_on_the_topic_while_an_older_release_is_connected():
+async def test_groups_go_on_the_topic_for_an_older_release_once_it_has_stayed(monkeypatch):
+    monkeypatch.setattr(network_module, "LEGACY_AFTER_SECONDS", 3.0)  # 30 s in a node: the rule, not the wait
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            old = await start_node(nursery)
+            old = await start_node(nursery, exchange="gossip")  # reads every group on the topic
             # an older release: no /sapo/groups/1 among what identify says it speaks
             old.service.host.remove_stream_handler(PROTOCOL_ID)
-            new = await start_node(nursery, peers=[old.addr])
+            new = await start_fetching(nursery, peers=[old.addr])
+            await connected(new, old)
+            assert new.service.legacy_peers() == []  # just connected: it has to stay first
+            assert await new.service.share(b"too soon", 0)
+            assert new.counters.get("published", 0) == 0
             with trio.fail_after(15):
                 while new.service.legacy_peers() != [old.service.peer_id]:
                     await trio.sleep(0.1)
             await wait_for_mesh([new, old])
-            assert await new.service.share(b"for the old one", 0)
+            assert await new.service.share(b"for the old one", 1)
             [message] = await receive_all(old, 1)
             assert message.route == "gossip"  # on the topic: the old release cannot fetch
             assert message.data == b"for the old one" and message.sender == new.service.peer_id
@@ -266,24 +276,37 @@ async def test_groups_go_on_the_topic_while_an_older_release_is_connected():
             nursery.cancel_scope.cancel()
 
 
-async def test_an_author_whose_groups_come_on_the_topic_is_not_asked_for_them_again():
+async def test_on_the_topic_only_an_older_releases_groups_are_taken_and_the_rest_were_pushed(monkeypatch):
+    """A node of this release beside an older one gossips its groups for it; another node of this
+    release refuses those copies before any check (it asks for what it uses) and fetches them,
+    while the older release's own groups, which cannot be fetched, come by the topic."""
+    monkeypatch.setattr(network_module, "LEGACY_AFTER_SECONDS", 0.0)
     with trio.fail_after(40):
         async with trio.open_nursery() as nursery:
-            old = await start_node(nursery)
+            old = await start_node(nursery, exchange="gossip")  # reads every group on the topic
             old.service.host.remove_stream_handler(PROTOCOL_ID)  # an older release
-            new = await start_node(nursery, peers=[old.addr])
-            other = await start_node(nursery, peers=[old.addr, new.addr])  # 0.4.0, beside both
+            new = await start_fetching(nursery, peers=[old.addr])
+            other = await start_fetching(nursery, peers=[old.addr, new.addr])  # this release, beside both
             with trio.fail_after(15):
-                while new.service.legacy_peers() != [old.service.peer_id]:
+                while new.service.legacy_peers() != [old.service.peer_id] or other.service.legacy_peers() != [
+                    old.service.peer_id
+                ]:
                     await trio.sleep(0.1)
             await wait_for_mesh([new, old, other])
-            assert await new.service.share(b"on the topic", 0)  # gossiped: an older release is connected
-            [message] = await receive_all(other, 1)
-            assert message.route == "gossip" and message.sender == new.service.peer_id
-            assert other.counters["received"] >= 1
-            other.service.want(4)
-            await trio.sleep(1.5)
-            assert new.counters.get("fetch_served", 0) == 0  # the topic brings new's groups: no double
-            with pytest.raises(trio.WouldBlock):
-                other.inbox.receive_nowait()
+            assert await new.service.share(b"pushed to other", 0)  # gossiped: an older release is connected
+            [at_old] = await receive_all(old, 1)
+            assert at_old.data == b"pushed to other"
+            with trio.fail_after(5):
+                while not other.counters.get("pushed_refused"):
+                    await trio.sleep(0.05)
+            assert_empty(other)  # refused before it reached the node's intake
+            # and its author, whose copy (or a replay of an old one) came by the topic, is still drawn
+            assert new.service.my_id in {author.peer_id for author in other.service.fetcher.authors()}
+
+            assert await old.service.publish(b"the old one's")  # what an older release does with its group
+            [from_old] = await receive_all(other, 1)
+            assert (from_old.route, from_old.sender, from_old.data) == ("gossip", old.service.peer_id, b"the old one's")
+            other.service.want(2)
+            [fetched] = await receive_all(other, 1)
+            assert (fetched.route, fetched.sender, fetched.data) == ("fetch", new.service.peer_id, b"pushed to other")
             nursery.cancel_scope.cancel()

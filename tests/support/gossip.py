@@ -34,7 +34,13 @@ def swarm_key_file(psk: str) -> Path:
     return Path(name)
 
 
-async def start_node(nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=None, **overrides) -> Node:
+async def start_node(
+    nursery, *, peers=(), key_pair=None, listen=LOOPBACK, psk=None, exchange="gossip", **overrides
+) -> Node:
+    """A network on 127.0.0.1 in gossip mode: these are tests of the gossip layer, where a peer's
+    publish reaches the others. In fetch mode (`exchange="fetch"`, the node's default) a group on
+    the topic from anyone but an older release is refused before any check (test_group_fetch.py)."""
+    overrides["exchange"] = exchange
     if psk is not None:
         overrides["swarm_key"] = swarm_key_file(psk)
     settings = NetworkSettings(**{"listen": listen, "peers": list(peers), "swarm": SWARM, **overrides})

@@ -51,7 +51,13 @@ class Peer:
         await trio.sleep(2)  # heartbeats: the mesh forms
 
     async def publish_honest(self) -> None:
+        """On the topic: a node reads it there with `--exchange gossip` (processes.TOPIC_PATH)."""
         if await self.service.publish(self.encoder.frame(honest_group(self.published), 1)):
+            self.published += 1
+
+    async def share_honest(self, round_index: int) -> None:
+        """Into this peer's outbox, for a fetching node (the default) to ask for."""
+        if await self.service.share(self.encoder.frame(honest_group(self.published), round_index), round_index):
             self.published += 1
 
     def received(self) -> int:

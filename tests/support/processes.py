@@ -76,6 +76,12 @@ PAGE = re.compile(r"^page on (http://\S+)$")
 # receiver refuses them (`no_signal`) unless it adds completions of its own to peers' questions
 # (--augment-external); with that and the uniform sampler, tests watch the plumbing.
 PLUMBING = ["--local", "2", "--external", "2", "--sampler", "uniform", "--augment-external", "1", "--rounds", "0"]
+# A node that takes groups on the rollouts topic (`--exchange gossip`, as releases before 0.4.0
+# did): the path a stranger's published frames meet, and an older release's groups in a mixed
+# swarm. With the default, fetching, a group on the topic from anyone but an older release is
+# refused before any check (tests/protocol/test_group_fetch.py), so a test of the checks behind
+# the topic asks for this path.
+TOPIC_PATH = ["--exchange", "gossip"]
 # PLUMBING without --augment-external: a node that cannot learn from a group of equal rewards
 NO_AUGMENT = [arg for arg in PLUMBING if arg not in ("--augment-external", "1")]
 

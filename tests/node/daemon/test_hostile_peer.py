@@ -14,12 +14,23 @@ from sapo.protocol.peers.identity import peer_id_of
 from sapo.protocol.settings import NetworkSettings
 from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.groups import honest_group
-from tests.support.processes import FAST_TINY, LISTEN, read_metrics
+from tests.support.processes import FAST_TINY, LISTEN, TOPIC_PATH, read_metrics
 
 
 async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path):
     data = tmp_path / "victim"
-    args = [sys.executable, "-m", "sapo.node.cli", "start", *FAST_TINY, "--rounds", "0", "--data-dir", str(data)]
+    args = [
+        sys.executable,
+        "-m",
+        "sapo.node.cli",
+        "start",
+        *FAST_TINY,
+        *TOPIC_PATH,
+        "--rounds",
+        "0",
+        "--data-dir",
+        str(data),
+    ]
     log = (tmp_path / "victim.log").open("w")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
