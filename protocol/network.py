@@ -31,7 +31,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.exchange.discovery import PeerDiscovery
-from sapo.protocol.exchange.gossip import Delivery, is_legacy, only_from_legacy, size_validator
+from sapo.protocol.exchange.gossip import Delivery, is_legacy, size_validator
 from sapo.protocol.exchange.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.exchange.group_fetch import Author, GroupFetcher, GroupServer
 from sapo.protocol.exchange.pubsub_guards import cut_connections
@@ -268,12 +268,7 @@ async def open_network(
         try:
             async with background_trio_service(pubsub), background_trio_service(router):
                 validate = size_validator(settings.max_message_bytes, my_id, gate)
-                validators = {topic: validate for topic in topics}
-                if settings.exchange == "fetch":  # groups there came unasked, but an older release's
-                    validators[settings.topic] = only_from_legacy(
-                        validate, my_id, partial(is_legacy, gate, pubsub.protocols[0]), gate
-                    )
-                await _subscribe(pubsub, validators)
+                await _subscribe(pubsub, {topic: validate for topic in topics})
                 network = _services(
                     settings, key_pair, topics, host, pubsub, policy, gate, delivery, reservations, counters
                 )

@@ -116,25 +116,18 @@ def is_legacy(gate: PeerGate, gossip_protocol: str, peer: ID) -> bool:
     return gate.lacks(peer, GROUPS_PROTOCOL_ID) and not gate.lacks(peer, gossip_protocol)
 
 
-def only_from_legacy(
-    validate: Callable[[ID, rpc_pb2.Message], bool], my_id: ID, is_legacy: Callable[[ID], bool], gate: PeerGate
-) -> Callable[[ID, rpc_pb2.Message], bool]:
-    """The rollouts topic's validator in fetch mode: a node asks for the groups it uses, so a
-    group on the topic is one nobody asked for, unless its author is an older release that can
-    only gossip (`is_legacy`: connected, and its identify lists gossip but not `/sapo/groups/1`).
-    Anyone else's is refused here, after the signature and the author's rate bucket and before
-    any check that costs (decoding, regenerating the problem), and counted `pushed_refused`; it is
-    not forwarded either. Nobody is charged for it: a node beside an older release publishes
-    there in good faith (network.py, `legacy_peers`). Our own publishes pass."""
-    me = my_id.to_bytes()
+def unasked_groups(topic: str, is_legacy: Callable[[ID], bool]) -> Callable[[rpc_pb2.Message], bool]:
+    """Whether a message is a group on the rollouts `topic` that nobody asked for, in fetch mode:
+    a node asks for the groups it uses, so only an older release, which can only gossip
+    (`is_legacy`: connected, identify lists gossip but not `/sapo/groups/1`), has a reason to put
+    one there. The guarded pubsub asks this first, before any signature check or any state is
+    kept for the author: a refused group costs us a lookup, is not forwarded, and is charged to
+    nobody (a 0.4.0 node beside an older release publishes there in good faith)."""
 
-    def check(forwarder: ID, msg: rpc_pb2.Message) -> bool:
-        if msg.from_id != me and not is_legacy(ID(msg.from_id)):
-            gate.count("pushed_refused")
-            return False
-        return validate(forwarder, msg)
+    def unasked(msg: rpc_pb2.Message) -> bool:
+        return topic in msg.topicIDs and not is_legacy(ID(msg.from_id))
 
-    return check
+    return unasked
 
 
-__all__ = ["Delivery", "is_legacy", "only_from_legacy", "size_validator"]
+__all__ = ["Delivery", "is_legacy", "size_validator", "unasked_groups"]

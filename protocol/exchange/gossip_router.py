@@ -5,12 +5,13 @@ and the NAT traversal services (AutoNAT-style reachability, circuit relay). One 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 
-from sapo.protocol.exchange.gossip import Delivery
+from sapo.protocol.exchange.gossip import Delivery, is_legacy, unasked_groups
 from sapo.protocol.exchange.pubsub_guards import GuardedPubsub
 from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.reach.reachability import ReachabilityService
@@ -59,12 +60,14 @@ def guarded_pubsub(
 ) -> GuardedPubsub:
     """The pubsub with its guards: the network's `gate`, the `policy`'s bucket per author, the
     `delivery` of what comes in."""
+    fetching = settings.exchange == "fetch"
     return GuardedPubsub(
         host,
         router,
         gate=gate,
         admit_author=policy.admit_author,
         deliver=delivery.deliver,
+        unasked=unasked_groups(settings.topic, partial(is_legacy, gate, router.protocols[0])) if fetching else None,
         close_timeout=settings.close_timeout_seconds,
         strict_signing=True,  # every message is Ed25519-signed and verified on every hop
         # Inbound frames bigger than this reset the stream before parsing. Leave room for

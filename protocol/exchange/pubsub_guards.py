@@ -28,6 +28,15 @@ logger = logging.getLogger("sapo.gossip")
 OUTBOUND_QUEUE_SLOTS = 128
 
 
+# An identity multihash of a protobuf Ed25519 public key: 0x00 (identity), 36 bytes follow, key
+# type 1 (Ed25519), 32 bytes of key.
+ED25519_ID_PREFIX = b"\x00\x24\x08\x01\x12\x20"
+
+
+def is_ed25519_id(peer_id: bytes) -> bool:
+    return len(peer_id) == 38 and peer_id.startswith(ED25519_ID_PREFIX)
+
+
 class GuardedPubsub(Pubsub):
     """Pubsub with the guards py-libp2p 0.8.1 lacks; every override calls the original.
 
@@ -48,6 +57,10 @@ class GuardedPubsub(Pubsub):
       direction), and a message it signed or forwarded is dropped before validation, so it
       neither receives our messages nor gets its own delivered or relayed. A banned peer
       (protocol/peers/peer_guard.py) is treated the same way until its ban expires.
+    - Before any signature is checked, a message whose author is not an Ed25519 key named in
+      its peer id is dropped (`unsupported_key`), and in fetch mode so is a group on the
+      rollouts topic that nobody asked for (`unasked`, `pushed_refused`): neither charges anyone
+      or leaves any state behind.
     - Every new message's author draws from its token bucket once its signature has checked
       out; a message over the bucket is dropped before validation (so not relayed either),
       and unsigned or badly signed messages, bad frames and messages that make libp2p raise
@@ -60,17 +73,21 @@ class GuardedPubsub(Pubsub):
         gate: PeerGate,
         admit_author: Callable[[rpc_pb2.Message], str | None],
         deliver: Callable[[rpc_pb2.Message, bytes], None],
+        unasked: Callable[[rpc_pb2.Message], bool] | None,
         close_timeout: float,
         **kwargs: Any,
     ) -> None:
         """`gate`: who may connect or send, who pays, which peers lack gossip (protocol/toolkit/peer_gate.py);
         `admit_author(msg)` charges a new message to its author's bucket (protocol/peers/peer_policy.py) and
         says why it is dropped, or None; `deliver(msg, message_id)` hands a message on our
-        topics to the node (gossip.py); `close_timeout` bounds cutting a peer off."""
+        topics to the node (gossip.py); `unasked(msg)` says a group came on the rollouts topic
+        unasked (fetch mode, gossip.py: refused before anything else is spent on it), None in
+        gossip mode; `close_timeout` bounds cutting a peer off."""
         super().__init__(*args, **kwargs)
         self.gate = gate
         self.admit_author = admit_author
         self.deliver = deliver
+        self.unasked = unasked
         self.close_timeout = close_timeout
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
@@ -115,6 +132,16 @@ class GuardedPubsub(Pubsub):
             gate.count(refusal)
             return
         if msg_forwarder != self.my_id and not self._is_msg_seen(msg):
+            # Before any signature is checked: only an Ed25519 key named inline in the peer id
+            # is cheap to verify (libp2p takes any RSA key, and one with a 4,095-bit exponent
+            # costs 16-32 ms a check), and every sapo release signs with one. Nobody is charged:
+            # an honest peer may forward what a stranger signed.
+            if not is_ed25519_id(msg.from_id):
+                gate.count("unsupported_key")
+                return
+            if self.unasked is not None and msg.from_id != self.my_id.to_bytes() and self.unasked(msg):
+                gate.count("pushed_refused")
+                return
             # libp2p drops these silently under strict signing; check first so they are counted
             # and charged to the peer that sent them (honest peers check before forwarding).
             if not msg.signature:

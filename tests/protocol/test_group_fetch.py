@@ -300,6 +300,9 @@ async def test_on_the_topic_only_an_older_releases_groups_are_taken_and_the_rest
                 while not other.counters.get("pushed_refused"):
                     await trio.sleep(0.05)
             assert_empty(other)  # refused before it reached the node's intake
+            # and before anything was kept of its author: fresh keys' pushes cannot flush the
+            # memory the node keeps of the authors it does hear (their buckets, their numbering)
+            assert new.service.my_id.to_bytes() not in other.service.policy.guard._peers
             # and its author, whose copy (or a replay of an old one) came by the topic, is still drawn
             assert new.service.my_id in {author.peer_id for author in other.service.fetcher.authors()}
 
