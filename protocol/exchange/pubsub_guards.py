@@ -88,6 +88,7 @@ class GuardedPubsub(Pubsub):
         self.admit_author = admit_author
         self.deliver = deliver
         self.unasked = unasked
+        self._me = self.my_id.to_bytes()  # asked of every message: computed once
         self.close_timeout = close_timeout
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
@@ -139,7 +140,7 @@ class GuardedPubsub(Pubsub):
             if not is_ed25519_id(msg.from_id):
                 gate.count("unsupported_key")
                 return
-            if self.unasked is not None and msg.from_id != self.my_id.to_bytes() and self.unasked(msg):
+            if self.unasked is not None and msg.from_id != self._me and self.unasked(msg):
                 gate.count("pushed_refused")
                 return
             # libp2p drops these silently under strict signing; check first so they are counted

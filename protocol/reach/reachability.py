@@ -49,7 +49,7 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 from libp2p.security.pnet.protector import new_protected_conn
 
-from sapo.protocol.toolkit.hosts import direct_peers, is_relayed, network_group
+from sapo.protocol.toolkit.hosts import connection_age, direct_peers, is_relayed, network_group
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.streams import ServeLimits, StreamServer
 
@@ -197,8 +197,7 @@ def _direct_connection(host: Any, peer: ID) -> tuple[str, float] | None:
         if not ips:
             continue  # no IP address (another transport)
         ip = ips[0]
-        # py-libp2p 0.8.1's SwarmConn notes when it was made (wall clock); no other record exists.
-        age = time.time() - getattr(connection, "_created_at", time.time())
+        age = connection_age(connection, time.time())
         if best is None or age > best[1]:
             best = (ip, age)
     return best

@@ -146,15 +146,16 @@ def connection_addresses(host: Any) -> dict[str, list[str]]:
     return found
 
 
+def connection_age(connection: Any, now: float) -> float:
+    """Seconds since `connection` was made: py-libp2p 0.8.1's SwarmConn notes when (wall clock);
+    no other record exists."""
+    return now - getattr(connection, "_created_at", now)
+
+
 def connected_seconds(host: Any, peer: ID) -> float:
-    """How long our oldest open connection to `peer` has lasted (0 if none). py-libp2p 0.8.1's
-    SwarmConn notes when it was made (wall clock); no other record exists."""
+    """How long our oldest open connection to `peer` has lasted (0 if none)."""
     now = time.time()
-    ages = [
-        now - getattr(connection, "_created_at", now)
-        for connection in host.get_network().get_connections(peer)
-        if not connection.is_closed
-    ]
+    ages = [connection_age(c, now) for c in host.get_network().get_connections(peer) if not c.is_closed]
     return max(ages, default=0.0)
 
 

@@ -199,10 +199,10 @@ def serving_group(stream: Any) -> str:
     """The network group a request's place counts in: its IP's (hosts.network_group), one
     "relayed" group for every peer that reaches us through a relay (its IP is the relay's), and
     "unknown" when the transport does not say."""
-    if is_relayed(stream.muxed_conn):
-        return "relayed"
-    ip = remote_ip(stream)
-    return network_group(ip) if ip is not None else "unknown"
+    ip = remote_ip(stream)  # None over a relay, or when the transport does not say
+    if ip is not None:
+        return network_group(ip)
+    return "relayed" if is_relayed(stream.muxed_conn) else "unknown"
 
 
 class _Slot:
