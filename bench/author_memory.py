@@ -59,7 +59,7 @@ class Loop:
 
     def one(self, i: int) -> None:
         msg = message(i)
-        if self.policy.admit_author(msg) is None:
+        if self.policy.admit_author(msg, ID(msg.from_id)) is None:
             self.delivery.deliver(msg, msg.from_id + msg.seqno)
         while True:  # the node drains the channel; here it is simply emptied
             try:

@@ -26,14 +26,16 @@ import multiaddr
 import trio
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
-from sapo.protocol.exchange.arrivals import Arrival
+from sapo.protocol.exchange.arrivals import Arrival, ArrivalSink
 from sapo.protocol.exchange.discovery import PeerDiscovery
-from sapo.protocol.exchange.gossip import Delivery, is_legacy, size_validator
+from sapo.protocol.exchange.gossip import Delivery, size_validator
 from sapo.protocol.exchange.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.exchange.group_fetch import Author, GroupFetcher, GroupServer
+from sapo.protocol.exchange.older_releases import OlderReleases
 from sapo.protocol.exchange.pubsub_guards import cut_connections
 from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.peers.peer_protocols import PeerProtocols, quiet_refusals
@@ -44,7 +46,6 @@ from sapo.protocol.reach.relayed_links import RelayedLinks
 from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.toolkit.agents import PeerAgents
 from sapo.protocol.toolkit.hosts import (
-    connected_seconds,
     connection_addresses,
     direct_ip,
     network_group,
@@ -64,10 +65,6 @@ START_TIMEOUT_SECONDS = 10.0
 # Bans waiting for their peer to be cut off; bans come one per misbehaving identity, and the
 # queue is drained at once, so this is never reached short of a flood of fresh identities.
 PENDING_BANS = 1024
-# An older release that cannot fetch gets our groups on the rollouts topic once it has been
-# connected this long: a stranger claiming to be one must stay, not just connect, to make every
-# node gossip again (issue #41). An honest one waits this long for its first group from us.
-LEGACY_AFTER_SECONDS = 30.0
 
 
 def counter(counters: dict[str, int]) -> Callable[..., None]:
@@ -115,6 +112,7 @@ class Network:
     keeper: BootstrapKeeper  # keeps each `peers` entry dialled
     outbox: Outbox  # our own recent groups, served over /sapo/groups/1
     fetcher: GroupFetcher  # brings the groups `want` asks for
+    older: OlderReleases  # the older releases our groups go on the topic for
     counters: dict[str, int]
 
     # --- who we are, and what the page shows --------------------------------------------------
@@ -165,15 +163,16 @@ class Network:
             self.fetcher.want(count)
 
     def legacy_peers(self) -> list[str]:
-        """Connected peers that read the rollouts topic but cannot fetch (releases before 0.4.0),
-        connected for LEGACY_AFTER_SECONDS at least: a stranger that says it cannot fetch must stay
-        a while before our groups go on the topic for it."""
-        return sorted(
-            peer.to_base58()
-            for peer in open_peers(self.host)
-            if is_legacy(self.gate, self.pubsub.protocols[0], peer)
-            and connected_seconds(self.host, peer) >= LEGACY_AFTER_SECONDS
-        )
+        """The older releases (before 0.4.0: they read the rollouts topic and cannot fetch) our
+        groups go on the topic for: connected a while, and authors of groups we accepted
+        (protocol/exchange/older_releases.py)."""
+        return sorted(peer.to_base58() for peer in self.older.readers())
+
+    def accepted(self, arrival: Arrival) -> None:
+        """The node's intake accepted `arrival`'s group (the exchange says so): a group an older
+        release signed and put on the rollouts topic makes it one our groups go to."""
+        if arrival.route == "gossip" and arrival.topic == self.settings.topic:
+            self.older.heard(arrival.sender)
 
     # --- gossip ------------------------------------------------------------------------------
 
@@ -235,7 +234,7 @@ def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -
 async def open_network(
     settings: NetworkSettings,
     key_pair: KeyPair,
-    incoming: trio.MemorySendChannel[Arrival],
+    incoming: ArrivalSink,
     *,
     counters: dict[str, int] | None = None,
     extra_topics: tuple[str, ...] = (),
@@ -259,9 +258,10 @@ async def open_network(
     gate = PeerGate(
         refusal=policy.refusal, penalize=policy.penalize, count=count, lacks=protocols.lacks, refused=protocols.refused
     )
-    router = gossip_router(settings)
+    older = OlderReleases(host, gate, PROTOCOL_ID_V11)
+    router = gossip_router(settings, readers=older.readers if settings.exchange == "fetch" else None)
     delivery = Delivery(my_id, topics, incoming, count)
-    pubsub = guarded_pubsub(host, router, settings, gate, policy, delivery)
+    pubsub = guarded_pubsub(host, router, settings, gate, policy, delivery, older.is_older)
 
     # quiet_refusals: a peer without an optional protocol is not an ERROR
     async with quiet_refusals(), host.run([listen]):
@@ -270,7 +270,7 @@ async def open_network(
                 validate = size_validator(settings.max_message_bytes, my_id, gate)
                 await _subscribe(pubsub, {topic: validate for topic in topics})
                 network = _services(
-                    settings, key_pair, topics, host, pubsub, policy, gate, delivery, reservations, counters
+                    settings, key_pair, topics, host, pubsub, policy, gate, delivery, reservations, older, counters
                 )
                 logger.info(
                     "gossip up: peer %s listening on %s, topic %s",
@@ -306,6 +306,7 @@ def _services(
     gate: PeerGate,
     delivery: Delivery,
     reservations: Reservations,
+    older: OlderReleases,
     counters: dict[str, int],
 ) -> Network:
     """The NAT services, then the dialer, discovery and group fetching, each handed the gate and
@@ -353,6 +354,7 @@ def _services(
         keeper=BootstrapKeeper(host, settings, gate, relay, bootstrap_ids),
         outbox=outbox,
         fetcher=fetcher,
+        older=older,
         counters=counters,
     )
 
@@ -403,7 +405,7 @@ async def _close(host: Any, timeout: float) -> None:
 async def serve_network(
     settings: NetworkSettings,
     key_pair: KeyPair,
-    incoming: trio.MemorySendChannel[Arrival],
+    incoming: ArrivalSink,
     *,
     counters: dict[str, int] | None = None,
     extra_topics: tuple[str, ...] = (),

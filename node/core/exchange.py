@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -138,8 +138,8 @@ def group_encoder(
 
 class GossipPort(Protocol):
     """What the exchange needs of the network (protocol/network.py's `Network`): share our groups,
-    ask for others', publish log-probs, who is connected, whether an author is banned, and where
-    an author's connection comes from."""
+    ask for others', publish log-probs, who is connected, whether an author is banned, where
+    an author's connection comes from, and what the intake accepted."""
 
     async def share(self, frame: bytes, round_index: int) -> bool: ...
 
@@ -154,6 +154,8 @@ class GossipPort(Protocol):
     def penalize_sender(self, sender: str, reason: str) -> None: ...
 
     def network_group_of(self, peer: str) -> str | None: ...
+
+    def accepted(self, arrival: Arrival) -> None: ...
 
 
 def groups_wanted(most_external: int) -> int:
@@ -189,7 +191,7 @@ class GossipExchange:
     def peers(self) -> list[str]:
         return sorted(self.network.connected_peers())
 
-    async def receive(self, incoming: trio.MemoryReceiveChannel[Arrival]) -> None:
+    async def receive(self, incoming: AsyncIterable[Arrival]) -> None:
         """Checks run in a worker thread: regenerating and re-scoring a problem is CPU work
         that must not stall the libp2p heartbeats. Frames still queued from an author banned
         since they arrived are dropped here, counted as `banned`, without a trip to the thread,
@@ -210,6 +212,7 @@ class GossipExchange:
             if verdict.refusal is not None:
                 self.network.penalize_sender(sender, verdict.refusal)
             if verdict.group is not None:
+                self.network.accepted(arrival)
                 place = self.network.network_group_of(sender)
                 # the inbox's eviction weighs every author it holds: work for a worker, not the loop
                 await trio.to_thread.run_sync(self._store, verdict.group, arrival.received_at, place, limiter=limiter)

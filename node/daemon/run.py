@@ -35,7 +35,9 @@ from sapo.node.daemon.prometheus import NodeMetrics
 from sapo.node.daemon.status import NodeStatus, write_status_file
 from sapo.node.daemon.web import serve_page
 from sapo.node.judge.client import JudgeClient
-from sapo.protocol.network import Arrival, Network, serve_network
+from sapo.protocol.exchange.arrival_queues import ArrivalQueues
+from sapo.protocol.exchange.arrivals import Route
+from sapo.protocol.network import Network, serve_network
 from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 from sapo.protocol.settings import logprobs_topic
 from sapo.training.completions.generation import GenerationInterrupted
@@ -45,10 +47,15 @@ from sapo.training.problems.tasks import reasoning_gym_version
 
 log = logging.getLogger("sapo.node")
 
-# Verified groups wait here between the network and the intake checks (and, while the
-# model loads, until the intake exists); beyond it, the gossip layer drops and counts them
-# rather than blocking the network on a slow node.
-INCOMING_BUFFER = 256
+# Arrivals wait here between the network and the intake checks (and, while the model loads,
+# until the intake exists), each route in its own places (protocol/exchange/arrival_queues.py);
+# beyond them the network drops and counts rather than block on a slow node. In fetch mode the
+# topic brings only older releases' groups and log-probs, all unasked: they cannot take the
+# places of the groups the node asked for.
+INCOMING_PLACES: dict[str, dict[Route, int]] = {
+    "fetch": {"fetch": 192, "gossip": 64},
+    "gossip": {"fetch": 0, "gossip": 256},
+}
 
 # How often a node that a swarm started checks that the swarm is still there.
 ORPHAN_CHECK_SECONDS = 1.0
@@ -127,16 +134,16 @@ async def _cancel_when_orphaned(parent: int, scope: trio.CancelScope, stop: thre
 
 async def start_network(
     nursery: trio.Nursery, settings: NodeSettings, key_pair, counters: dict[str, int], stop: threading.Event
-) -> tuple[Network, trio.MemoryReceiveChannel[Arrival], LiveStatus]:
+) -> tuple[Network, ArrivalQueues, LiveStatus]:
     """Open the network (protocol/network.py) as a task of the daemon's nursery and print the
     addresses peers can dial. What it receives waits in the returned channel until the node
     can check it (start_intake). The daemon's status, which shows the network, starts here."""
-    send, receive = trio.open_memory_channel[Arrival](INCOMING_BUFFER)
+    arrivals = ArrivalQueues(INCOMING_PLACES[settings.network.exchange])
     # peers' shared log-probs only reach a node that weighs their completions by them
     reads_logprobs = settings.external_use.importance_weight != "off"
     extra = (logprobs_topic(settings.network.swarm),) if reads_logprobs else ()
     network: Network = await nursery.start(
-        partial(serve_network, settings.network, key_pair, send, counters=counters, extra_topics=extra)
+        partial(serve_network, settings.network, key_pair, arrivals, counters=counters, extra_topics=extra)
     )
     live = LiveStatus(
         settings,
@@ -144,11 +151,11 @@ async def start_network(
         stop,
         network,
         listen=dialable_all(network.listen_addrs),
-        waiting=lambda: receive.statistics().current_buffer_used,
+        waiting=arrivals.waiting,
     )
     for address in live.listen:
         print(f"listening on {address}", flush=True)
-    return network, receive, live
+    return network, arrivals, live
 
 
 def groups_to_fetch(settings: NodeSettings) -> int:
@@ -174,7 +181,7 @@ def start_intake(
     nursery: trio.Nursery,
     node: Node,
     network: Network,
-    receive: trio.MemoryReceiveChannel[Arrival],
+    receive: ArrivalQueues,
     settings: NodeSettings,
 ) -> GossipExchange:
     """The node is loaded: check what has been waiting, and everything from now on."""

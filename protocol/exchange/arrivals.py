@@ -12,7 +12,7 @@ the same way; the route says which check to run (a log-probs message is not a gr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 Route = Literal["gossip", "fetch"]
 
@@ -34,4 +34,11 @@ class Arrival:
         return cls(signer, data, received_at, "gossip", topic)
 
 
-__all__ = ["Arrival", "Route"]
+class ArrivalSink(Protocol):
+    """Where the network puts what arrives: a memory channel's send end, or ArrivalQueues
+    (arrival_queues.py). Never blocks: trio.WouldBlock when full (the network drops and counts)."""
+
+    def send_nowait(self, arrival: Arrival) -> None: ...
+
+
+__all__ = ["Arrival", "ArrivalSink", "Route"]

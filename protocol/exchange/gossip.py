@@ -16,7 +16,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 
-from sapo.protocol.exchange.arrivals import Arrival
+from sapo.protocol.exchange.arrivals import Arrival, ArrivalSink
 from sapo.protocol.toolkit.hosts import peer_str
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.recent import RecentByAuthor
@@ -45,7 +45,7 @@ class Delivery:
         self,
         my_id: ID,
         topics: tuple[str, ...],
-        incoming: trio.MemorySendChannel[Arrival],
+        incoming: ArrivalSink,
         count: Callable[[str], None],
     ) -> None:
         self.my_id = my_id

@@ -4,14 +4,14 @@ and the NAT traversal services (AutoNAT-style reachability, circuit relay). One 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 
-from sapo.protocol.exchange.gossip import Delivery, is_legacy, unasked_groups
+from sapo.protocol.exchange.gossip import Delivery, unasked_groups
+from sapo.protocol.exchange.older_releases import RolloutsForOlderReleases
 from sapo.protocol.exchange.pubsub_guards import GuardedPubsub
 from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.reach.reachability import ReachabilityService
@@ -29,8 +29,12 @@ RPC_MESSAGES_PER_FRAME = 2
 PENDING_SECONDS = 2.0
 
 
-def gossip_router(settings: NetworkSettings) -> GossipSub:
-    return GossipSub(
+def gossip_router(settings: NetworkSettings, readers: Callable[[], Iterable[ID]] | None = None) -> GossipSub:
+    """`readers()`: in fetch mode, the only peers a message on the rollouts topic goes to (the
+    established older releases, older_releases.py); None in gossip mode (the mesh, as GossipSub)."""
+    return RolloutsForOlderReleases(
+        rollouts_topic=settings.topic,
+        readers=readers,
         # 1.1 only: 1.2 sends an IDONTWANT to every mesh peer per message, which about
         # doubled CPU per message in measurements; 1.3+ adds nothing we use.
         protocols=[PROTOCOL_ID_V11],
@@ -56,10 +60,17 @@ def gossip_router(settings: NetworkSettings) -> GossipSub:
 
 
 def guarded_pubsub(
-    host: Any, router: GossipSub, settings: NetworkSettings, gate: PeerGate, policy: PeerPolicy, delivery: Delivery
+    host: Any,
+    router: GossipSub,
+    settings: NetworkSettings,
+    gate: PeerGate,
+    policy: PeerPolicy,
+    delivery: Delivery,
+    is_older: Callable[[ID], bool],
 ) -> GuardedPubsub:
     """The pubsub with its guards: the network's `gate`, the `policy`'s bucket per author, the
-    `delivery` of what comes in."""
+    `delivery` of what comes in, and in fetch mode the topic's groups taken only from the
+    authors `is_older` says are older releases."""
     fetching = settings.exchange == "fetch"
     return GuardedPubsub(
         host,
@@ -67,7 +78,7 @@ def guarded_pubsub(
         gate=gate,
         admit_author=policy.admit_author,
         deliver=delivery.deliver,
-        unasked=unasked_groups(settings.topic, partial(is_legacy, gate, router.protocols[0])) if fetching else None,
+        unasked=unasked_groups(settings.topic, is_older) if fetching else None,
         close_timeout=settings.close_timeout_seconds,
         strict_signing=True,  # every message is Ed25519-signed and verified on every hop
         # Inbound frames bigger than this reset the stream before parsing. Leave room for

@@ -71,14 +71,14 @@ class GuardedPubsub(Pubsub):
         self,
         *args: Any,
         gate: PeerGate,
-        admit_author: Callable[[rpc_pb2.Message], str | None],
+        admit_author: Callable[[rpc_pb2.Message, ID], str | None],
         deliver: Callable[[rpc_pb2.Message, bytes], None],
         unasked: Callable[[rpc_pb2.Message], bool] | None,
         close_timeout: float,
         **kwargs: Any,
     ) -> None:
         """`gate`: who may connect or send, who pays, which peers lack gossip (protocol/toolkit/peer_gate.py);
-        `admit_author(msg)` charges a new message to its author's bucket (protocol/peers/peer_policy.py) and
+        `admit_author(msg, forwarder)` charges a new message to its author's bucket (protocol/peers/peer_policy.py) and
         says why it is dropped, or None; `deliver(msg, message_id)` hands a message on our
         topics to the node (gossip.py); `unasked(msg)` says a group came on the rollouts topic
         unasked (fetch mode, gossip.py: refused before anything else is spent on it), None in
@@ -158,7 +158,7 @@ class GuardedPubsub(Pubsub):
                 gate.penalize(msg_forwarder, "bad_signature")
                 return
             # The signature names the author: now its bucket, not the relay's, pays.
-            verdict = self.admit_author(msg)
+            verdict = self.admit_author(msg, msg_forwarder)
             if verdict is not None:
                 gate.count(verdict)
                 return

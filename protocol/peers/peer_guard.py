@@ -130,10 +130,17 @@ class PeerGuard:
         self._peers: BoundedMap[bytes, _PeerState] = BoundedMap(max_tracked)
         self._bans: BoundedMap[bytes, _PeerState] = BoundedMap(max_tracked)
 
-    def admit(self, peer: bytes, seqno: int | None = None) -> str | None:
+    def admit(self, peer: bytes, seqno: int | None = None, *, direct: bool = True) -> str | None:
         """None if a message authored by `peer` (with its signed `seqno`) may go on, else why not:
         'banned', 'replayed' (an old number past its own small bucket: dropped, nobody charged),
-        or 'rate_limited' (then the author has been charged, and may be banned now)."""
+        or 'rate_limited' (dropped; the author is charged, and may be banned now, only if it sent
+        the message itself: `direct`).
+
+        A message another peer forwarded says nothing of its author's pace: anyone may forward
+        any signed message, in any order, and after a flush of this memory (4,096 fresh keys) a
+        replay of an honest author's old messages, numbered with gaps, would have charged it each
+        gap and banned it. So a forwarded message costs one token, and a full bucket drops it
+        without a charge."""
         now = self.clock()
         state = self._state(now, peer)
         if state.banned_until:
@@ -145,13 +152,14 @@ class PeerGuard:
                 # forwarded by anyone (libp2p forgets seen ids after 120 s), so it is never
                 # charged to its author: it draws on a bucket of its own and is only dropped.
                 return None if state.replays.take(now) else "replayed"
-            if state.highest_seqno is not None:
+            if state.highest_seqno is not None and direct:
                 cost = float(min(seqno - state.highest_seqno, self.burst))
             state.highest_seqno = seqno
         over = state.publishes.take_short(now, cost)
         if not over:
             return None
-        self.penalize(peer, "rate_limited", times=over)
+        if direct:
+            self.penalize(peer, "rate_limited", times=over)
         return "rate_limited"
 
     def penalize(self, peer: bytes, reason: str, times: float = 1.0) -> bool:

@@ -54,12 +54,12 @@ class PeerPolicy:
     def may_use(self, peer_id: ID) -> bool:
         return self.refusal(peer_id) is None
 
-    def admit_author(self, msg: rpc_pb2.Message) -> str | None:
+    def admit_author(self, msg: rpc_pb2.Message, forwarder: ID) -> str | None:
         """Charge a new message to its author's bucket; why it is dropped, or None."""
-        # libp2p numbers an author's publishes (8 bytes, big-endian): the gaps show how fast it
-        # really publishes, however few of its messages reach us.
+        # libp2p numbers an author's publishes (8 bytes, big-endian): the gaps in what an author
+        # sends us itself show how fast it really publishes (peer_guard.py: not what others forward).
         seqno = int.from_bytes(msg.seqno, "big") if 0 < len(msg.seqno) <= 8 else None
-        verdict = self.guard.admit(msg.from_id, seqno)
+        verdict = self.guard.admit(msg.from_id, seqno, direct=forwarder.to_bytes() == msg.from_id)
         if verdict == "rate_limited" and self.guard.is_banned(msg.from_id):
             self._banned(ID(msg.from_id), verdict)
         return verdict

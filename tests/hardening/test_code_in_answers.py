@@ -21,7 +21,7 @@ async def test_a_group_of_code_answers_runs_nothing_on_a_running_node(tmp_path, 
     marker = tmp_path / "MARKER"
     node = NodeProcess(tmp_path / "n", [*PLUMBING])
     nodes.append(node)
-    stranger = Peer(0x38, node.address, model_id="stranger")
+    stranger = Peer(0x38, node.address, model_id="stranger", exchange="fetch")
     problem = generate_problem(
         ProblemSpec(dataset="binary_matrix", config=EASY_CONFIGS["binary_matrix"], seed=38, index=0)
     )

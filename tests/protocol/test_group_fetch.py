@@ -10,7 +10,6 @@ import msgpack
 import pytest
 import trio
 
-from sapo.protocol import network as network_module
 from sapo.protocol.exchange import group_fetch
 from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
 from sapo.protocol.wire.group_wire import (
@@ -25,7 +24,7 @@ from sapo.protocol.wire.group_wire import (
     encode_request,
     encode_response,
 )
-from tests.support.gossip import assert_empty, receive_all, start_node, wait_for_mesh
+from tests.support.gossip import receive_all, start_node
 
 start_fetching = partial(start_node, exchange="fetch")  # the node's default: groups are asked for
 
@@ -249,67 +248,4 @@ async def test_a_peer_that_asks_too_often_is_refused():
                     pass
             assert SERVE_BURST <= answered < SERVE_BURST + 4
             assert author.counters["fetch_refused"] >= 1
-            nursery.cancel_scope.cancel()
-
-
-async def test_groups_go_on_the_topic_for_an_older_release_once_it_has_stayed(monkeypatch):
-    monkeypatch.setattr(network_module, "LEGACY_AFTER_SECONDS", 3.0)  # 30 s in a node: the rule, not the wait
-    with trio.fail_after(40):
-        async with trio.open_nursery() as nursery:
-            old = await start_node(nursery, exchange="gossip")  # reads every group on the topic
-            # an older release: no /sapo/groups/1 among what identify says it speaks
-            old.service.host.remove_stream_handler(PROTOCOL_ID)
-            new = await start_fetching(nursery, peers=[old.addr])
-            await connected(new, old)
-            assert new.service.legacy_peers() == []  # just connected: it has to stay first
-            assert await new.service.share(b"too soon", 0)
-            assert new.counters.get("published", 0) == 0
-            with trio.fail_after(15):
-                while new.service.legacy_peers() != [old.service.peer_id]:
-                    await trio.sleep(0.1)
-            await wait_for_mesh([new, old])
-            assert await new.service.share(b"for the old one", 1)
-            [message] = await receive_all(old, 1)
-            assert message.route == "gossip"  # on the topic: the old release cannot fetch
-            assert message.data == b"for the old one" and message.sender == new.service.peer_id
-            assert new.counters["published"] == 1
-            nursery.cancel_scope.cancel()
-
-
-async def test_on_the_topic_only_an_older_releases_groups_are_taken_and_the_rest_were_pushed(monkeypatch):
-    """A node of this release beside an older one gossips its groups for it; another node of this
-    release refuses those copies before any check (it asks for what it uses) and fetches them,
-    while the older release's own groups, which cannot be fetched, come by the topic."""
-    monkeypatch.setattr(network_module, "LEGACY_AFTER_SECONDS", 0.0)
-    with trio.fail_after(40):
-        async with trio.open_nursery() as nursery:
-            old = await start_node(nursery, exchange="gossip")  # reads every group on the topic
-            old.service.host.remove_stream_handler(PROTOCOL_ID)  # an older release
-            new = await start_fetching(nursery, peers=[old.addr])
-            other = await start_fetching(nursery, peers=[old.addr, new.addr])  # this release, beside both
-            with trio.fail_after(15):
-                while new.service.legacy_peers() != [old.service.peer_id] or other.service.legacy_peers() != [
-                    old.service.peer_id
-                ]:
-                    await trio.sleep(0.1)
-            await wait_for_mesh([new, old, other])
-            assert await new.service.share(b"pushed to other", 0)  # gossiped: an older release is connected
-            [at_old] = await receive_all(old, 1)
-            assert at_old.data == b"pushed to other"
-            with trio.fail_after(5):
-                while not other.counters.get("pushed_refused"):
-                    await trio.sleep(0.05)
-            assert_empty(other)  # refused before it reached the node's intake
-            # and before anything was kept of its author: fresh keys' pushes cannot flush the
-            # memory the node keeps of the authors it does hear (their buckets, their numbering)
-            assert new.service.my_id.to_bytes() not in other.service.policy.guard._peers
-            # and its author, whose copy (or a replay of an old one) came by the topic, is still drawn
-            assert new.service.my_id in {author.peer_id for author in other.service.fetcher.authors()}
-
-            assert await old.service.publish(b"the old one's")  # what an older release does with its group
-            [from_old] = await receive_all(other, 1)
-            assert (from_old.route, from_old.sender, from_old.data) == ("gossip", old.service.peer_id, b"the old one's")
-            other.service.want(2)
-            [fetched] = await receive_all(other, 1)
-            assert (fetched.route, fetched.sender, fetched.data) == ("fetch", new.service.peer_id, b"pushed to other")
             nursery.cancel_scope.cancel()

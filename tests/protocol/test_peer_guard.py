@@ -66,6 +66,30 @@ def test_sequence_numbers_count_publishes_that_never_arrived():
     assert guard.admit(b"honest", 2**63) is None and not guard.is_banned(b"honest")
 
 
+def test_what_others_forward_never_charges_its_author():
+    """Framing by replay: with the guard's memory of an honest author flushed, someone forwards
+    the author's old messages in an order full of gaps, as fast as it can. Sent by the author
+    itself, that pace is a flood (charged, banned: the test above); forwarded by anyone else it
+    is dropped once the author's bucket is empty, and the author is charged nothing."""
+    clock = Clock()
+    guard = PeerGuard(rate=50.0, burst=100, ban_seconds=30, clock=clock)
+    seqno = 1_700_000_000
+    verdicts = []
+    for _ in range(2_000):  # 20 s of 100 replays a second, each 1,000 numbers past the last
+        clock.now += 0.01
+        seqno += 1_000
+        verdicts.append(guard.admit(b"honest", seqno, direct=False))
+    assert "rate_limited" in verdicts  # the bucket still bounds what goes on
+    assert not guard.is_banned(b"honest") and guard.score(b"honest") == 0.0
+    # the same pace from the author itself is charged as before
+    for _ in range(2_000):
+        clock.now += 0.01
+        seqno += 1_000
+        if guard.admit(b"honest", seqno) == "banned":
+            break
+    assert guard.is_banned(b"honest")
+
+
 def test_score_recovers_so_rare_slips_never_ban():
     clock = Clock()
     guard = PeerGuard(rate=10.0, burst=100, ban_seconds=30, clock=clock)

@@ -24,13 +24,18 @@ class Peer:
 
     service: Network
 
-    def __init__(self, seed: int, address: str, swarm_key: Path | None = None, model_id: str = "peer"):
+    def __init__(
+        self, seed: int, address: str, swarm_key: Path | None = None, model_id: str = "peer", exchange: str = "gossip"
+    ):
+        """`exchange="gossip"`: what this peer publishes goes to its mesh, as any stranger's own
+        router may send it (a fetching node's router sends its rollouts only to older releases,
+        protocol/exchange/older_releases.py); "fetch": it serves its groups to a node that asks."""
         self.key = create_new_key_pair(bytes([seed]) * 32)
         self.peer_id = peer_id_of(self.key)
         self.send, self.receive = trio.open_memory_channel(1000)
         self.counters: dict[str, int] = {}
         self.settings = NetworkSettings(
-            listen="/ip4/127.0.0.1/tcp/0", peers=[address], swarm_key=swarm_key, dial_backoff_max=2.0
+            listen="/ip4/127.0.0.1/tcp/0", peers=[address], swarm_key=swarm_key, dial_backoff_max=2.0, exchange=exchange
         )
         self.encoder = GroupEncoder(
             peer_id=self.peer_id, swarm="default", model_id=model_id, rg_version=reasoning_gym_version()
