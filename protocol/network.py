@@ -36,9 +36,10 @@ from sapo.protocol.exchange.gossip import Delivery, size_validator
 from sapo.protocol.exchange.gossip_router import gossip_router, guarded_pubsub, nat_services
 from sapo.protocol.exchange.group_fetch import Author, GroupFetcher, GroupServer
 from sapo.protocol.exchange.older_releases import OlderReleases
-from sapo.protocol.exchange.pubsub_guards import cut_connections
+from sapo.protocol.exchange.pubsub_guards import cut_off_banned, queue_ban
 from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.peers.peer_protocols import PeerProtocols, quiet_refusals
+from sapo.protocol.reach.connections import ConnectionManager, has_joined, must_stay
 from sapo.protocol.reach.dialing import BootstrapKeeper, Dialer
 from sapo.protocol.reach.reachability import Reachability, ReachabilityService
 from sapo.protocol.reach.relay import RelayService, Reservations
@@ -109,7 +110,8 @@ class Network:
     discovery: PeerDiscovery
     dialer: Dialer
     agents: PeerAgents  # what each peer's identify says it runs
-    keeper: BootstrapKeeper  # keeps each `peers` entry dialled
+    keeper: BootstrapKeeper  # keeps each `peers` entry dialled, until the node has joined
+    links: ConnectionManager  # keeps our links between the watermarks
     outbox: Outbox  # our own recent groups, served over /sapo/groups/1
     fetcher: GroupFetcher  # brings the groups `want` asks for
     older: OlderReleases  # the older releases our groups go on the topic for
@@ -249,7 +251,7 @@ async def open_network(
     topics = (settings.topic, *extra_topics)
     listen = multiaddr.Multiaddr(settings.listen)
     bans_in, bans_out = trio.open_memory_channel[ID](PENDING_BANS)
-    policy = PeerPolicy(settings, my_id, count, on_ban=partial(_queue_ban, bans_in))
+    policy = PeerPolicy(settings, my_id, count, on_ban=partial(queue_ban, bans_in))
     # identify's addresses are the host's (DCUtR needs our listen port there) and our relayed
     # ones: the relay slots are held before the relay service that keeps them, which needs the host
     reservations = Reservations()
@@ -316,6 +318,7 @@ def _services(
         host, settings, gate, reservations, preferred_relays=lambda: sorted(bootstrap_ids, key=str)
     )
     dialer = Dialer(host, relay, gate, bootstrap_ids)
+    joined = partial(has_joined, host, bootstrap_ids, settings.discover_peers)
     discovery = PeerDiscovery(
         key_pair,
         host,
@@ -351,7 +354,14 @@ def _services(
         discovery=discovery,
         dialer=dialer,
         agents=PeerAgents(host, partial(open_peers, host), gate),
-        keeper=BootstrapKeeper(host, settings, gate, relay, bootstrap_ids),
+        keeper=BootstrapKeeper(host, settings, gate, relay, bootstrap_ids, joined=joined),
+        links=ConnectionManager(
+            host,
+            low=settings.connections_low,
+            high=settings.connections_high,
+            protected=partial(must_stay, relay, bootstrap_ids, joined),
+            count=gate.count,
+        ),
         outbox=outbox,
         fetcher=fetcher,
         older=older,
@@ -378,7 +388,7 @@ async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryRecei
     links = RelayedLinks(
         network.host, relay.slots(), dialer=network.dialer, gate=network.gate, known_addrs=network.discovery.addrs_of
     )
-    nursery.start_soon(_cut_off_banned, bans, network.host, network.discovery, settings.close_timeout_seconds)
+    nursery.start_soon(cut_off_banned, bans, network.host, network.discovery, settings.close_timeout_seconds)
     await nursery.start(relay.run)
     await nursery.start(links.run)  # relayed links that end are dialled again
     relay.set_reachability(network.nat.status)
@@ -388,6 +398,7 @@ async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryRecei
     if settings.discover_peers > 0:
         await nursery.start(network.discovery.run)
     await nursery.start(network.agents.run)
+    await nursery.start(network.links.run)
     if settings.exchange == "fetch":
         await nursery.start(network.fetcher.run)
 
@@ -416,30 +427,6 @@ async def serve_network(
     async with open_network(settings, key_pair, incoming, counters=counters, extra_topics=extra_topics) as network:
         task_status.started(network)
         await trio.sleep_forever()
-
-
-def _queue_ban(bans: trio.MemorySendChannel[ID], peer: ID) -> None:
-    try:
-        bans.send_nowait(peer)
-    except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-        logger.warning("could not queue the disconnect of banned peer %s; it is refused on its next frame", peer)
-
-
-async def _cut_off_banned(
-    bans: trio.MemoryReceiveChannel[ID], host: Any, discovery: PeerDiscovery, close_timeout: float
-) -> None:
-    """Each banned peer: forget its record (so we neither dial nor recommend it) and cut its
-    connections now, each cut its own task (a flooder can hold a polite close off for seconds)."""
-
-    async def disconnect(peer: ID) -> None:
-        with trio.move_on_after(close_timeout):
-            await cut_connections(host, peer)
-        logger.info("dropped the connection to banned peer %s", peer)
-
-    async with trio.open_nursery() as nursery:
-        async for peer in bans:
-            discovery.forget(peer)
-            nursery.start_soon(disconnect, peer)
 
 
 __all__ = ["Arrival", "Network", "open_network", "serve_network"]

@@ -215,6 +215,17 @@ class NetworkSettings(BaseModel):
         default=10.0, gt=0, le=3600, description="ask a random connected peer for peers this often"
     )
     max_tracked_peers: int = Field(default=256, ge=1, le=65_536, description="most discovered peer records kept")
+    connections_low: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="once more than --connections-high peers are connected, the links others opened to us (from the "
+        "most crowded network groups first), then ours, are closed down to this many; relays, relayed links and, until "
+        "--discover-peers others are connected, the --peers are kept",
+    )
+    connections_high: int = Field(
+        default=96, ge=1, le=4096, description="most peers connected before links are closed (see --connections-low)"
+    )
     peer_message_rate: float = Field(
         default=50.0,
         gt=0,
@@ -327,6 +338,10 @@ class NetworkSettings(BaseModel):
             raise ValueError(
                 f"mesh degrees must satisfy mesh_degree_low ({self.mesh_degree_low}) <= mesh_degree "
                 f"({self.mesh_degree}) <= mesh_degree_high ({self.mesh_degree_high})"
+            )
+        if self.connections_high < self.connections_low:
+            raise ValueError(
+                f"connections_high ({self.connections_high}) must be >= connections_low ({self.connections_low})"
             )
         if self.dial_backoff_max < self.dial_backoff_initial:
             raise ValueError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from libp2p.host.exceptions import StreamFailure
@@ -217,3 +217,34 @@ async def cut_connections(host: Any, peer_id: ID) -> None:
         await host.disconnect(peer_id)
     except Exception as error:  # noqa: BLE001 - it may be gone already
         logger.debug("closing connection to %s failed: %s", peer_id, error)
+
+
+class Forgets(Protocol):
+    """Discovery, as the ban's cut-off needs it (discovery.py)."""
+
+    def forget(self, peer_id: ID) -> None: ...
+
+
+def queue_ban(bans: trio.MemorySendChannel[ID], peer: ID) -> None:
+    """Hand a banned peer to `cut_off_banned`, never blocking the check that banned it."""
+    try:
+        bans.send_nowait(peer)
+    except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        logger.warning("could not queue the disconnect of banned peer %s; it is refused on its next frame", peer)
+
+
+async def cut_off_banned(
+    bans: trio.MemoryReceiveChannel[ID], host: Any, discovery: Forgets, close_timeout: float
+) -> None:
+    """Each banned peer: forget its record (so we neither dial nor recommend it) and cut its
+    connections now, each cut its own task (a flooder can hold a polite close off for seconds)."""
+
+    async def disconnect(peer: ID) -> None:
+        with trio.move_on_after(close_timeout):
+            await cut_connections(host, peer)
+        logger.info("dropped the connection to banned peer %s", peer)
+
+    async with trio.open_nursery() as nursery:
+        async for peer in bans:
+            discovery.forget(peer)
+            nursery.start_soon(disconnect, peer)

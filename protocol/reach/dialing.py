@@ -4,6 +4,7 @@ one `--peers` entry connected for as long as the node runs."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -111,11 +112,19 @@ class Dialer:
 
 
 class BootstrapKeeper:
-    """Keeps `--peers` entries connected; the network (network.py) owns the host and its gate
-    decides whom it refuses (allow list, bans)."""
+    """Keeps `--peers` entries connected until the node has joined; the network (network.py)
+    owns the host and its gate decides whom it refuses (allow list, bans). `joined()` says the
+    node knows enough other peers: a seed lost after that (a seed trims its links,
+    connections.py) is not dialled again, unless the node falls short again."""
 
     def __init__(
-        self, host: Any, settings: NetworkSettings, gate: PeerGate, relay: RelayService | None, bootstrap_ids: set[ID]
+        self,
+        host: Any,
+        settings: NetworkSettings,
+        gate: PeerGate,
+        relay: RelayService | None,
+        bootstrap_ids: set[ID],
+        joined: Callable[[], bool] = lambda: False,
     ) -> None:
         self.host = host
         self.settings = settings
@@ -124,6 +133,7 @@ class BootstrapKeeper:
         self.relay = relay
         self.count = gate.count
         self.bootstrap_ids = bootstrap_ids  # shared with the relay: the relays a NATed node tries first
+        self.joined = joined
 
     async def keep(self, address: str) -> None:
         """Keep one `peers` entry connected: resolve it (a name may point elsewhere after a
@@ -139,9 +149,9 @@ class BootstrapKeeper:
             for peer in now - connected:
                 logger.info("connected to bootstrap peer %s (%s)", peer, address)
             for peer in connected - now:
-                logger.info("lost bootstrap peer %s (%s); redialling", peer, address)
+                logger.info("lost bootstrap peer %s (%s)%s", peer, address, "" if self.joined() else "; redialling")
             connected = now
-            if usable and len(now) == len(usable):
+            if usable and (len(now) == len(usable) or self.joined()):
                 delay = settings.dial_backoff_initial
                 await trio.sleep(CONNECTION_CHECK_SECONDS)
                 continue

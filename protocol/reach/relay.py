@@ -154,6 +154,10 @@ class RelayService:
     def serving(self) -> bool:
         return self.protocol.allow_hop
 
+    def holds_slot(self, peer: ID) -> bool:
+        """Whether `peer` holds a relay slot on us (we relay for it: its link must stay)."""
+        return self.serving and self.protocol.resource_manager.has_reservation(peer)
+
     def set_reachability(self, status: Reachability) -> None:
         self.reachability = status
         self._set_serving(self.relay == "on" or (self.relay == "auto" and status is Reachability.public))

@@ -1,0 +1,150 @@
+"""Links between watermarks: a node's connections, seeds' included, do not grow with the swarm.
+
+Why: nothing capped a node's connections, and every node kept its seed links for ever
+(`BootstrapKeeper`). At 128 nodes each seed held 127 links; at 10,000 it would hold about
+10,000, and, always connected, it was asked for groups far more often than any other author
+(issue #41, docs/bench/scale.md).
+
+How (go-libp2p's connection manager, and Bitcoin Core's inbound eviction, in small):
+- Every CHECK_SECONDS, a node with more than `high` peers connected closes links down to
+  `low`. Never one younger than GRACE_SECONDS (it has not had the chance to be useful), and
+  never a protected one: a relay we hold a slot on, a peer holding a slot on us, a relayed link
+  (relayed_links.py would dial it again at once), or a bootstrap peer while this node has not
+  joined yet (fewer than `joined` other peers).
+- Links others opened to us go first, and each one is taken from the network group (IPv4 /16,
+  IPv6 /32, or "local") that holds the most of the candidates, so that what stays is spread over
+  as many groups as there were: a block of addresses that opened many links loses them first.
+- The other half is the keeper's: once a node has joined, it no longer dials a seed back
+  (dialing.py, `BootstrapKeeper`), so a seed that trimmed its link is not dialled again.
+
+py-libp2p 0.8.1 has a pruner with watermarks (libp2p/network/connection_pruner.py), but it
+never closes a connection with an open stream, and every link of ours holds GossipSub's stream
+for good, so it would close nothing; it also knows nothing of network groups or of our relays.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from libp2p.network.connection_pruner import get_connection_direction
+from libp2p.peer.id import ID
+from libp2p.rcmgr import Direction
+
+from sapo.protocol.toolkit.hosts import connection_age, direct_ip, is_relayed, network_group, open_peers
+
+logger = logging.getLogger("sapo.gossip")
+
+CHECK_SECONDS = 5.0
+# A link this young is never closed: a newcomer's links must have time to prove useful.
+GRACE_SECONDS = 30.0
+# Links closed at once: a node far over `high` comes down over a few checks, not in one cliff.
+MAX_CLOSED_PER_CHECK = 32
+CLOSE_TIMEOUT_SECONDS = 2.0
+
+
+class ConnectionManager:
+    """Keeps `host`'s peers at most `high`, trimming to `low`; `protected(peer)` names links it
+    must never close (relays, relayed links, and seeds until the node has joined)."""
+
+    def __init__(
+        self,
+        host: Any,
+        *,
+        low: int,
+        high: int,
+        protected: Callable[[ID], bool],
+        count: Callable[..., None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not 0 < low <= high:
+            raise ValueError("connection watermarks need 0 < low <= high")
+        self.host = host
+        self.low = low
+        self.high = high
+        self.protected = protected
+        self.count = count
+        self.clock = clock
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(CHECK_SECONDS)
+            await self.trim()
+
+    def surplus(self) -> list[ID]:
+        """The peers to close now (none while at most `high` are connected)."""
+        peers = open_peers(self.host)
+        if len(peers) <= self.high:
+            return []
+        need = min(len(peers) - self.low, MAX_CLOSED_PER_CHECK)
+        now = self.clock()
+        inbound: list[tuple[ID, str]] = []
+        outbound: list[tuple[ID, str]] = []
+        for peer in peers:
+            links = [c for c in self.host.get_network().get_connections(peer) if not c.is_closed]
+            if not links or self.protected(peer) or any(is_relayed(c) for c in links):
+                continue
+            if min(connection_age(c, now) for c in links) < GRACE_SECONDS:
+                continue
+            ip = direct_ip(self.host, peer)
+            group = network_group(ip) if ip is not None else "unknown"
+            theirs = all(get_connection_direction(c) == Direction.INBOUND for c in links)
+            (inbound if theirs else outbound).append((peer, group))
+        return _from_the_largest_groups(inbound, need) + _from_the_largest_groups(
+            outbound, need - min(need, len(inbound))
+        )
+
+    async def trim(self) -> int:
+        """Close the surplus; how many peers were closed."""
+        closed = 0
+        for peer in self.surplus():
+            with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
+                try:
+                    await self.host.disconnect(peer)
+                    closed += 1
+                except Exception as error:  # noqa: BLE001 - already gone is fine
+                    logger.debug("closing the link to %s failed: %s", peer, error)
+        if closed:
+            self.count("links_trimmed", closed)
+            logger.info("closed %d links: over %d connected, down towards %d", closed, self.high, self.low)
+        return closed
+
+
+def must_stay(relay: Any, bootstrap_ids: set[ID], joined: Callable[[], bool], peer: ID) -> bool:
+    """A link never trimmed: to a relay we hold a slot on (`relay.reservations`), from a peer that
+    holds one on us (`relay.holds_slot`), or to a bootstrap peer while the node has not joined."""
+    return peer in relay.reservations or relay.holds_slot(peer) or (peer in bootstrap_ids and not joined())
+
+
+def has_joined(host: Any, bootstrap_ids: set[ID], target: int) -> bool:
+    """Whether a node is connected to `target` peers besides its bootstrap peers: from then on
+    its seeds are peers like any other (trimmed, and not dialled again). Never, with discovery
+    off (`target` 0): then the seeds are all it has."""
+    return target > 0 and sum(peer not in bootstrap_ids for peer in open_peers(host)) >= target
+
+
+def _from_the_largest_groups(candidates: list[tuple[ID, str]], need: int) -> list[ID]:
+    """`need` of `candidates`, each taken at random from the network group holding the most."""
+    pools: dict[str, list[ID]] = {}
+    for peer, group in candidates:
+        pools.setdefault(group, []).append(peer)
+    sizes = Counter({group: len(members) for group, members in pools.items()})
+    chosen: list[ID] = []
+    while len(chosen) < need and sizes:
+        largest = max(sizes.values())
+        group = random.choice([g for g, n in sizes.items() if n == largest])
+        members = pools[group]
+        chosen.append(members.pop(random.randrange(len(members))))
+        sizes[group] -= 1
+        if not sizes[group]:
+            del sizes[group]
+    return chosen
+
+
+__all__ = ["ConnectionManager", "has_joined", "must_stay"]

@@ -1,0 +1,53 @@
+"""Links between watermarks (protocol/reach/connections.py): a seed's links do not grow with the
+swarm. Real py-libp2p hosts on 127.0.0.1: nodes join through one seed, find each other, and the
+seed closes links down to its low watermark; joined nodes do not dial it back, and every node
+keeps peers of its own."""
+
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+import trio
+
+from sapo.protocol.reach import connections
+from sapo.protocol.reach.connections import _from_the_largest_groups
+from tests.support.gossip import start_node
+
+
+def peer() -> ID:
+    return ID.from_pubkey(create_new_key_pair().public_key)
+
+
+def test_links_are_closed_from_the_most_crowded_network_group_first():
+    crowd = [(peer(), "10.1") for _ in range(10)]
+    few = [(peer(), "10.2") for _ in range(2)]
+    lone = [(peer(), "10.3")]
+    chosen = _from_the_largest_groups(crowd + few + lone, 9)
+    assert len(chosen) == 9 and len(set(chosen)) == 9
+    assert sum(p in {q for q, _ in crowd} for p in chosen) >= 8
+    assert lone[0][0] not in chosen  # every group keeps a link while another has more than one
+    assert _from_the_largest_groups(crowd, 20) and len(_from_the_largest_groups(crowd, 20)) == 10
+
+
+async def test_a_seed_keeps_its_links_under_the_high_watermark_and_joined_nodes_leave_it_be(monkeypatch):
+    monkeypatch.setattr(connections, "GRACE_SECONDS", 1.0)
+    monkeypatch.setattr(connections, "CHECK_SECONDS", 0.5)
+    low, high, nodes = 3, 5, 10
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            seed = await start_node(nursery, connections_low=low, connections_high=high, discover_peers=2)
+            others = [
+                await start_node(nursery, peers=[seed.addr], discover_peers=2, discovery_interval_seconds=1.0)
+                for _ in range(nodes)
+            ]
+            links = []
+            deadline = trio.current_time() + 30
+            while trio.current_time() < deadline:
+                links.append(len(seed.service.connected_peers()))
+                await trio.sleep(0.25)
+            # at most the links that arrived within one check after the last trim
+            assert max(links[-40:]) <= high, links
+            assert seed.counters.get("links_trimmed", 0) >= nodes - high
+            for node in others:  # each has peers besides the seed, and found them itself
+                assert len([p for p in node.service.connected_peers() if p != seed.service.peer_id]) >= 1
+            joined = [n for n in others if seed.service.peer_id not in n.service.connected_peers()]
+            assert len(joined) >= nodes - high  # trimmed, and not dialled back
+            nursery.cancel_scope.cancel()
