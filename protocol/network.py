@@ -48,10 +48,9 @@ from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.toolkit.agents import PeerAgents
 from sapo.protocol.toolkit.hosts import (
     connection_addresses,
-    direct_ip,
-    network_group,
     new_noise_host,
     open_peers,
+    peer_place,
 )
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
@@ -216,13 +215,19 @@ class Network:
         return sorted(peer.to_base58() for peer in open_peers(self.host))
 
     def network_group_of(self, peer: str) -> str | None:
-        """The network address group (toolkit/hosts.py's network_group: IPv4 /16, IPv6 /32, or one
-        "local" group) of `peer`'s direct connection; None if it has none."""
+        """Where `peer`'s connection comes from (toolkit/hosts.py's `peer_place`: its IP's network
+        group, or its relay's for a relayed peer); None if not known."""
+        return peer_place(self.host, peer)
+
+    def gossips_by_right(self, peer: str) -> bool:
+        """Whether `peer`'s own groups come to us on the rollouts topic by right: anyone's with
+        exchange="gossip", else an older release's, which cannot serve them (older_releases.py)."""
+        if self.settings.exchange == "gossip":
+            return True
         try:
-            ip = direct_ip(self.host, ID.from_base58(peer))
+            return self.older.is_older(ID.from_base58(peer))
         except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
-            return None
-        return network_group(ip) if ip is not None else None
+            return False
 
 
 def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -> list[multiaddr.Multiaddr]:

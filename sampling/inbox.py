@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sapo.sampling.standing import Standing
-from sapo.training.learning.grpo import has_signal
 from sapo.training.problems.rollouts import QuestionGroup
 
 
@@ -73,20 +72,18 @@ class Inbox:
         return self._bytes
 
     def add(self, group: QuestionGroup, now: float) -> bool:
-        """Store a verified group (its author earns standing if it carries signal); False if it
-        alone exceeds the byte cap. A group crowded out by authors of more standing counts in
-        `crowded_out` and is not stored."""
+        """Store a verified group (what its author earns for it is the node's memory's to credit,
+        node/core/memory.py); False if it alone exceeds the byte cap. A group crowded out by
+        authors of more standing counts in `crowded_out` and is not stored."""
         with self._lock:
             size = group_size_bytes(group)
             if size > self.max_bytes:
                 return False
             self.prune(now)
-            if has_signal(group.rewards):
-                self.standing.credit(group.origin, now)
             if self._per_peer.get(group.origin, 0) >= self.per_peer_max:
                 self._evict(self._oldest_of(group.origin))
             while len(self._entries) >= self.max_groups or self._bytes + size > self.max_bytes:
-                victim = self._crowded(group.origin)
+                victim = self._crowded(group.origin, now)
                 if victim is None:
                     self.crowded_out += 1
                     return True
@@ -117,7 +114,7 @@ class Inbox:
             for key in [k for k, e in self._entries.items() if id(e.group) in chosen]:
                 self._evict(key, count=False)
 
-    def _crowded(self, newcomer: str) -> int | None:
+    def _crowded(self, newcomer: str, now: float) -> int | None:
         """The entry to evict to make room for a group of `newcomer`'s: the oldest group of the
         authors holding the most for their weight (counting the new group); None when that author
         is `newcomer` alone, holding nothing yet, so the new group is what goes."""
@@ -125,7 +122,7 @@ class Inbox:
             return next(iter(self._entries))
         held = dict(self._per_peer)
         held[newcomer] = held.get(newcomer, 0) + 1
-        weights = self.standing.weights(held)
+        weights = self.standing.weights(held, now)
         load = {author: held[author] / weights[author] for author in held}
         most = max(load.values())
         crowded = {author for author, share in load.items() if share >= most}
@@ -167,7 +164,7 @@ class Inbox:
                 self._bytes += entry.size_bytes
                 self._per_peer[group.origin] += 1
             self._next_id, self.evicted, self.crowded_out = saved["next_id"], saved["evicted"], saved["crowded_out"]
-            self.standing.restore(saved["standing"] or [])  # None: saved with standing off, before 0.4.0
+            self.standing.restore(saved["standing"])
 
     def _evict(self, key: int, count: bool = True) -> None:
         entry = self._entries.pop(key)

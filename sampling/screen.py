@@ -12,10 +12,12 @@ model is held to the same bar.
 
 Only completions that would train are judged (those above their group's mean reward: the
 default trains a peer's completion only when its advantage is positive). One over the bar is
-dropped from its group; a group whose every judged completion is over it is refused whole, and
-its author's standing pays for it (standing.py). So an attacker who slips its text into one
-right answer of a group loses that answer, and one who writes it into all of them loses the
-group and its standing, while an honest peer's rare stray completion costs it one row, not its
+dropped from its group; a group whose every judged completion is over it is refused whole. Every
+judged group's dropped share (`ScreenVerdict.dropped_shares`) goes against its author's standing
+(standing.py), so one clean winner cannot launder the rest, and probing the bar costs the
+prober. So an attacker who slips its text into one right answer of a group loses that answer
+and some standing, and one who writes it into all of them loses the group and more, while an
+honest peer's rare stray completion costs it one row and a little standing, not its
 group (make run's SmolLM2 peers: 10 of 73 groups refused when any one completion refused its group). Like is compared
 with like: a model's failures ramble (SmolLM2's wrong or unfinished answers reach 30 nats over a
 stretch, bench/screen_roc.py), its right answers are terse, and a bar drawn from all its own
@@ -24,7 +26,7 @@ completions let every attack on SmolLM2 through.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
@@ -76,6 +78,9 @@ class ScreenVerdict:
     bar: float
     scores: list[float]  # the statistic of every judged external completion, in order
     dropped: int = 0  # completions over the bar in groups that were kept
+    # per external group, in order: the share of its judged completions over the bar (1.0:
+    # refused), or None for a group with none judged
+    dropped_shares: list[float | None] = field(default_factory=list)
 
 
 def judged(group: QuestionGroup) -> list[int]:
@@ -133,15 +138,16 @@ def screen(
     window = trust.screen_window
     reference = reference.updated([worst_stretch(z, window) for group in own_excess for z in group])
     bar = reference.bar(trust.screen_margin)
-    kept, refused, scores, dropped = [], [], [], 0
+    kept, refused, scores, dropped, shares = [], [], [], 0, []
     for group, excess in zip(external, judged_excess, strict=True):
         winners = judged(group)
         worst = [worst_stretch(z, window) for z in excess]
         scores += worst
         over = [i for i, score in zip(winners, worst, strict=True) if score > bar]
+        shares.append(len(over) / len(winners) if winners else None)
         if over and len(over) == len(winners):
             refused.append(group)
         else:
             kept.append(without(group, over))
             dropped += len(over)
-    return ScreenVerdict(kept, refused, reference, bar, scores, dropped)
+    return ScreenVerdict(kept, refused, reference, bar, scores, dropped, shares)

@@ -1,31 +1,48 @@
-"""Each author's standing with this node: influence over what it trains on, earned over time.
+"""Each author's standing with this node: its say in what the node trains on, earned over time.
 
 Identities are free, so a stranger's say in what a node learns cannot follow how many keys it
-holds. It follows what is costly to fake at scale instead: time spent delivering groups that this
-node verified and that carried signal. An author's standing rises from 0 to 1 over
-`ramp_seconds` of such activity (a gap between two of its groups counts for at most
-`MAX_GAP_SECONDS`, so the time must be spent sending, not waiting), and a group of its that the
-screen refused (sampling/screen.py) costs it `STRIKE_SECONDS` of that time.
+holds, nor how often it sends: since 0.4.0 a node hears an honest author only when its own
+draw picks it (about once an hour among 256 authors at two draws a round). Standing follows
+what a key cannot hurry instead, time, and what this node itself checked:
+
+- **Only what the node asked for earns** (`Provenance.asked`): a group fetched from its author,
+  an older release's own group on the topic (the only way it has), or, with `--exchange gossip`,
+  any author's group there. A group pushed unasked earns nothing.
+- **Time since its first verified group**: an author's clock starts at its first group that
+  this node asked for, verified and found to carry signal; its standing rises from 0 to 1 over
+  `ramp_seconds` from then, however often it is drawn. Sending more often earns nothing more, so
+  an author drawn once an hour and one pushing every minute come out alike. A silence of
+  `IDLE_SECONDS` (a week) starts its clock again.
+- **The screen costs the sender** (sampling/screen.py): each group the screen judged moves the
+  author's `dropped` share (the fraction of its winning completions that the screen dropped, the
+  latest group weighing `SCREEN_WEIGHT`) and its standing falls with it, to 0 at `DROP_LIMIT`. An
+  author whose every group hides poisoned completions behind one clean winner falls to a
+  newcomer's weight within a few groups; an honest author's rare stray completion costs it a
+  little, for a few groups.
 
 Weights (what the inbox's eviction and the external draw use):
 - an author with standing s has weight s, plus its part of the newcomers' budget;
 - every author below full standing shares one budget, `newcomer_share` (in units of one
-  established author): n fresh keys together weigh as much as one, whatever n is.
+  established author): n fresh keys together weigh as much as one, whatever n is;
+- **recently established authors** (clock full for less than one more ramp) together weigh at
+  most `RECENT_SHARE` of the authors established before them, or one established author if there
+  are none: many patient keys that arrive together and wait out the ramp still cannot take over;
+- **every author has a place**, the network group its connection comes from (`Provenance.place`:
+  its IP's /16 or /32, or its relay's for a relayed author), and authors with none known share
+  one "unknown" place. A place weighs what its best author weighs, shared among its authors in
+  proportion to their own weights, so keys minted on one machine, one provider's block or behind
+  one relay add nothing to each other, and an honest author keeps its weight beside them.
 
-So when every author is new (a swarm starting together) all weigh alike, as before; a Sybil
-that adds keys only splits the newcomers' budget finer.
+So when every author is new (a swarm starting together) all weigh alike; a Sybil that adds keys
+only splits the newcomers' budget finer.
 
-Authors seen behind one network address group (`locate`: the network layer tells where a
-directly connected author's connection comes from, /16 for IPv4 as Bitcoin Core buckets peers)
-share one budget too: the group weighs what its best author weighs, split evenly among them, so
-keys minted on one machine or one provider's block add nothing to each other.
+The records are bounded (`max_authors`) by sampling/standing_table.py: fresh keys churn among
+newcomers and never evict an established author. They are part of the node's memory of its
+peers, saved in its checkpoints and restored after a restart (node/core/memory.py).
 
-The records are bounded (`max_authors`, least recently credited forgotten first). They are
-part of the node's memory of its peers, saved in its checkpoints (node/core/memory.py).
-
-With `mode="off"` (`--standing off`) nothing is earned and every group weighs alike: an
-author's weight is the number of groups it holds, so the inbox evicts the oldest group and the
-draw is uniform over groups, as before standing existed.
+With `mode="off"` (`--standing off`) nothing is earned and every group weighs alike: an author's
+weight is the number of groups it holds, so the inbox evicts the oldest group and the draw is
+uniform over groups, as before standing existed.
 """
 
 from __future__ import annotations
@@ -34,27 +51,42 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from sapo.training.bounded import BoundedMap
+from sapo.sampling.standing_table import Record, StandingTable
 
-# A gap between an author's groups that counts towards its standing: an honest node publishes
-# every round (seconds to a minute); a key that waits an hour between groups earns no more than
-# one that waited a minute.
-MAX_GAP_SECONDS = 60.0
-# Default time to full standing, and what a refused group costs: an author caught more often
-# than once per STRIKE / MAX_GAP of its groups never gets anywhere, an honest author's rare
-# false alarm costs it two minutes.
+# Default time from an author's first verified group to full standing.
 RAMP_SECONDS = 600.0
-STRIKE_SECONDS = 120.0
+# An author silent this long (no group that earned) starts again: a key bought or found long
+# after its owner left is a newcomer, and an author that left frees its record.
+IDLE_SECONDS = 7 * 86400.0
+# How much the latest screened group moves an author's dropped share, and the share at which its
+# standing is gone: a group with one clean winner and one poisoned (half dropped) takes an
+# established author to 0 in 8 groups, one with three poisoned in 4; an honest author whose
+# screened groups lose 2 % of their completions keeps 95 %, and one refused group costs it half
+# of its standing, regained over its next groups (0.2 -> 0.04 after 7 clean ones).
+SCREEN_WEIGHT = 0.2
+DROP_LIMIT = 0.4
+# What the authors whose standing became full within the last ramp may weigh together, as a share of
+# the authors established before them: at most 1/5 of the established weight in the draw.
+RECENT_SHARE = 0.25
 MAX_AUTHORS = 4096
+UNKNOWN_PLACE = "unknown"  # every author whose network group is not known: one place
 
 
-@dataclass
-class _Record:
-    earned: float = 0.0  # seconds of activity credited
-    last: float | None = None  # when its last credited group arrived
-    place: str | None = None  # the network address group its connection came from, if known
+@dataclass(frozen=True)
+class Provenance:
+    """How a group reached this node, as standing weighs it: whether this node asked for it (a
+    group fetched from its author, an older release's own group on the topic, every group with
+    `--exchange gossip` or from a study's hub), and where its author's connection comes from
+    (its network group, a relayed author's relay's, or None: not known)."""
+
+    asked: bool = True
+    place: str | None = None
+
+
+ASKED = Provenance()  # asked for, its author's place not known (a study's hub, a test)
+PUSHED = Provenance(asked=False)
 
 
 class Standing:
@@ -65,82 +97,125 @@ class Standing:
         max_authors: int = MAX_AUTHORS,
         mode: Literal["earned", "off"] = "earned",
     ):
-        if ramp_seconds <= 0 or newcomer_share <= 0 or max_authors < 1:
-            raise ValueError("standing needs a positive ramp, newcomer share and author bound")
+        if ramp_seconds <= 0 or newcomer_share <= 0 or max_authors < 2:
+            raise ValueError("standing needs a positive ramp and newcomer share, and room for two authors")
         self.earned = mode == "earned"
         self.ramp_seconds = ramp_seconds
         self.newcomer_share = newcomer_share
         self.max_authors = max_authors
-        self._records: BoundedMap[str, _Record] = BoundedMap(max_authors)  # least recently credited first
+        self._table = StandingTable(max_authors, ramp_seconds, IDLE_SECONDS)
         # Credits arrive from the network's worker thread while the round reads weights.
         self._lock = threading.Lock()
 
-    def credit(self, author: str, now: float) -> None:
-        """A group of `author`'s was verified and carried signal, at `now`."""
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def credit(self, author: str, now: float, provenance: Provenance = ASKED) -> None:
+        """A group of `author`'s was verified and carried signal, at `now`, and came as
+        `provenance` says: it earns only if this node asked for it."""
+        if not self.earned or not provenance.asked:
+            return
+        with self._lock:
+            record = self._table.credited(author, now)
+            if provenance.place is not None:  # a place once known stays until another is seen
+                record.place = provenance.place
+
+    def screened(self, author: str, dropped_share: float) -> None:
+        """The screen judged a group of `author`'s and dropped `dropped_share` of its winning
+        completions (1.0: the group was refused)."""
         if not self.earned:
             return
         with self._lock:
-            record = self._records.pop(author, None) or _Record()
-            if record.last is not None:
-                record.earned += min(max(now - record.last, 0.0), MAX_GAP_SECONDS)
-            record.last = now
-            self._records.put(author, record)  # most recently credited last
-
-    def locate(self, author: str, place: str | None) -> None:
-        """`author` was last seen connected from network address group `place` (None: not directly)."""
-        if not self.earned:
-            return
-        with self._lock:
-            record = self._records.get(author)
-            if record is not None and place is not None:
-                record.place = place
-
-    def strike(self, author: str) -> None:
-        """A group of `author`'s was refused by the screen."""
-        with self._lock:
-            record = self._records.get(author)
+            record = self._table.get(author)
             if record is not None:
-                record.earned = max(0.0, record.earned - STRIKE_SECONDS)
+                share = min(1.0, max(0.0, dropped_share))
+                record.dropped = (1.0 - SCREEN_WEIGHT) * record.dropped + SCREEN_WEIGHT * share
 
-    def of(self, author: str) -> float:
-        """Standing in [0, 1]."""
+    def of(self, author: str, now: float) -> float:
+        """Standing in [0, 1] at `now`."""
         with self._lock:
-            record = self._records.get(author) or _Record()
-        return self._standing(record)
+            record = self._table.get(author)
+        return self._standing(record, now)
 
-    def _standing(self, record: _Record) -> float:
-        return min(1.0, record.earned / self.ramp_seconds)
+    def _standing(self, record: Record | None, now: float) -> float:
+        if record is None or now - record.last > IDLE_SECONDS:
+            return 0.0
+        clock = min(1.0, max(0.0, now - record.since) / self.ramp_seconds)
+        return clock * max(0.0, 1.0 - record.dropped / DROP_LIMIT)
 
-    def weights(self, held: Mapping[str, int] | Iterable[str]) -> dict[str, float]:
-        """Each author's weight among the authors of `held` (author -> groups it holds, or one
-        author per group): its standing plus its share of the newcomers' budget, shared with the
-        authors seen in its network address group; with standing off, the groups it holds."""
+    def _recent(self, record: Record | None, now: float) -> bool | None:
+        """Whether an author's clock ran its ramp within the last ramp (True), before that
+        (False), or has not yet (None)."""
+        if record is None or now - record.since < self.ramp_seconds:
+            return None
+        return now - record.since < 2 * self.ramp_seconds
+
+    def weights(self, held: Mapping[str, int] | Iterable[str], now: float) -> dict[str, float]:
+        """Each author's weight at `now` among the authors of `held` (author -> groups it holds,
+        or one author per group): its standing, plus its share of the newcomers' budget, the
+        recently established held to their share, within its place; with standing off, the
+        groups it holds."""
         counts = Counter(held) if not isinstance(held, Mapping) else held
         if not self.earned:
             return {author: float(count) for author, count in counts.items()}
         with self._lock:
-            known = {a: self._records.get(a) or _Record() for a in counts}
-        standing = {a: self._standing(r) for a, r in known.items()}
+            known = {a: self._table.get(a) for a in counts}
+        standing = {a: self._standing(r, now) for a, r in known.items()}
         newcomers = sum(1 for s in standing.values() if s < 1.0)
         alone = {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}
+        recent = {a: self._recent(r, now) for a, r in known.items()}
+        before = sum(alone[a] for a, is_recent in recent.items() if is_recent is False)
+        arrived = sum(alone[a] for a, is_recent in recent.items() if is_recent)
+        cap = max(1.0, RECENT_SHARE * before)
+        if arrived > cap:
+            alone |= {a: alone[a] * cap / arrived for a, is_recent in recent.items() if is_recent}
         places: dict[str, list[str]] = {}
         for author, record in known.items():
-            places.setdefault(record.place or f"author:{author}", []).append(author)
-        return {a: max(alone[b] for b in members) / len(members) for members in places.values() for a in members}
+            place = record.place if record is not None and record.place is not None else UNKNOWN_PLACE
+            places.setdefault(place, []).append(author)
+        weights: dict[str, float] = {}
+        for members in places.values():
+            total = sum(alone[a] for a in members)
+            best = max(alone[a] for a in members)
+            weights |= {a: best * alone[a] / total if total > 0 else 0.0 for a in members}
+        return weights
 
-    def draw_weights(self, authors: Iterable[str]) -> dict[str, float] | None:
-        """What the external draw weighs each author by (sampling/strategies.py); None with
-        standing off, the samplers' own draw where every group weighs alike."""
-        return self.weights(authors) if self.earned else None
+    def draw_weights(self, authors: Iterable[str], now: float) -> dict[str, float] | None:
+        """What the external draw weighs each author by at `now` (sampling/strategies.py); None
+        with standing off, the samplers' own draw where every group weighs alike."""
+        return self.weights(authors, now) if self.earned else None
 
-    def to_json(self) -> list[list]:
-        """Each author's record, least recently credited first: [author, earned, last, place]."""
+    def to_json(self) -> dict[str, Any]:
+        """Each author's record, newcomers (oldest clock first) and established authors (least
+        recently credited first): [author, since, last, groups, dropped, place]."""
         with self._lock:
-            return [[author, r.earned, r.last, r.place] for author, r in self._records.items()]
+            newcomers, established = self._table.records()
+            return {
+                "v": 2,
+                "newcomers": [_row(author, r) for author, r in newcomers],
+                "established": [_row(author, r) for author, r in established],
+            }
 
-    def restore(self, saved: list[list]) -> None:
-        """Take the records `to_json` saved (a study's run resumes with its nodes' standing as it was)."""
+    def restore(self, saved: dict[str, Any] | list[list] | None) -> None:
+        """Take the records `to_json` saved, or a list of [author, earned, last, place] as releases
+        to 0.4.x saved them: an author that had earned e seconds by its last group `last` is taken
+        to have started its clock at last - e, so one that had full standing keeps it."""
+        if not saved:  # None: saved with standing off, before 0.4.0
+            saved = {"newcomers": [], "established": []}
+        if isinstance(saved, list):
+            old = [
+                (author, Record(last - earned, last, place=place), earned)
+                for author, earned, last, place in saved
+                if last is not None
+            ]
+            newcomers = [(a, r) for a, r, earned in old if earned < self.ramp_seconds]
+            established = [(a, r) for a, r, earned in old if earned >= self.ramp_seconds]
+        else:
+            newcomers = [(row[0], Record(*row[1:])) for row in saved["newcomers"]]
+            established = [(row[0], Record(*row[1:])) for row in saved["established"]]
         with self._lock:
-            self._records = BoundedMap(
-                self.max_authors, ((author, _Record(earned, last, place)) for author, earned, last, place in saved)
-            )
+            self._table.load(newcomers, established)
+
+
+def _row(author: str, record: Record) -> list:
+    return [author, record.since, record.last, record.groups, record.dropped, record.place]

@@ -37,15 +37,16 @@ class TrustSettings(BaseModel):
     )
     standing: Literal["earned", "off"] = Field(
         default="earned",
-        description="earned: an author's share of the inbox and of the external draw grows with time spent "
-        "delivering verified groups with signal, and all authors below full standing share one newcomers' budget; "
-        "off: every group weighs alike, whoever sent it",
+        description="earned: an author's share of the inbox and of the external draw grows with the time since "
+        "its first verified group with signal that this node asked for (pushes earn nothing), falls with what the "
+        "screen drops from its groups, and all authors below full standing share one newcomers' budget; off: every "
+        "group weighs alike, whoever sent it",
     )
     standing_ramp_seconds: float = Field(
         default=RAMP_SECONDS,
         gt=0,
         le=30 * 86400.0,
-        description="seconds of delivering useful groups that take an author from no standing to full",
+        description="seconds from an author's first verified group with signal to full standing",
     )
     newcomer_share: float = Field(
         default=0.1,

@@ -96,6 +96,13 @@ class BoundedMap(Generic[K, V]):
         key = next(iter(self._entries))
         return key, self._entries[key]
 
+    def newest(self) -> tuple[K, V] | None:
+        """The entry put or touched last, or None when empty."""
+        if not self._entries:
+            return None
+        key = next(reversed(self._entries))
+        return key, self._entries[key]
+
     def pop_oldest(self) -> tuple[K, V]:
         """Forget the oldest entry and hand it back (KeyError when empty)."""
         if not self._entries:

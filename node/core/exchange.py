@@ -25,6 +25,7 @@ from sapo.protocol.wire.messages import (
     SharedLogprobs,
     to_wire,
 )
+from sapo.sampling.standing import Provenance
 from sapo.training.problems.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
@@ -138,8 +139,9 @@ def group_encoder(
 
 class GossipPort(Protocol):
     """What the exchange needs of the network (protocol/network.py's `Network`): share our groups,
-    ask for others', publish log-probs, who is connected, whether an author is banned, where
-    an author's connection comes from, and what the intake accepted."""
+    ask for others', publish log-probs, who is connected, whether an author is banned, where an
+    author's connection comes from, whether its groups come on the topic by right, and what the
+    intake accepted."""
 
     async def share(self, frame: bytes, round_index: int) -> bool: ...
 
@@ -154,6 +156,8 @@ class GossipPort(Protocol):
     def penalize_sender(self, sender: str, reason: str) -> None: ...
 
     def network_group_of(self, peer: str) -> str | None: ...
+
+    def gossips_by_right(self, peer: str) -> bool: ...
 
     def accepted(self, arrival: Arrival) -> None: ...
 
@@ -195,9 +199,10 @@ class GossipExchange:
         """Checks run in a worker thread: regenerating and re-scoring a problem is CPU work
         that must not stall the libp2p heartbeats. Frames still queued from an author banned
         since they arrived are dropped here, counted as `banned`, without a trip to the thread,
-        so that a flooder's backlog does not hold up everyone else's frames. An accepted group's
-        author is located in its network address group (if directly connected), so that keys
-        behind one address share one standing (sampling/standing.py)."""
+        so that a flooder's backlog does not hold up everyone else's frames. An accepted group
+        earns its author standing only if this node asked for it (`provenance`), and its author is
+        placed in the network group its connection comes from, so that keys behind one address
+        or one relay share one budget (sampling/standing.py)."""
         limiter = trio.CapacityLimiter(1)
         shared = logprobs_topic(self.encoder.swarm)
         intake = self.memory.intake
@@ -213,13 +218,23 @@ class GossipExchange:
                 self.network.penalize_sender(sender, verdict.refusal)
             if verdict.group is not None:
                 self.network.accepted(arrival)
-                place = self.network.network_group_of(sender)
+                source = self.provenance(arrival)
                 # the inbox's eviction weighs every author it holds: work for a worker, not the loop
-                await trio.to_thread.run_sync(self._store, verdict.group, arrival.received_at, place, limiter=limiter)
+                await trio.to_thread.run_sync(self._store, verdict.group, arrival.received_at, source, limiter=limiter)
 
-    def _store(self, group: QuestionGroup, now: float, place: str | None) -> None:
+    def provenance(self, arrival: Arrival) -> Provenance:
+        """Whether this node asked for an accepted group: one it fetched from its author, or one
+        on the topic from an author whose groups come there by right (an older release, which
+        cannot be fetched, or anyone with --exchange gossip; in fetch mode the topic refuses any
+        other author's before its signature is checked, pubsub_guards.py's `unasked`, and this
+        says so again). The sender is the group's author on both routes: the intake refuses a
+        group whose origin is not its signer or the peer asked (`sender_mismatch`)."""
+        asked = arrival.route == "fetch" or self.network.gossips_by_right(arrival.sender)
+        return Provenance(asked, self.network.network_group_of(arrival.sender))
+
+    def _store(self, group: QuestionGroup, now: float, provenance: Provenance) -> None:
         try:
-            self.memory.store(group, now, place)
+            self.memory.store(group, now, provenance)
         except Exception:  # a bug in the inbox or standing must not take the receive loop down
             self.counters.rejected["internal_error"] += 1
             log.exception("could not keep a group from %s", group.origin[:16])

@@ -9,7 +9,13 @@ It is bounded because each part is: the inbox by its caps, standing by its autho
 intake's memories by author and age, the counters by their peer bound.
 
 `store` is the one write of an accepted group: the exchange calls it on the trio thread after
-the intake (in a worker thread) has checked the group and stored nothing.
+the intake (in a worker thread) has checked the group and stored nothing, with the group's
+provenance (whether this node asked for it, where its author's connection comes from): only a
+group it asked for earns its author standing (sampling/standing.py).
+
+Saved memories are versioned: this release writes `MEMORY_VERSION` and reads every version in
+`READABLE_VERSIONS` (version 1 held standing as 0.4.x counted it, taken over by
+`Standing.restore`), so a node left alone for months still starts with what it knew.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from typing import Any
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.intake import Intake
 from sapo.sampling.inbox import Inbox
+from sapo.sampling.standing import ASKED, Provenance
+from sapo.training.learning.grpo import has_signal
 from sapo.training.problems.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.node")
 
-MEMORY_VERSION = 1
+MEMORY_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -34,12 +43,14 @@ class NodeMemory:
     intake: Intake
     counters: NodeCounters
 
-    def store(self, group: QuestionGroup, now: float, place: str | None = None) -> None:
-        """Keep a group the intake accepted (its author earns standing if it carries signal), and
-        where its author's connection comes from (`place`, its network address group, if
-        directly connected), so that keys behind one address share one standing."""
+    def store(self, group: QuestionGroup, now: float, provenance: Provenance = ASKED) -> None:
+        """Keep a group the intake accepted. Its author earns standing if this node asked for it
+        and it carries signal, and is placed where its connection comes from (its network
+        group, if known), so that keys behind one address share one budget. Credited first, so
+        that the inbox makes room by the author's standing as of this group."""
+        if has_signal(group.rewards):
+            self.inbox.standing.credit(group.origin, now, provenance)
         self.inbox.add(group, now)
-        self.inbox.standing.locate(group.origin, place)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,8 +62,8 @@ class NodeMemory:
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Take what `to_json` saved into this memory, built from the same settings and empty."""
-        if saved.get("version") != MEMORY_VERSION:
-            raise ValueError(f"saved memory version {saved.get('version')!r}, this node reads {MEMORY_VERSION}")
+        if saved.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"saved memory version {saved.get('version')!r}, this node reads {READABLE_VERSIONS}")
         self.inbox.restore(saved["inbox"])
         self.intake.restore(saved["intake"])
         self.counters.restore(saved["counters"])
@@ -60,6 +71,6 @@ class NodeMemory:
     def describe(self) -> str:
         return (
             f"{len(self.inbox)} groups waiting, "
-            f"{len(self.inbox.standing.to_json())} authors' standing, "
+            f"{len(self.inbox.standing)} authors' standing, "
             f"{self.intake.remembered()} verified frames remembered"
         )

@@ -20,6 +20,7 @@ from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder, group_encoder
 from sapo.node.core.memory import NodeMemory
 from sapo.node.core.settings import NodeSettings
+from sapo.sampling.standing import ASKED
 from sapo.training.problems.rollouts import QuestionGroup
 
 Clock = Callable[[], float]
@@ -107,8 +108,8 @@ class MemoryHub:
                 for member, memory in receivers:
                     if member is not sender:
                         verdict = memory.intake.accept(frame, sender.peer_id, now)
-                        if verdict.group is not None:
-                            memory.store(verdict.group, now)
+                        if verdict.group is not None:  # what a study's member asks for is everyone's round
+                            memory.store(verdict.group, now, ASKED)
                         delivered += 1
             sender.pending.clear()
             sender.pending_logprobs.clear()

@@ -13,6 +13,7 @@ import random
 import secrets
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -78,7 +79,7 @@ def choose_from_inbox(
     """Up to `count` of the inbox's groups as of `now`, by the node's sampler, each author's chance
     following its standing where the inbox keeps one; and the sampler's state after."""
     candidates = inbox.newest_first(now)
-    weights = inbox.standing.draw_weights(g.origin for g in candidates)
+    weights = inbox.standing.draw_weights((g.origin for g in candidates), now)
     return choose_external(use.sampler, candidates, count, rng, sampler, weights)
 
 
@@ -250,8 +251,8 @@ class Node:
     ) -> TrainingSet:
         """The round's training set: the chosen groups that pass the screen (sampling/screen.py),
         with the node's `ExternalUse` applied, and its own completions for each external question
-        when it augments (both run the policy: call it where torch may run). Authors of refused
-        groups lose standing."""
+        when it augments (both run the policy: call it where torch may run). Each screened
+        group's author loses standing in proportion to the completions the screen dropped."""
         external, refused, reference, dropped = selection.external, [], state.screen, 0
         started = time.perf_counter()
         if self.trust.screen == "typicality" and external:
@@ -263,9 +264,10 @@ class Node:
                 reference,
                 self.trust,
             )
+            for group, share in zip(external, verdict.dropped_shares, strict=True):
+                if share is not None:
+                    self.inbox.standing.screened(group.origin, share)
             external, refused, reference, dropped = verdict.kept, verdict.refused, verdict.reference, verdict.dropped
-            for group in refused:
-                self.inbox.standing.strike(group.origin)
         screen_seconds = time.perf_counter() - started
         own = self.own_completions(plan, external, self.use.augment_external)
         prepared = training_set(
@@ -356,6 +358,7 @@ class Node:
             external_groups=len(training.external),
             external_reward_mean=sum(external) / len(external) if external else None,
             screened_out=len(training.refused),
+            external_from=dict(Counter(g.origin for g in [*training.external, *training.refused])),
             screened_completions=training.screened_completions,
             screen_seconds=training.screen_seconds,
             inbox_size=len(self.inbox),

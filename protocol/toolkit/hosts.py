@@ -199,6 +199,27 @@ def network_group(ip: str) -> str:
     return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
 
 
+def peer_place(host: Any, peer: str) -> str | None:
+    """Where `peer`'s connection comes from, for counting its keys with their neighbours'
+    (standing's budgets): its direct connection's network group; for a peer we reach only through
+    a relay, "via " and the relay's network group (or its id, if its IP is not known), so keys
+    behind one relay count as one place apart from the relay's own neighbours; None if not
+    connected."""
+    try:
+        peer_id = ID.from_base58(peer)
+    except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
+        return None
+    ip = direct_ip(host, peer_id)
+    if ip is not None:
+        return network_group(ip)
+    for connection in host.get_network().get_connections(peer_id):
+        relay = None if connection.is_closed else circuit_relay(connection)
+        if relay is not None:
+            relay_ip = direct_ip(host, relay)
+            return f"via {network_group(relay_ip) if relay_ip is not None else relay.to_base58()}"
+    return None
+
+
 def peer_str(peer_id_bytes: bytes) -> str:
     """A raw peer id as base58, or as hex if it is not one (a malformed frame's `from`)."""
     try:

@@ -147,6 +147,19 @@ def test_author_memory_benchmark_smoke():
     assert all(float(r[2]) > 0 for r in rows)
 
 
+def test_standing_simulation_smoke():
+    done = run_script("standing_sim", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cells = [re.split(r"\s{2,}", line.strip()) for line in done.stdout.splitlines()]
+    shares = {
+        (row[0], row[1]): float(row[2].removesuffix(" %")) for row in cells if row[1:2] in (["before"], ["after"])
+    }
+    assert len(shares) == 8, done.stdout
+    # issue #42's bar: honest authors hold 80 % of the draw against every attacker simulated
+    assert all(share >= 80.0 for (_, rule), share in shares.items() if rule == "after"), done.stdout
+    assert shares[("pushers", "before")] < 40.0  # main's rule: pushers earned faster than honest authors
+
+
 def test_discovery_benchmark_smoke():
     # sapo, rendezvous and Kademlia on 4 hosts in one process: 32 s at load average 10 on 2 cores
     # (5 hosts); the timeout only catches a hang.

@@ -17,8 +17,9 @@ def inbox() -> Inbox:
 def test_a_restored_inbox_holds_chooses_and_evicts_as_the_saved_one():
     saved = inbox()
     for i, author in enumerate(["a", "b", "a", "c", "a"]):
+        saved.standing.credit(author, 1000.0 + 30 * i)  # as the node's memory credits what it keeps
         saved.add(honest_group(i).model_copy(update={"origin": author}), 1000.0 + 30 * i)
-    saved.standing.strike("b")
+    saved.standing.screened("b", 1.0)
     restored = inbox()
     restored.restore(json.loads(json.dumps(saved.to_json())))
     assert restored.to_json() == saved.to_json()

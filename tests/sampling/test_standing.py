@@ -5,7 +5,10 @@ are the round's own pure step (`training_set`)."""
 
 from __future__ import annotations
 
+import json
 import random
+
+import pytest
 
 from sapo.node.core.counters import NodeCounters
 from sapo.node.core.exchange import GroupEncoder
@@ -14,13 +17,22 @@ from sapo.node.core.memory import NodeMemory
 from sapo.node.core.node import choose_from_inbox, node_inbox
 from sapo.node.core.settings import load_settings
 from sapo.node.study.nodes import peer_id_for
-from sapo.sampling.standing import MAX_GAP_SECONDS, STRIKE_SECONDS, Standing
+from sapo.sampling.standing import (
+    DROP_LIMIT,
+    IDLE_SECONDS,
+    MAX_AUTHORS,
+    PUSHED,
+    RECENT_SHARE,
+    SCREEN_WEIGHT,
+    Provenance,
+    Standing,
+)
 from sapo.sampling.strategies import SamplerState
 from sapo.sampling.training_set import training_set
 from sapo.training.problems.rewards import score_group
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs, reasoning_gym_version
-from tests.support.receiving import Receiver
+from tests.support.receiving import Receiver, memory_for
 
 T0 = 1_700_000_000.0
 ME = peer_id_for(9, 0)
@@ -46,7 +58,7 @@ class Clock:
 
 
 def test_fresh_keys_cannot_push_out_established_groups_or_take_the_training():
-    # the node's defaults, but groups stay eligible for the test's whole quarter hour
+    # the node's defaults, but groups stay eligible for the test's whole half hour
     settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "inbox_max_age_seconds": 3600})
     clock = Clock()
     inbox = node_inbox(settings)
@@ -64,16 +76,18 @@ def test_fresh_keys_cannot_push_out_established_groups_or_take_the_training():
         )
         for peer in HONEST + FRESH
     }
-    # four honest authors, one group every 15 s each for 12.5 minutes: 200 groups, full standing
+    # four honest authors, one group every 30 s each for 25 minutes: 200 groups, full standing
+    # (established for longer than one more ramp: not among the recently established)
     honest = groups(200, seed=1)
     for i, group in enumerate(honest):
-        clock.now = T0 + 15 * (i // 4)
+        clock.now = T0 + 30 * (i // 4)
         assert intake.accept(encoders[HONEST[i % 4]].frame(group, i), HONEST[i % 4], clock.now) is not None
-    assert len(inbox) == 200 and all(inbox.standing.of(peer) == 1.0 for peer in HONEST)
+    clock.now = T0 + 1500
+    assert len(inbox) == 200 and all(inbox.standing.of(peer, clock.now) == 1.0 for peer in HONEST)
     # four fresh keys, 128 valid groups each (the most one author may hold), within a few seconds
     sybil = groups(512, seed=2)
     for i, group in enumerate(sybil):
-        clock.now = T0 + 760 + i / 100
+        clock.now = T0 + 1510 + i / 100
         intake.accept(encoders[FRESH[i % 4]].frame(group, i), FRESH[i % 4], clock.now)
     held = inbox.newest_first(clock.now)
     assert intake.counters.accepted == 712  # every group was valid: none was refused, none charged
@@ -112,47 +126,152 @@ def test_without_standing_the_same_flood_takes_the_inbox():
     assert sum(1 for g in inbox.newest_first(T0 + 760) if g.origin in HONEST) == 0
 
 
-def test_standing_is_earned_by_time_spent_sending_and_lost_by_refusals():
+def test_standing_follows_time_since_the_first_asked_group_however_often_drawn():
     standing = Standing(ramp_seconds=600, newcomer_share=0.1)
-    for minute in range(5):  # a group a minute for 5 minutes: 4 gaps of 60 s
-        standing.credit("steady", T0 + 60 * minute)
-    standing.credit("patient", T0)
-    standing.credit("patient", T0 + 3600)  # an hour's wait counts as one gap
-    assert standing.of("steady") == 4 * MAX_GAP_SECONDS / 600
-    assert standing.of("patient") == MAX_GAP_SECONDS / 600
-    standing.strike("steady")
-    assert standing.of("steady") == (4 * MAX_GAP_SECONDS - STRIKE_SECONDS) / 600
-    assert standing.of("stranger") == 0.0
+    for minute in range(60):  # a group a minute, as a pusher would send
+        standing.credit("every-minute", T0 + 60 * minute)
+        standing.credit("pusher", T0 + 60 * minute, PUSHED)  # never asked for: earns nothing
+    standing.credit("hourly", T0)  # drawn once, then again an hour later
+    assert standing.of("hourly", T0 + 300) == standing.of("every-minute", T0 + 300) == 0.5
+    assert standing.of("hourly", T0 + 600) == standing.of("every-minute", T0 + 600) == 1.0
+    assert standing.of("pusher", T0 + 3600) == standing.of("stranger", T0 + 3600) == 0.0
+    assert "pusher" not in set(standing._table)  # nothing is kept of an author that earned nothing
+    # a week without a group that earned: its clock starts again
+    assert standing.of("hourly", T0 + IDLE_SECONDS + 1) == 0.0
+    standing.credit("hourly", T0 + IDLE_SECONDS + 1)
+    assert standing.of("hourly", T0 + IDLE_SECONDS + 301) == 0.5
+
+
+def test_what_the_screen_drops_costs_its_author_in_proportion():
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    for author in ("honest", "prober", "refused"):
+        standing.credit(author, T0)
+    now = T0 + 3600
+    standing.screened("honest", 0.0)
+    standing.screened("honest", 0.25)  # one stray completion of four winners
+    standing.screened("prober", 0.5)
+    standing.screened("refused", 1.0)
+    assert standing.of("honest", now) == pytest.approx(1 - SCREEN_WEIGHT * 0.25 / DROP_LIMIT)
+    assert standing.of("prober", now) == pytest.approx(1 - SCREEN_WEIGHT * 0.5 / DROP_LIMIT)
+    assert standing.of("refused", now) == pytest.approx(0.5)  # one refused group: half its standing
+    for _ in range(7):  # regained over its next clean groups
+        standing.screened("refused", 0.0)
+    assert standing.of("refused", now) > 0.89
+
+
+def test_one_clean_winner_cannot_launder_poisoned_ones_past_ten_groups():
+    """Must show 3, in standing's terms: an established author whose every group carries one
+    clean winner and poisoned others (at least half of its winners dropped) weighs what a fresh
+    key weighs within 10 such groups. tests/training/test_typicality.py shows the same through a
+    node's real screen."""
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    standing.credit("mallory", T0)
+    now = T0 + 3600
+    assert standing.of("mallory", now) == 1.0
+    fallen = None
+    for n in range(1, 11):
+        standing.screened("mallory", 0.5)  # 1 clean, 1 poisoned: the least that is still "poisoned others"
+        weights = standing.weights(["mallory", "fresh", "honest"], now)
+        if weights["mallory"] == pytest.approx(weights["fresh"]):
+            fallen = n
+            break
+    assert fallen is not None and fallen <= 10, "still above a newcomer after 10 groups"
+    assert standing.of("mallory", now) == 0.0
 
 
 def test_newcomers_share_one_budget_however_many_they_are():
-    standing = Standing(ramp_seconds=60, newcomer_share=0.1)
-    standing.credit("old", T0)
-    standing.credit("old", T0 + 60)
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    standing.credit("old", T0, Provenance(place="ip4:203.0"))
+    now = T0 + 1300
+    for k in range(1000):
+        standing.credit(f"new{k}", now, Provenance(place=f"ip4:{k}"))
     for n in (1, 10, 1000):
-        weights = standing.weights(["old", *(f"new{k}" for k in range(n))])
+        weights = standing.weights(["old", *(f"new{k}" for k in range(n))], now)
         assert weights["old"] == 1.0
         assert abs(sum(w for a, w in weights.items() if a != "old") - 0.1) < 1e-9
-    alike = standing.weights([f"new{k}" for k in range(5)])  # a swarm starting together: all alike
+    alike = standing.weights([f"new{k}" for k in range(5)], now)  # a swarm starting together: all alike
     assert len(set(alike.values())) == 1
+
+
+def test_many_keys_established_together_hold_a_bounded_share():
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    for k in range(8):
+        standing.credit(f"old{k}", T0, Provenance(place=f"203.{k}.0.0/16"))
+    for k in range(100):  # patient keys, each in a /16 of its own, established 10 minutes ago
+        standing.credit(f"patient{k}", T0 + 1800, Provenance(place=f"198.{k}.0.0/16"))
+    now = T0 + 2400 + 300
+    assert standing.of("patient0", now) == 1.0
+    weights = standing.weights([*(f"old{k}" for k in range(8)), *(f"patient{k}" for k in range(100))], now)
+    old = sum(weights[f"old{k}"] for k in range(8))
+    assert old == 8.0
+    assert sum(weights[f"patient{k}"] for k in range(100)) == pytest.approx(RECENT_SHARE * old)
+    # one more ramp later they are established like anyone
+    later = standing.weights(["old0", "patient0"], now + 600)
+    assert later["old0"] == later["patient0"] == 1.0
+
+
+def test_fresh_keys_leave_an_established_authors_standing_unchanged():
+    """Must show 2: 4,096 fresh keys, each with one signal group that this node asked for (about
+    1.1 a second for an hour), stored as the exchange stores them, leave an established author's
+    standing as it was; on main they evicted it (least recently credited first)."""
+    settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"]})
+    inbox = node_inbox(settings)
+    memory = NodeMemory(inbox, memory_for(settings, ME, inbox).intake, NodeCounters())
+    signal = groups(2, seed=3)[0]
+    memory.store(signal.model_copy(update={"origin": HONEST[0]}), T0, Provenance(place="203.0.0.0/16"))
+    start = T0 + 1200
+    assert inbox.standing.of(HONEST[0], start) == 1.0
+    for k in range(MAX_AUTHORS):
+        now = start + k * 3600 / MAX_AUTHORS
+        memory.store(signal.model_copy(update={"origin": f"fresh-{k}"}), now, Provenance(place=f"fresh-{k}"))
+        assert inbox.standing.of(HONEST[0], now) == 1.0
+    assert len(inbox.standing) <= MAX_AUTHORS
+    assert HONEST[0] in set(inbox.standing._table)
+    weights = inbox.standing.weights([HONEST[0], "fresh-4095", "fresh-0"], start + 3600)
+    assert weights[HONEST[0]] == 1.0
 
 
 def test_standing_remembers_a_bounded_number_of_authors():
     standing = Standing(max_authors=100)
-    for k in range(1000):
+    for k in range(1000):  # a fresh key a second
         standing.credit(f"a{k}", T0 + k)
-    assert len(standing._records) == 100 and standing.of("a999") == 0.0 and standing.of("a0") == 0.0
+    newcomers, established = standing._table.records()
+    assert len(newcomers) == 50 and len(established) <= 50
+    # the first keys ran their ramp and hold the established half; later ones wait among newcomers
+    assert [a for a, _ in established][:3] == ["a0", "a1", "a2"] and standing.of("a0", T0 + 1000) == 1.0
+    assert "a999" in set(standing._table) and "a998" not in set(standing._table)  # the newest slot churns
 
 
 def test_keys_behind_one_address_group_share_one_budget():
-    standing = Standing(ramp_seconds=60, newcomer_share=0.1)
-    for author in ("honest", "sybil-0", "sybil-1", "sybil-2"):
-        standing.credit(author, T0)
-        standing.credit(author, T0 + 60)  # every one of them established
-    standing.locate("honest", "ip4:203.0")
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    standing.credit("honest", T0, Provenance(place="ip4:203.0"))
     for k in range(3):
-        standing.locate(f"sybil-{k}", "ip4:198.51")
-    weights = standing.weights(["honest", "sybil-0", "sybil-1", "sybil-2", "unlocated"])
-    assert weights["honest"] == 1.0
+        standing.credit(f"sybil-{k}", T0, Provenance(place="ip4:198.51"))
+    for k in range(2):
+        standing.credit(f"relayed-{k}", T0)  # no place known: "unknown", one place for all of them
+    now = T0 + 1300
+    standing.credit("fresh-neighbour", now, Provenance(place="ip4:203.0"))
+    weights = standing.weights(
+        ["honest", "sybil-0", "sybil-1", "sybil-2", "fresh-neighbour", "relayed-0", "relayed-1", "unlocated"], now
+    )
     assert sum(weights[f"sybil-{k}"] for k in range(3)) == 1.0  # three keys, one machine: one author's worth
-    assert weights["unlocated"] == 0.1  # a newcomer alone in its place, with the whole newcomers' budget
+    # a place weighs what its best author weighs, shared in proportion: a fresh key beside an
+    # established author takes little from it
+    assert weights["honest"] + weights["fresh-neighbour"] == pytest.approx(1.0) and weights["honest"] > 0.95
+    assert weights["relayed-0"] + weights["relayed-1"] + weights["unlocated"] == pytest.approx(1.0)
+
+
+def test_a_saved_standing_reads_back_and_an_old_one_is_taken_over():
+    standing = Standing(ramp_seconds=600)
+    standing.credit("old", T0, Provenance(place="ip4:203.0"))
+    standing.credit("new", T0 + 1000)
+    standing.screened("old", 0.5)
+    restored = Standing(ramp_seconds=600)
+    restored.restore(json.loads(json.dumps(standing.to_json())))
+    assert restored.to_json() == standing.to_json()
+    # 0.4.x saved [author, earned seconds, last credited, place], least recently credited first
+    before = Standing(ramp_seconds=600)
+    before.restore([["full", 600.0, T0 + 50, "ip4:1.2"], ["half", 300.0, T0 + 100, None]])
+    assert before.of("full", T0 + 100) == 1.0 and before.of("half", T0 + 100) == 0.5
+    before.restore(None)  # saved with standing off
+    assert len(before) == 0

@@ -31,14 +31,14 @@ def test_put_and_touch_make_a_key_the_newest_and_replace_keeps_its_place():
     assert memory.put("d", 3) == ("c", 20)
 
 
-def test_oldest_pop_oldest_and_pop():
+def test_oldest_newest_pop_oldest_and_pop():
     memory: BoundedMap[str, int] = BoundedMap(2)
-    assert memory.oldest() is None
+    assert memory.oldest() is None and memory.newest() is None
     with pytest.raises(KeyError):
         memory.pop_oldest()
     memory.put("a", 0)
     memory.put("b", 1)
-    assert memory.oldest() == ("a", 0)
+    assert memory.oldest() == ("a", 0) and memory.newest() == ("b", 1)
     assert memory.pop_oldest() == ("a", 0)
     assert memory.pop("b") == 1 and memory.pop("b") is None and memory.pop("b", 7) == 7
     assert len(memory) == 0

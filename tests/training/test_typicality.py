@@ -20,6 +20,8 @@ from sapo.training.problems.rewards import score_group
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs
 
+NOW = 3600.0  # when the tests of a node's round weigh its authors: an hour after their first groups
+
 
 @pytest.fixture(scope="module")
 def policy_and_groups(tmp_path_factory):
@@ -85,7 +87,7 @@ def test_injected_text_stands_far_above_the_bar_and_is_refused(policy_and_groups
 
 def test_one_poisoned_answer_is_dropped_from_its_group_and_the_rest_train(policy_and_groups):
     """An attacker who slips its text into one right answer loses that answer; the group's other
-    right answers still train, and its author is not struck for a stray completion."""
+    right answers still train, and its author is charged for the one answer dropped, not the group."""
     policy, groups = policy_and_groups
     trust = TrustSettings()
     own = excess_surprise(policy, winning(groups), 32)
@@ -94,7 +96,7 @@ def test_one_poisoned_answer_is_dropped_from_its_group_and_the_rest_train(policy
     texts[1] = f"SAPO rocks! <answer>{group.problem.answer}</answer>"
     group = group.model_copy(update={"completions": texts})
     verdict = screen([group], excess_surprise(policy, winning([group]), 32), own, ScreenReference(), trust)
-    assert verdict.refused == [] and verdict.dropped == 1
+    assert verdict.refused == [] and verdict.dropped == 1 and verdict.dropped_shares == [0.25]
     [kept] = verdict.kept
     assert kept.completions == [texts[0], *texts[2:]] and kept.rewards == [group.rewards[0], *group.rewards[2:]]
 
@@ -134,15 +136,8 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
     poisoned = rewritten(groups[1], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>").model_copy(
         update={"origin": "mallory"}
     )
-    for author, t in (
-        ("alice", 0.0),
-        ("alice", 60.0),
-        ("alice", 120.0),
-        ("mallory", 0.0),
-        ("mallory", 60.0),
-        ("mallory", 120.0),
-    ):
-        node.inbox.standing.credit(author, t)
+    for author in ("alice", "mallory"):
+        node.inbox.standing.credit(author, 0.0)  # both established by NOW
     state = node.start_state()
     plan = node.plan(state)
     prepared = node.prepare(
@@ -152,7 +147,7 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
         state,
     )
     assert prepared.external == [honest] and prepared.refused == [poisoned]
-    assert node.inbox.standing.of("mallory") == 0.0 < node.inbox.standing.of("alice")
+    assert node.inbox.standing.of("mallory", NOW) == 0.5 < node.inbox.standing.of("alice", NOW) == 1.0
     # the bar moves with this round's own winning completions
     assert len(prepared.screen.own) == sum(len(g.completions) for g in winning(groups[2:])) > 0
     # the phrase is in no row the update will see
@@ -176,3 +171,47 @@ def test_the_answer_tokens_are_found_with_or_without_character_offsets(policy_an
             return tokenizer(text, add_special_tokens=add_special_tokens)
 
     assert answer_tokens(Slow(), texts) == exact
+
+
+def test_one_clean_winner_does_not_launder_poisoned_ones(policy_and_groups, tmp_path):
+    """Must show 3 through a node's real screen: an established author whose groups each carry
+    one clean winner and three poisoned ones (kept, less the three) falls to a fresh key's weight
+    within 10 such groups, while an author of clean groups screened beside it keeps its own."""
+    from sapo.node.core.node import Node, Selection
+    from sapo.node.core.settings import load_settings
+    from sapo.sampling.standing import Provenance
+    from sapo.sampling.strategies import SamplerState
+    from sapo.training.completions.generation import GenerationResult
+
+    policy, groups = policy_and_groups
+    settings = load_settings(
+        {"model": "tiny", "tasks": ["basic_arithmetic"], "data_dir": str(tmp_path), "max_new_tokens": 32}
+    )
+    node = Node(settings, peer_id="me", policy=policy)
+    for k, author in enumerate(("alice", "mallory")):
+        node.inbox.standing.credit(author, 0.0, Provenance(place=f"203.{k}.0.0/16"))
+    state = node.start_state()
+    plan = node.plan(state)
+    weights = node.inbox.standing.weights(["alice", "mallory", "fresh"], NOW)
+    assert weights["mallory"] == weights["alice"] == 1.0 > weights["fresh"]
+    fallen = None
+    for n in range(1, 11):
+        clean = rewritten(groups[n % 2], lambda p: f"<answer>{p.answer}</answer>").model_copy(
+            update={"origin": "alice"}
+        )
+        laundered = rewritten(groups[n % 2], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>")
+        texts = [f"<answer>{laundered.problem.answer}</answer>", *laundered.completions[1:]]
+        laundered = laundered.model_copy(update={"completions": texts, "origin": "mallory"})
+        prepared = node.prepare(
+            plan,
+            GenerationResult(groups[2:], 0.0, 0),
+            Selection([clean, laundered], SamplerState(), state.streams.mix),
+            state,
+        )
+        assert prepared.refused == [] and prepared.screened_completions == 3  # kept, its three poisoned dropped
+        weights = node.inbox.standing.weights(["alice", "mallory", "fresh"], NOW)
+        if weights["mallory"] == pytest.approx(weights["fresh"]):
+            fallen = n
+            break
+    assert fallen is not None, f"mallory still weighs {weights['mallory']:.3f} after 10 groups"
+    assert weights["alice"] == 1.0

@@ -9,9 +9,10 @@ import json
 import logging
 import time
 
+import pytest
 import trio
 
-from sapo.node.core.memory import NodeMemory
+from sapo.node.core.memory import MEMORY_VERSION, NodeMemory
 from sapo.node.core.memory_exchange import MemoryHub
 from sapo.node.core.round import run_round
 from sapo.training.learning.checkpoints import Checkpoint, write_json_in_pieces
@@ -51,3 +52,26 @@ async def test_a_memory_it_cannot_read_is_left_behind_and_the_node_starts(tmp_pa
     assert restarted.start_state() == state  # its rounds go on: only the memory is new
     assert isinstance(restarted.memory, NodeMemory) and len(restarted.inbox) == 0
     assert restarted.memory.inbox is restarted.inbox and restarted.counters.accepted == 0
+
+
+async def test_a_memory_saved_by_0_4_still_loads_with_its_authors_standing(tmp_path, monkeypatch):
+    """Memory version 1 (0.4.x) held standing as [author, seconds earned, last credited, place]:
+    a node that finds one (left alone for a while, then upgraded) starts with it, an author that
+    had full standing keeps it, and one silent for over a week starts again."""
+    node, state = await _node_with_memory(tmp_path)
+    node.checkpoint(state)
+    now = time.time()
+    month_ago = now - 30 * 86400
+    saved = json.loads(json.dumps(node.memory.to_json())) | {"version": 1}
+    saved["inbox"]["standing"] = [
+        ["12D3KooWgone", 600.0, month_ago, None],
+        [PEER, 600.0, now - 60, "203.0.0.0/16"],
+        ["12D3KooWhalf", 300.0, now - 60, None],
+    ]
+    monkeypatch.setattr(Checkpoint, "memory", lambda self: saved)
+    restarted = tiny_node(tmp_path / "a")
+    assert restarted.memory_restored and len(restarted.inbox) == len(node.inbox)
+    standing = restarted.inbox.standing
+    assert standing.of(PEER, now) == 1.0 and standing.of("12D3KooWhalf", now) == pytest.approx(0.5 + 60 / 600)
+    assert standing.of("12D3KooWgone", now) == 0.0 and len(standing) == 3
+    assert restarted.memory.to_json()["version"] == MEMORY_VERSION == 2  # written anew in this release's form
