@@ -43,7 +43,7 @@ def gossip_router(settings: NetworkSettings, readers: Callable[[], Iterable[ID]]
         degree=settings.mesh_degree,
         degree_low=settings.mesh_degree_low,
         degree_high=settings.mesh_degree_high,
-        heartbeat_interval=settings.heartbeat_seconds,  # type: ignore[arg-type]  # 0.8.1 annotates int; it sleeps a float
+        heartbeat_interval=settings.heartbeat_seconds,  # 0.8.1 annotates int; it sleeps a float
         # The default limit of 10 msg/s per (forwarder, topic) also throttles our own
         # publishes and silently drops the rest; a node publishes a burst of rollouts
         # per round, so allow 50/s (about the measured per-process ceiling).

@@ -3,9 +3,9 @@ swarm. Real py-libp2p hosts on 127.0.0.1: nodes join through one seed, find each
 seed closes links down to its low watermark; joined nodes do not dial it back, and every node
 keeps peers of its own."""
 
+import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
-import trio
 
 from sapo.protocol.reach import connections
 from sapo.protocol.reach.connections import _from_the_largest_groups
