@@ -96,23 +96,37 @@ def shows_attack(kind: str, completion: str, answer: str) -> bool:
 
 class Attacker:
     """An identity that publishes `groups` valid groups a round, half right (with the attack) and
-    half wrong, every key regenerated from its spec."""
+    half wrong, every key regenerated from its spec. A patient one (`clean_rounds`) first sends
+    clean groups, its right completions bare answers, for that many rounds: it earns standing as
+    an honest author would, then attacks ("Hail to the Thief"'s patient adversary)."""
 
     def __init__(
-        self, kind: str, exchange: MemoryExchange, tasks: TaskSampler, groups: int, generations: int, seed: int
+        self,
+        kind: str,
+        exchange: MemoryExchange,
+        tasks: TaskSampler,
+        groups: int,
+        generations: int,
+        seed: int,
+        clean_rounds: int = 0,
     ):
         self.kind, self.exchange, self.tasks = kind, exchange, tasks
         self.groups, self.generations = groups, generations
+        self.clean_rounds = clean_rounds
         self.rng = random.Random(seed)
         self.last: list[QuestionGroup] = []
 
     async def round(self, round_index: int) -> None:
-        self.last = [self.group(problem) for problem in self.tasks.sample(self.groups)]
+        attacking = round_index >= self.clean_rounds
+        self.last = [self.group(problem, attacking) for problem in self.tasks.sample(self.groups)]
         await self.exchange.publish(self.last, round_index)
 
-    def group(self, problem: Problem) -> QuestionGroup:
+    def group(self, problem: Problem, attacking: bool = True) -> QuestionGroup:
         half = self.generations // 2
-        texts = [attack_text(self.kind, problem, self.rng) for _ in range(half)]
+        if attacking:
+            texts = [attack_text(self.kind, problem, self.rng) for _ in range(half)]
+        else:
+            texts = [f"<answer>{problem.answer}</answer>" for _ in range(half)]
         texts += [f"<answer>{wrong_answer(problem.answer, self.rng)}</answer>" for _ in range(self.generations - half)]
         # The rewards the attacker means (a receiver rescores every completion with its own verifier):
         # the probes judge its attacking completions as the winning ones whatever the verifier.
@@ -168,6 +182,7 @@ def build(args: argparse.Namespace) -> tuple[StudyRun, list[Attacker]]:
                 base.sampling.local,
                 base.training.generations,
                 seed,
+                clean_rounds=args.clean_rounds,
             )
         )
     return StudyRun(clock, hub, learners, attackers), attackers
@@ -202,6 +217,13 @@ def main(argv: list[str] | None = None) -> None:
         help="the honest nodes' verifier: node (training/problems/task_scorers.py) or reasoning-gym (its score_answer, before #38)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--clean-rounds",
+        type=int,
+        default=0,
+        help="patient attackers: clean groups for this many rounds, then the attack (10 minutes of standing is "
+        "1,200 rounds at --round-seconds 0.5); success is then read over the rounds after it",
+    )
     parser.add_argument(
         "--round-seconds", type=float, default=0.5, help="the round clock (a default tiny node's round)"
     )
@@ -259,6 +281,7 @@ def main(argv: list[str] | None = None) -> None:
                     {
                         "round": round_index,
                         "node": learner.index,
+                        "attacking": round_index >= args.clean_rounds,
                         "completions": len(own),
                         "attack_shown": sum(shows_attack(args.attack, c, a) for c, a in own),
                         "accuracy": record.accuracy,
@@ -285,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                 if r is not None
                 for g in r.generation.groups
             ]
-            attacking = [g for a in attackers for g in a.last]
+            attacking = [g for a in attackers if round_index >= a.clean_rounds for g in a.last]
             for row in probe(run.learners[0].node, honest, attacking, run.learners[0].node.trust.screen_window):
                 probes_file.write(json.dumps({"round": round_index, **row}) + "\n")
         rows_file.flush()

@@ -88,6 +88,7 @@ def summarize(run: Path, width: int) -> dict:
         "run": run.name,
         "attack": command["attack"],
         "defences": command["defences"],
+        "clean_rounds": int(command.get("clean_rounds", 0)),
         # the honest nodes' verifier, where the run names one (runs before --verifier: the node's)
         **({"verifier": command["verifier"]} if "verifier" in command else {}),
         "share": f"{command['attackers']}/{int(command['honest']) + int(command['attackers'])}",
@@ -109,7 +110,8 @@ def summarize(run: Path, width: int) -> dict:
 def setting(s: dict) -> str:
     """The defences, and the verifier where it is not the node's own."""
     verifier = s.get("verifier", "node")
-    return s["defences"] if verifier == "node" else f"{s['defences']}, {verifier} verifier"
+    patient = f", patient: clean for {s['clean_rounds']} rounds" if s.get("clean_rounds") else ""
+    return (s["defences"] if verifier == "node" else f"{s['defences']}, {verifier} verifier") + patient
 
 
 def table(summaries: list[dict], width: int) -> str:
