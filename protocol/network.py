@@ -48,9 +48,11 @@ from sapo.protocol.settings import NetworkSettings
 from sapo.protocol.toolkit.agents import PeerAgents
 from sapo.protocol.toolkit.hosts import (
     connection_addresses,
+    direct_ip,
     new_noise_host,
     open_peers,
     peer_place,
+    reached_group,
 )
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
@@ -345,6 +347,7 @@ def _services(
         links=dialer,
         authors=partial(_authors, host, gate, delivery, discovery),
         hand=delivery.hand,
+        dial_failed=discovery.dial_failed,
     )
     return Network(
         settings=settings,
@@ -375,16 +378,17 @@ def _services(
 
 
 def _authors(host: Any, gate: PeerGate, delivery: Delivery, discovery: PeerDiscovery) -> list[Author]:
-    """Everyone a fetch may ask: our connections and discovery's table, each once, but those
+    """Everyone a fetch may ask: our connections (in their connection's network group) and
+    discovery's records not waiting out a failed dial (in their source's), each once, but those
     whose groups come on the topic anyway (an older release, or a node beside one)."""
     now = time.time()
 
     def askable(peer: ID) -> bool:
         return gate.may_use(peer) and not delivery.gossips(peer.to_bytes(), now)
 
-    connected = {peer: Author(peer, ()) for peer in open_peers(host) if askable(peer)}
-    known = {e.peer_id: Author(e.peer_id, tuple(e.addrs)) for e in discovery.known() if askable(e.peer_id)}
-    return list({**known, **connected}.values())
+    connected = {p: Author(p, (), reached_group(direct_ip(host, p))) for p in open_peers(host) if askable(p)}
+    known = {e.peer_id: Author(e.peer_id, tuple(e.dial_addrs), e.source_group) for e in discovery.drawable()}
+    return list({**{p: a for p, a in known.items() if askable(p)}, **connected}.values())
 
 
 async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryReceiveChannel[ID]) -> None:

@@ -179,7 +179,7 @@ class NetworkSettings(BaseModel):
     )
     exchange: Literal["fetch", "gossip"] = Field(
         default="fetch",
-        description="how groups travel: fetch (each round, ask authors drawn uniformly from the peers we know for "
+        description="how groups travel: fetch (each round, ask authors drawn by network group from the peers we know for "
         "about the groups we train on, /sapo/groups/1; a node's cost does not grow with the swarm, "
         "docs/bench/scale.md) or gossip (every group to every node on the rollouts topic, as before 0.4.0); "
         "with fetch, our groups still go on the topic while a connected peer is an older release",

@@ -13,14 +13,22 @@ to 15 records: 8 of peers *it is connected to* (alive a moment ago), the rest dr
 whole table, so that records cross between parts of a swarm that bootstrapped apart (a fetch
 draws its authors from what discovery knows). We check every record (signature,
 signer = the record's peer id, address shapes; see `check_record`), keep at most
-`max_tracked`, and dial random unconnected ones until we have `target` peers. Dials respect
-the caller's `may_dial` (allow list, bans); a peer that fails to answer is retried with
-back-off and forgotten after a few failures.
+`max_tracked` in a table that no source can fill (protocol/exchange/peer_table.py: caps per
+source, per network group of sources and per network group of records), and dial random
+unconnected ones until we have `target` peers. Dials respect the caller's `may_dial` (allow
+list, bans); a record whose dials fail, ours or a fetch's (`dial_failed`), is retried with
+back-off and dropped after a few failures.
 
-A record names addresses as its peer sees them, and a node listening on 0.0.0.0 can only say
-"0.0.0.0". So each record travels with the IP its server saw that peer connect from (a hint,
-unsigned); an unspecified address takes the hint's IP. A wrong hint costs a failed dial, not
-an impersonation: Noise authenticates the peer id on every connection.
+Whom to believe (issue #41). Only addresses a record's owner signed are kept. A node listening
+on 0.0.0.0 can only say "0.0.0.0", so a record travels with the IP its sender saw that peer
+connect from (a hint, unsigned). The hint fills in 0.0.0.0 only when it is *first-hand*: the IP
+our own connection to that very peer came from (`request.remote_ip` for an asker's own record,
+`reply.remote_ip` for an answerer's). A third party's hint is only a dial candidate after the
+record's own addresses; it never replaces one, and a same-seq replay changes nothing we hold. A
+stranger cannot point us at our machine or LAN: a record's loopback addresses are kept only if
+its source reached us over loopback, its private ones only if the source is not public. A
+wrong address still costs only a failed dial, never an impersonation: Noise authenticates the
+peer id on every connection.
 
 A node behind NAT advertises its relayed addresses instead (`<relay>/p2p/<relay id>/p2p-circuit`,
 protocol/reach/relay.py), and its record is sealed again (`own_record`) when it has won or lost a relay slot. A
@@ -45,14 +53,14 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
+from sapo.protocol.exchange.peer_table import PeerTable, Source
 from sapo.protocol.toolkit import streams
-from sapo.protocol.toolkit.hosts import open_peers
+from sapo.protocol.toolkit.hosts import address_scope, open_peers, reached_group
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.streams import Request, ServeLimits, StreamServer
 from sapo.protocol.wire.peer_records import (
     MAX_FRAME_BYTES,
     PROTOCOL_ID,
-    RECORDS_PER_RESPONSE,
     BadRecord,
     KnownPeer,
     check_record,
@@ -62,7 +70,6 @@ from sapo.protocol.wire.peer_records import (
     encode_response,
     seal_own_record,
 )
-from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.discovery")
 
@@ -75,83 +82,6 @@ FAST_INTERVAL_SECONDS = 1.0
 MIN_SERVE_INTERVAL_SECONDS = 0.5
 MAX_CONCURRENT_SERVES = 8
 MAX_SERVES_PER_PEER = 1
-# Failed dials back off 2, 4, 8... s (at most a minute); after this many the record is dropped.
-MAX_DIAL_FAILURES = 4
-
-
-# --- the table of known peers ---------------------------------------------------------------------
-
-
-class PeerTable:
-    """At most `max_peers` checked records, newest-learned last; the oldest makes way."""
-
-    def __init__(self, max_peers: int) -> None:
-        self.max_peers = max_peers
-        self._peers: BoundedMap[ID, KnownPeer] = BoundedMap(max_peers)
-
-    def __len__(self) -> int:
-        return len(self._peers)
-
-    def __contains__(self, peer_id: ID) -> bool:
-        return peer_id in self._peers
-
-    def add(self, entry: KnownPeer) -> bool:
-        """Store or refresh; True if the peer was not known before. An older record is ignored."""
-        known = self._peers.get(entry.peer_id)
-        if known is not None:
-            if entry.seq >= known.seq:
-                known.addrs, known.seq, known.envelope = entry.addrs, entry.seq, entry.envelope
-                known.observed_ip = entry.observed_ip or known.observed_ip
-            self._peers.touch(entry.peer_id)
-            return False
-        self._peers.put(entry.peer_id, entry)
-        return True
-
-    def remove(self, peer_id: ID) -> None:
-        self._peers.pop(peer_id, None)
-
-    def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
-        entry = self._peers.get(peer_id)
-        return list(entry.addrs) if entry is not None else []
-
-    def records_of(self, peers: list[ID]) -> list[tuple[bytes, str | None]]:
-        """Records (with their observed IPs) of those `peers` we hold, at most one response's worth."""
-        held = [self._peers[p] for p in peers if p in self._peers]
-        chosen = random.sample(held, min(len(held), RECORDS_PER_RESPONSE))
-        return [(entry.envelope, entry.observed_ip) for entry in chosen]
-
-    def records_to_share(self, connected: list[ID]) -> list[tuple[bytes, str | None]]:
-        """One response's worth: about half of it records of peers we are connected to (alive a
-        moment ago), the rest drawn from the whole table. Only connected peers' records kept
-        swarms that bootstrapped through different seeds apart (docs/bench/scale.md: three
-        clusters at 64 nodes), and a fetcher's draw "uniform over the peers it knows" uniform
-        over one cluster; a stale record costs a failed dial, and is dropped after a few."""
-        linked = self.records_of(connected)[: RECORDS_PER_RESPONSE // 2 + 1]
-        skip = set(connected)
-        others = [e for e in self._peers.values() if e.peer_id not in skip]
-        rest = random.sample(others, min(len(others), RECORDS_PER_RESPONSE - len(linked)))
-        return linked + [(entry.envelope, entry.observed_ip) for entry in rest]
-
-    def entries(self) -> list[KnownPeer]:
-        return list(self._peers.values())
-
-    def candidates(self, now: float, skip: Callable[[ID], bool]) -> list[KnownPeer]:
-        return [e for e in self._peers.values() if e.next_dial_at <= now and not skip(e.peer_id)]
-
-    def dial_failed(self, peer_id: ID, now: float) -> None:
-        entry = self._peers.get(peer_id)
-        if entry is None:
-            return
-        entry.failures += 1
-        if entry.failures >= MAX_DIAL_FAILURES:
-            self.remove(peer_id)
-        else:
-            entry.next_dial_at = now + min(60.0, 2.0**entry.failures)
-
-    def dial_ok(self, peer_id: ID) -> None:
-        entry = self._peers.get(peer_id)
-        if entry is not None:
-            entry.failures, entry.next_dial_at = 0, 0.0
 
 
 # --- the service ----------------------------------------------------------------------------------
@@ -229,7 +159,8 @@ class PeerDiscovery:
 
     async def _respond(self, request: Request) -> bytes:
         theirs = decode_request(request.payload)
-        self._learn(theirs, request.remote_ip, expect_peer=request.peer)
+        source = Source(request.peer, reached_group(request.remote_ip))
+        self._learn(theirs, request.remote_ip, source, request.remote_ip, own=True)
         connected = [p for p in open_peers(self._host) if p != request.peer]
         return encode_response(self.own_record(), self.table.records_to_share(connected))
 
@@ -274,9 +205,15 @@ class PeerDiscovery:
             logger.debug("asking %s for peers failed: %s: %s", peer, type(error).__name__, error)
             return
         self.count("discovery_asked")
-        self._learn(own, reply.remote_ip, expect_peer=peer)
+        self.learn_answer(peer, reply.remote_ip, own, peers)
+
+    def learn_answer(self, peer: ID, remote_ip: str | None, own: bytes, peers: list[tuple[bytes, str | None]]) -> None:
+        """What `peer`, whose connection came from `remote_ip`, answered: its own record
+        (first-hand) and the records it passes on, each held as told us by `peer`."""
+        source = Source(peer, reached_group(remote_ip))
+        self._learn(own, remote_ip, source, remote_ip, own=True)
         for envelope, observed_ip in peers:
-            self._learn(envelope, observed_ip)
+            self._learn(envelope, observed_ip, source, remote_ip, own=False)
 
     async def dial_some(self) -> None:
         """Dial random known, unconnected, dialable peers until `target` are connected."""
@@ -295,13 +232,18 @@ class PeerDiscovery:
 
     async def _dial_one(self, entry: KnownPeer) -> None:
         self.count("discovery_dials")
-        if await self.dialer.dial(PeerInfo(entry.peer_id, entry.addrs)):
+        if await self.dialer.dial(PeerInfo(entry.peer_id, entry.dial_addrs)):
             self.table.dial_ok(entry.peer_id)
             self.count("discovery_connected")
             logger.info("connected to discovered peer %s", entry.peer_id)
         else:
             self.table.dial_failed(entry.peer_id, self.clock())
             self.count("discovery_dial_failed")
+
+    def dial_failed(self, peer_id: ID) -> None:
+        """Someone else's dial of `peer_id` failed (a fetch's): its record backs off, as after
+        ours, and after a few failures leaves the table."""
+        self.table.dial_failed(peer_id, self.clock())
 
     def forget(self, peer_id: ID) -> None:
         self.table.remove(peer_id)
@@ -310,18 +252,27 @@ class PeerDiscovery:
         """Every record we hold: a sample of the swarm that asks and answers keep refreshing."""
         return self.table.entries()
 
+    def drawable(self) -> list[KnownPeer]:
+        """The records a fetch may draw now: those not waiting out a failed dial."""
+        return self.table.candidates(self.clock(), skip=lambda peer: False)
+
     def addrs_of(self, peer_id: ID) -> list[multiaddr.Multiaddr]:
-        """The addresses in the record we hold for `peer_id`, or []."""
+        """Where the record we hold for `peer_id` says to dial it, or []."""
         return list(self.table.addrs_of(peer_id))
 
-    def _learn(self, envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> None:
+    def _learn(
+        self, envelope: bytes, observed_ip: str | None, source: Source, reached_from: str | None, *, own: bool
+    ) -> None:
+        """Check a record that `source`, whose connection came from `reached_from`, told us of
+        (`own`: its own record, first-hand, with `observed_ip` = `reached_from`), and hold it as
+        that source's."""
         try:
-            entry = check_record(envelope, observed_ip, expect_peer)
+            entry = check_record(envelope, observed_ip, source.peer if own else None, reach=address_scope(reached_from))
         except BadRecord as error:
             self.count("records_rejected")
             logger.debug("peer record refused: %s", error)
             return
         if entry.peer_id == self._me or not self.may_dial(entry.peer_id):
             return
-        if self.table.add(entry):
+        if self.table.add(entry, source):
             self.count("peers_discovered")

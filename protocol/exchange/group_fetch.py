@@ -12,7 +12,8 @@ How:
   bans) or one over its budget gets its stream reset. Serving costs us a tiny read and a write
   of frames we already hold; asking costs the asker a stream, and a connection if it has none.
 - `GroupFetcher.want(count)` asks for `count` groups, GROUPS_PER_AUTHOR from each author it draws.
-  Authors are drawn uniformly from every peer this node knows: its connections and discovery's
+  Authors are drawn from every peer this node knows, a network group first and then an author in
+  it (draw.py), so minting keys buys no more of the draw: its connections and discovery's
   table of signed peer records, which discovery keeps refreshing from random peers, so the draw
   reaches past the neighbours to the whole swarm. Unconnected authors are dialled (through a relay if that is what their
   record says), and at most FETCH_LINGER such links are kept; older ones are closed.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +42,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.exchange.arrivals import Arrival
+from sapo.protocol.exchange.draw import draw_order
 from sapo.protocol.toolkit import streams
 from sapo.protocol.toolkit.frames import FrameError
 from sapo.protocol.toolkit.hosts import open_peers
@@ -149,10 +150,12 @@ class GroupServer:
 
 @dataclass(frozen=True)
 class Author:
-    """A peer we may ask: its id and, if we are not connected to it, where to dial it."""
+    """A peer we may ask: its id, if we are not connected to it where to dial it, and the
+    network group it is drawn in (protocol/exchange/draw.py)."""
 
     peer_id: ID
     addrs: tuple[multiaddr.Multiaddr, ...]
+    group: str = ""
 
 
 class Links(Protocol):
@@ -168,9 +171,10 @@ class Links(Protocol):
 
 
 class GroupFetcher:
-    """Brings groups on `want(count)`: from authors drawn uniformly from `authors()`, handed to
-    `hand` as `Arrival`s by the fetch route. The network passes in its host, its `gate` (who may
-    be asked, which peers lack the protocol, the counters) and its dialer (`links`)."""
+    """Brings groups on `want(count)`: from authors drawn by network group from `authors()`,
+    handed to `hand` as `Arrival`s by the fetch route. The network passes in its host, its `gate`
+    (who may be asked, which peers lack the protocol, the counters), its dialer (`links`), and
+    `dial_failed`, which tells discovery of an author its record did not lead to."""
 
     def __init__(
         self,
@@ -182,6 +186,7 @@ class GroupFetcher:
         links: Links,
         authors: Callable[[], list[Author]],
         hand: Callable[[Arrival], None],
+        dial_failed: Callable[[ID], None] = lambda peer: None,
     ) -> None:
         self.host = host
         self.swarm = swarm
@@ -191,6 +196,7 @@ class GroupFetcher:
         self.links = links
         self.authors = authors
         self.hand = hand
+        self.dial_failed = dial_failed  # discovery backs the author's record off, and drops it after a few
         send, self._wants = trio.open_memory_channel[int](1)
         self._send_want = send
         # the newest round we hold from each author, so that it sends each group once
@@ -241,7 +247,8 @@ class GroupFetcher:
             if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
             and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
         ]
-        random.shuffle(pool)
+        # a network group first, then an author in it (draw.py); `pool.pop()` takes from the end
+        pool = draw_order(pool, lambda author: author.group)[::-1]
         got = dialled = 0
         for _ in range(PASSES):
             if got >= count or not pool:
@@ -298,6 +305,7 @@ class GroupFetcher:
         self.count("fetch_dials", 1)
         if not author.addrs or not await self.links.dial(PeerInfo(author.peer_id, list(author.addrs))):
             self.count("fetch_failed", 1)
+            self.dial_failed(author.peer_id)
             return False
         if self.links.keeps(author.peer_id):
             self._kept.add(author.peer_id)

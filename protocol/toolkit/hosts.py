@@ -220,6 +220,28 @@ def peer_place(host: Any, peer: str) -> str | None:
     return None
 
 
+def reached_group(ip: str | None) -> str:
+    """The network group a connection from `ip` counts in: `network_group(ip)`, or one "relayed"
+    group for a connection through a relay, which has no IP of its own (the IP seen is the relay's)."""
+    return network_group(ip) if ip is not None else "relayed"
+
+
+def address_scope(ip: str | None) -> str:
+    """How far from us an address can be: "loopback" (this machine), "private" (not globally
+    routable: RFC 1918, ULA fc00::/7, link-local, carrier-grade NAT 100.64/10, documentation
+    ranges), or "public". An IP we do not know (a relayed connection's) is "public": a stranger
+    beyond our host and LAN."""
+    try:
+        address = ipaddress.ip_address(ip) if ip is not None else None
+    except ValueError:
+        address = None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address is None or address.is_global:
+        return "public"
+    return "loopback" if address.is_loopback else "private"
+
+
 def peer_str(peer_id_bytes: bytes) -> str:
     """A raw peer id as base58, or as hex if it is not one (a malformed frame's `from`)."""
     try:

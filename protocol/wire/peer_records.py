@@ -2,10 +2,16 @@
 
 A record is a libp2p Envelope sealed with the peer's identity key (peer id + listen addresses).
 `check_record` accepts one only if the signature holds, its signer is the record's peer id, and
-its addresses have a dialable shape; an address a peer can only call "0.0.0.0" takes the IP its
-server saw that peer connect from (an unsigned hint: a wrong one costs a failed dial, never an
-impersonation, since Noise authenticates the peer id on every connection). Relayed addresses
-keep their relay and never take the hint.
+its addresses have a dialable shape. Only what the owner signed is an address (issue #41): an
+address a peer can only call "0.0.0.0" takes the IP our *own* connection to that peer came from
+(first-hand: the record is the stream's peer's own), and otherwise the unsigned IP hint that came
+with the record only makes a dial candidate (`KnownPeer.hinted`), which never replaces a signed or
+first-hand address. A wrong hint costs a failed dial, never an impersonation (Noise authenticates
+the peer id on every connection). Relayed addresses keep their relay and never take the hint.
+
+Nor may a stranger point us at our own machine or LAN: an address on loopback is kept only if
+whoever told us of it reached us over loopback, and a private one (RFC 1918, ULA, link-local,
+carrier-grade NAT) only if it reached us from a non-public address (`reach`).
 
 Frame: a 4-byte big-endian length, then one msgpack map (at most 64 KiB; keys not named here are
 skipped, at most 16 keys in all).
@@ -16,7 +22,7 @@ skipped, at most 16 keys in all).
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -27,6 +33,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peer_record import PeerRecord
 
 from sapo.protocol.toolkit.frames import FrameError, length_prefixed, unpack_map
+from sapo.protocol.toolkit.hosts import address_scope
 
 # The stream protocol discovery speaks (protocol/exchange/discovery.py); frames are `v` WIRE_VERSION inside it.
 PROTOCOL_ID = "/sapo/peers/1"
@@ -40,6 +47,9 @@ MAX_FRAME_BYTES = 64 * 1024
 # Keys a later release adds to a frame are skipped (protocol/README.md, "Compatibility"); the
 # frame's byte and string limits bound them, and so does this.
 MAX_FRAME_KEYS = 16
+# How near an address may be, by how near whoever told us of it is (`reach`): a source on
+# loopback may name anything, one on a private address private and public ones, others public ones.
+_NEARNESS = {"loopback": 0, "private": 1, "public": 2}
 
 
 class BadRecord(FrameError):
@@ -48,13 +58,30 @@ class BadRecord(FrameError):
 
 @dataclass
 class KnownPeer:
+    """A checked record, and what the table (protocol/exchange/peer_table.py) keeps beside it."""
+
     peer_id: ID
-    addrs: list[multiaddr.Multiaddr]  # dialable: /ip4|ip6/<ip>/tcp/<port>/p2p/<peer_id>
+    # what we dial: addresses its owner signed (/ip4|ip6/<ip>/tcp/<port>/p2p/<id>, or relayed),
+    # its 0.0.0.0 ones with the IP our own connection to it came from if the record is first-hand
+    addrs: list[multiaddr.Multiaddr]
     seq: int
     envelope: bytes
-    observed_ip: str | None
+    observed_ip: str | None  # first-hand: the IP its connection came from; else the hint that came with it
     failures: int = 0
     next_dial_at: float = 0.0
+    hinted: list[multiaddr.Multiaddr] = field(default_factory=list)  # a third party's hint: candidates only
+    listening: list[tuple[int, int]] = field(default_factory=list)  # (IP version, port) of its 0.0.0.0 / ::
+    first_hand: bool = False  # its owner gave it to us itself, over its own connection
+    # where the table holds it: who told us (a peer's own record is its own source), the network
+    # group that source's connection came from, and the record's own (its first address's)
+    source: ID | None = None
+    source_group: str = ""
+    group: str = ""
+
+    @property
+    def dial_addrs(self) -> list[multiaddr.Multiaddr]:
+        """Signed and first-hand addresses first, then the hint's candidates."""
+        return self.addrs + [a for a in self.hinted if a not in self.addrs]
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -67,10 +94,16 @@ def seal_own_record(key_pair: KeyPair, listen_addrs: list[multiaddr.Multiaddr]) 
     return seal_record(record, key_pair.private_key).marshal_envelope()
 
 
-def check_record(envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None) -> KnownPeer:
+def check_record(
+    envelope: bytes, observed_ip: str | None, expect_peer: ID | None = None, *, reach: str | None = None
+) -> KnownPeer:
     """A signed peer record we may dial, or BadRecord. The signature must verify, the signing key
-    must be the record's peer id (and `expect_peer`, when the record is a peer's own), and at
-    least one address must be /ip4|ip6/<ip>/tcp/<port>[/p2p/<that id>]."""
+    must be the record's peer id (and `expect_peer`, when the record is a peer's own: then it is
+    first-hand and `observed_ip` is the IP its connection came from), and at least one address
+    must be /ip4|ip6/<ip>/tcp/<port>[/p2p/<that id>] or relayed, or a third party's hint must
+    give its 0.0.0.0 an IP. `reach` is how near whoever told us of it is (toolkit/hosts.py's
+    `address_scope` of its connection's IP: "loopback", "private" or "public"); by default that
+    of `observed_ip` (no limit without one), which is right only for a first-hand record."""
     if not isinstance(envelope, bytes) or not 0 < len(envelope) <= MAX_RECORD_BYTES:
         raise BadRecord(f"record is not 1..{MAX_RECORD_BYTES} bytes")
     try:
@@ -82,19 +115,59 @@ def check_record(envelope: bytes, observed_ip: str | None, expect_peer: ID | Non
         raise BadRecord(f"record names {str(record.peer_id)[:16]} but is signed by {str(signer)[:16]}")
     if expect_peer is not None and signer != expect_peer:
         raise BadRecord(f"record of {str(signer)[:16]} sent as the record of {str(expect_peer)[:16]}")
+    if reach is None:
+        reach = address_scope(observed_ip) if _ip_or_none(observed_ip) is not None else "loopback"
+    first_hand = expect_peer is not None
     addrs: list[multiaddr.Multiaddr] = []
+    listening: list[tuple[int, int]] = []
     for address in record.addrs[: 4 * MAX_ADDRS_PER_RECORD]:
-        dialable = _dialable(address, signer, observed_ip)
+        dialable = _dialable(address, signer, reach)
+        if isinstance(dialable, tuple):  # 0.0.0.0 or ::, which only the first-hand IP fills in place
+            listening.append(dialable)
+            dialable = (substitute(signer, [dialable], observed_ip, reach) or [None])[0] if first_hand else None
         if dialable is not None and dialable not in addrs:
             addrs.append(dialable)
-    if not addrs:
+    hinted = [] if first_hand else substitute(signer, listening, observed_ip, reach)
+    if not first_hand and (_ip_or_none(observed_ip) is None or not within_reach(str(observed_ip), reach)):
+        observed_ip = None  # a hint out of reach is neither used nor passed on
+    if not addrs and not hinted:
         raise BadRecord(f"record of {str(signer)[:16]} has no dialable /ip4|ip6/.../tcp/... or relayed address")
-    return KnownPeer(signer, addrs[:MAX_ADDRS_PER_RECORD], record.seq, envelope, observed_ip)
+    return KnownPeer(
+        signer,
+        addrs[:MAX_ADDRS_PER_RECORD],
+        record.seq,
+        envelope,
+        observed_ip,
+        hinted=hinted[:MAX_ADDRS_PER_RECORD],
+        listening=listening[:MAX_ADDRS_PER_RECORD],
+        first_hand=first_hand,
+    )
 
 
-def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -> multiaddr.Multiaddr | None:
-    """`address` as we would dial it, or None: /ip4|ip6/<ip>/tcp/<port>[/p2p/<peer>], or a relayed
-    /ip4|ip6/<ip>/tcp/<port>/p2p/<relay>/p2p-circuit[/p2p/<peer>]."""
+def substitute(peer: ID, listening: list[tuple[int, int]], ip: str | None, reach: str) -> list[multiaddr.Multiaddr]:
+    """`peer`'s unspecified listen addresses ((IP version, port) pairs) at `ip`, if `ip` is of
+    that version and within `reach`."""
+    hint = _ip_or_none(ip)
+    if hint is None or hint.is_unspecified or hint.is_multicast or not within_reach(str(hint), reach):
+        return []
+    family = "ip4" if hint.version == 4 else "ip6"
+    return [
+        multiaddr.Multiaddr(f"/{family}/{hint}/tcp/{port}/p2p/{peer.to_base58()}")
+        for version, port in listening
+        if version == hint.version
+    ]
+
+
+def within_reach(ip: str, reach: str) -> bool:
+    """Whether an address at `ip` may come from a source as near as `reach` (see `_NEARNESS`)."""
+    return _NEARNESS[address_scope(ip)] >= _NEARNESS.get(reach, 2)
+
+
+def _dialable(address: multiaddr.Multiaddr, peer: ID, reach: str) -> multiaddr.Multiaddr | tuple[int, int] | None:
+    """`address` as we would dial it: /ip4|ip6/<ip>/tcp/<port>/p2p/<peer>, or a relayed
+    /ip4|ip6/<ip>/tcp/<port>/p2p/<relay>/p2p-circuit/p2p/<peer>; (IP version, port) for an
+    unspecified IP, which only an observed IP can fill; None if it is none of these, or
+    nearer than `reach` allows."""
     text = str(address)
     if "/p2p-circuit" in text:
         head, _, tail = text.partition("/p2p-circuit")
@@ -104,10 +177,10 @@ def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -
         try:
             relay = ID.from_base58(relay_text)
             # The hint is the IP *this peer* connected from, not its relay's: never substitute.
-            relay_address = _ip_tcp(multiaddr.Multiaddr(transport), observed_ip, substitute=False)
+            relay_address = _ip_tcp(multiaddr.Multiaddr(transport), reach)
         except Exception:  # noqa: BLE001 - a malformed address is simply not dialable
             return None
-        if relay == peer or relay_address is None:
+        if relay == peer or not isinstance(relay_address, multiaddr.Multiaddr):
             return None
         return multiaddr.Multiaddr(f"{relay_address}/p2p/{relay.to_base58()}/p2p-circuit/p2p/{peer.to_base58()}")
     if "/p2p/" in text:
@@ -115,14 +188,16 @@ def _dialable(address: multiaddr.Multiaddr, peer: ID, observed_ip: str | None) -
         if named != peer.to_base58():
             return None
     try:
-        direct = _ip_tcp(multiaddr.Multiaddr(text), observed_ip, substitute=True)
+        direct = _ip_tcp(multiaddr.Multiaddr(text), reach)
     except Exception:  # noqa: BLE001
         return None
-    return None if direct is None else multiaddr.Multiaddr(f"{direct}/p2p/{peer.to_base58()}")
+    if isinstance(direct, multiaddr.Multiaddr):
+        return multiaddr.Multiaddr(f"{direct}/p2p/{peer.to_base58()}")
+    return direct
 
 
-def _ip_tcp(address: multiaddr.Multiaddr, observed_ip: str | None, substitute: bool) -> multiaddr.Multiaddr | None:
-    """`/ip4|ip6/<ip>/tcp/<port>` with an unspecified IP replaced by the hint (if `substitute`)."""
+def _ip_tcp(address: multiaddr.Multiaddr, reach: str) -> multiaddr.Multiaddr | tuple[int, int] | None:
+    """`/ip4|ip6/<ip>/tcp/<port>`, or (IP version, port) if the IP is unspecified."""
     try:
         names = [p.name for p in address.protocols()]
         if names not in (["ip4", "tcp"], ["ip6", "tcp"]):
@@ -133,13 +208,10 @@ def _ip_tcp(address: multiaddr.Multiaddr, observed_ip: str | None, substitute: b
         return None
     if not 0 < port < 65536 or ip.is_multicast or ip.is_reserved:
         return None
-    hint = _ip_or_none(observed_ip)
     if ip.is_unspecified:
-        if not substitute or hint is None or hint.version != ip.version or hint.is_unspecified:
-            return None
-        ip = hint
-    elif ip.is_loopback and hint is not None and not hint.is_loopback:
-        return None  # the peer is not on our machine: its 127.0.0.1 would be ourselves
+        return (ip.version, port)
+    if not within_reach(str(ip), reach):
+        return None  # e.g. a stranger's 127.0.0.1 would be ourselves
     family = "ip4" if ip.version == 4 else "ip6"
     return multiaddr.Multiaddr(f"/{family}/{ip}/tcp/{port}")
 

@@ -85,14 +85,22 @@ def test_only_tcp_addresses_of_the_signer_are_kept():
     assert len(check_record(many, None).addrs) == MAX_ADDRS_PER_RECORD
 
 
-def test_unspecified_listen_address_takes_the_observed_ip():
+def test_unspecified_listen_address_takes_the_observed_ip_only_first_hand():
     key = create_new_key_pair(b"\x06" * 32)
     me = ID.from_pubkey(key.public_key)
     envelope = sealed(key, ["/ip4/0.0.0.0/tcp/4001"])
-    assert [str(a) for a in check_record(envelope, "172.18.0.7").addrs] == [f"/ip4/172.18.0.7/tcp/4001/p2p/{me}"]
+    # its own record, over its own connection: the IP that connection came from is its address
+    first_hand = check_record(envelope, "172.18.0.7", expect_peer=me)
+    assert [str(a) for a in first_hand.addrs] == [f"/ip4/172.18.0.7/tcp/4001/p2p/{me}"] and first_hand.first_hand
+    # a third party's hint is only a dial candidate, after whatever the owner signed (issue #41)
+    passed_on = check_record(envelope, "172.18.0.7")
+    assert passed_on.addrs == [] and not passed_on.first_hand
+    assert [str(a) for a in passed_on.dial_addrs] == [f"/ip4/172.18.0.7/tcp/4001/p2p/{me}"]
     for hint in (None, "::1", "not an ip", "0.0.0.0"):
         with pytest.raises(BadRecord):
             check_record(envelope, hint)
+        with pytest.raises(BadRecord):
+            check_record(envelope, hint, expect_peer=me)
 
 
 def test_relayed_addresses_are_kept_with_their_relay_and_never_take_the_hint():
