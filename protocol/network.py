@@ -39,7 +39,7 @@ from sapo.protocol.exchange.older_releases import OlderReleases
 from sapo.protocol.exchange.pubsub_guards import cut_off_banned, queue_ban
 from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.peers.peer_protocols import PeerProtocols, quiet_refusals
-from sapo.protocol.reach.connections import ConnectionManager, has_joined, must_stay
+from sapo.protocol.reach.connections import ConnectionManager, dialled_beside, has_joined, must_stay
 from sapo.protocol.reach.dialing import BootstrapKeeper, Dialer
 from sapo.protocol.reach.reachability import Reachability, ReachabilityService
 from sapo.protocol.reach.relay import RelayService, Reservations
@@ -335,6 +335,7 @@ def _services(
         max_tracked=settings.max_tracked_peers,
         gate=gate,
         dialer=dialer,
+        dialled=partial(dialled_beside, host, bootstrap_ids),
     )
     discovery.attach()  # answer requests even with discovery off
     outbox = Outbox()

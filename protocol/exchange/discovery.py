@@ -55,7 +55,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.exchange.peer_table import PeerTable, Source
 from sapo.protocol.toolkit import streams
-from sapo.protocol.toolkit.hosts import address_scope, open_peers, reached_group
+from sapo.protocol.toolkit.hosts import address_scope, dialled_peers, open_peers, reached_group
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.streams import Request, ServeLimits, StreamServer
 from sapo.protocol.wire.peer_records import (
@@ -113,9 +113,14 @@ class PeerDiscovery:
         max_tracked: int,
         gate: PeerGate,
         dialer: Dials,
+        dialled: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.key_pair = key_pair
+        # Links we opened ourselves (the bootstrap peers aside, network.py): discovery dials until
+        # `target` of them are open. Links strangers open to us do not count, or a node that
+        # strangers connect to would dial nobody and know only what they tell it.
+        self.dialled = dialled or (lambda: len(dialled_peers(host)))
         self.addresses = addresses
         self.target = target
         self.interval = interval
@@ -178,7 +183,7 @@ class PeerDiscovery:
             if connected:
                 await self.dial_some()
             fruitless = 0 if len(self.table) > known or not connected else fruitless + 1
-            if len(open_peers(self._host)) >= self.target:
+            if self.dialled() >= self.target:
                 wait = self.interval
             else:
                 # Short of peers: ask again soon, but after a few empty answers back off, or a
@@ -216,9 +221,9 @@ class PeerDiscovery:
             self._learn(envelope, observed_ip, source, remote_ip, own=False)
 
     async def dial_some(self) -> None:
-        """Dial random known, unconnected, dialable peers until `target` are connected."""
+        """Dial random known, unconnected, dialable peers until we have dialled `target`."""
         connected = set(open_peers(self._host))
-        need = self.target - len(connected)
+        need = self.target - self.dialled()
         if need <= 0:
             return
         now = self.clock()

@@ -11,10 +11,14 @@ the swarm back into 0.3.0's flood (issue #41). Now:
   HEARD_SECONDS, that it signed itself. That costs what an honest 0.3.0 node does anyway (it
   publishes its groups every round); a stranger that connects and says it cannot fetch costs us
   nothing, and one that publishes must make groups that pass every check.
-- **Only to them.** In fetch mode our router sends a message on the rollouts topic only to the
-  established older releases subscribed to it, never to the mesh, and keeps no copy in the
-  message cache, so nobody else is offered it (IHAVE) or can ask for it (IWANT). Nodes of this
-  release refuse such a group unasked anyway (pubsub_guards.py); now it never reaches them.
+- **Only to them, and only ours.** In fetch mode our router sends our own groups on the rollouts
+  topic only to at most MAX_READERS established older releases subscribed to it (the most
+  recently heard), never to the mesh, skips a reader whose send queue is backed up, and keeps no
+  copy in the message cache, so nobody else is offered it (IHAVE) or can ask for it (IWANT). It
+  forwards nobody else's message on that topic: a stranger posing as an older release cannot
+  make a node an amplifier of its own messages (an attack on issue #41's first version had one
+  key's 40 messages leave a node 520 times, and 8 stalled readers hold 204 MB). Nodes of this
+  release refuse such a group unasked anyway (pubsub_guards.py).
 """
 
 from __future__ import annotations
@@ -39,6 +43,13 @@ LEGACY_AFTER_SECONDS = 30.0
 HEARD_SECONDS = 600.0
 # Older releases whose accepted groups we remember; the least recent make way.
 MAX_HEARD = 1024
+# Older releases our groups go to at once (the most recently heard): GossipSub sends a message to
+# at most D_high (12) peers; one copy each to more readers than that would make strangers who
+# publish a group every 10 minutes a fan-out of ours.
+MAX_READERS = 8
+# A reader whose send queue holds this many RPCs is skipped: a reader that stops reading (a
+# stalled process) costs us a few of our groups' bytes, not a copy of every group we publish.
+MAX_QUEUED = 4
 
 
 class OlderReleases:
@@ -53,8 +64,10 @@ class OlderReleases:
         self._heard: BoundedMap[ID, float] = BoundedMap(MAX_HEARD)  # author -> when a group of its own was accepted
 
     def is_older(self, peer: ID) -> bool:
-        """Connected, and identify lists gossip but not `/sapo/groups/1`."""
-        return is_legacy(self.gate, self.gossip_protocol, peer)
+        """Connected now, and identify lists gossip but not `/sapo/groups/1` (what identify said
+        is remembered for a while after a peer leaves; a departed one is nobody's older release)."""
+        connections = self.host.get_network().get_connections(peer)
+        return any(not c.is_closed for c in connections) and is_legacy(self.gate, self.gossip_protocol, peer)
 
     def heard(self, author: str) -> None:
         """The intake accepted a group `author` signed and put on the rollouts topic."""
@@ -66,15 +79,21 @@ class OlderReleases:
             self._heard.put(peer, self.clock())
 
     def readers(self) -> list[ID]:
-        """The established older releases connected now: those our groups go on the topic for."""
+        """The established older releases connected now, at most MAX_READERS of them, the most
+        recently heard first: those our groups go on the topic for."""
         now = self.clock()
+        heard = sorted(
+            ((when, peer) for peer in open_peers(self.host) if (when := self._heard.get(peer)) is not None),
+            key=lambda pair: pair[0],
+            reverse=True,
+        )
         return [
             peer
-            for peer in open_peers(self.host)
-            if now - self._heard.get(peer, -HEARD_SECONDS) < HEARD_SECONDS
+            for when, peer in heard
+            if now - when < HEARD_SECONDS
             and self.is_older(peer)
             and connected_seconds(self.host, peer) >= LEGACY_AFTER_SECONDS
-        ]
+        ][:MAX_READERS]
 
 
 class RolloutsForOlderReleases(GossipSub):
@@ -90,11 +109,16 @@ class RolloutsForOlderReleases(GossipSub):
         if self.readers is None or self.rollouts_topic not in pubsub_msg.topicIDs or self.pubsub is None:
             await super().publish(msg_forwarder, pubsub_msg)
             return
-        # Not in the message cache: nobody else is offered it or may ask for it.
         pubsub = self.pubsub
+        if pubsub_msg.from_id != pubsub.my_id.to_bytes():
+            return  # only our own groups: we forward nobody's (older releases have their own mesh)
+        # Not in the message cache: nobody else is offered it or may ask for it.
         subscribed = pubsub.peer_topics.get(self.rollouts_topic, set())
-        skip = {msg_forwarder, ID(pubsub_msg.from_id)}
-        to = [peer for peer in self.readers() if peer in subscribed and peer in pubsub.peers and peer not in skip]
+        to = [
+            peer
+            for peer in self.readers()
+            if peer in subscribed and peer in pubsub.peers and len(pubsub.peer_queues.get(peer, ())) < MAX_QUEUED
+        ]
         if not to:
             return
         rpc = rpc_pb2.RPC(publish=[pubsub_msg])

@@ -59,9 +59,16 @@ class PeerPolicy:
         # libp2p numbers an author's publishes (8 bytes, big-endian): the gaps in what an author
         # sends us itself show how fast it really publishes (peer_guard.py: not what others forward).
         seqno = int.from_bytes(msg.seqno, "big") if 0 < len(msg.seqno) <= 8 else None
-        verdict = self.guard.admit(msg.from_id, seqno, direct=forwarder.to_bytes() == msg.from_id)
+        direct = forwarder.to_bytes() == msg.from_id
+        highest = self.guard.highest_seqno(msg.from_id)
+        verdict = self.guard.admit(msg.from_id, seqno, direct=direct)
         if verdict == "rate_limited" and self.guard.is_banned(msg.from_id):
             self._banned(ID(msg.from_id), verdict)
+        # The signature was checked for nothing, or for a replay: its forwarder pays (peer_guard.py).
+        if verdict == "replayed" or (verdict == "rate_limited" and not direct):
+            self.penalize(forwarder, "wasted_check")
+        elif verdict is None and seqno is not None and highest is not None and seqno <= highest:
+            self.penalize(forwarder, "replay")
         return verdict
 
     def penalize(self, peer_id: ID, reason: str) -> None:

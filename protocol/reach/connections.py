@@ -6,11 +6,13 @@ Why: nothing capped a node's connections, and every node kept its seed links for
 (issue #41, docs/bench/scale.md).
 
 How (go-libp2p's connection manager, and Bitcoin Core's inbound eviction, in small):
-- Every CHECK_SECONDS, a node with more than `high` peers connected closes links down to
-  `low`. Never one younger than GRACE_SECONDS (it has not had the chance to be useful), and
-  never a protected one: a relay we hold a slot on, a peer holding a slot on us, a relayed link
-  (relayed_links.py would dial it again at once), or a bootstrap peer while this node has not
-  joined yet (fewer than `joined` other peers).
+- Every CHECK_SECONDS, a node with more than `high` links that have lasted GRACE_SECONDS closes
+  them down to `low`. Younger links (they have not had the chance to be useful) and protected
+  ones are neither counted nor closed: a relay we hold a slot on, a peer holding a slot on us
+  (bounded by --relay-max-reservations), a relayed link (relayed_links.py would dial it again at
+  once), or a bootstrap peer while this node has not joined yet (dialled fewer than `joined`
+  other peers). Young links others opened from one network group past YOUNG_PER_GROUP are
+  closed at once, so remaking links cannot hold many places either.
 - Links others opened to us go first, and each one is taken from the network group (IPv4 /16,
   IPv6 /32, or "local") that holds the most of the candidates, so that what stays is spread over
   as many groups as there were: a block of addresses that opened many links loses them first.
@@ -36,7 +38,7 @@ from libp2p.network.connection_pruner import get_connection_direction
 from libp2p.peer.id import ID
 from libp2p.rcmgr import Direction
 
-from sapo.protocol.toolkit.hosts import connection_age, direct_ip, is_relayed, network_group, open_peers
+from sapo.protocol.toolkit.hosts import connection_age, dialled_peers, direct_ip, is_relayed, network_group, open_peers
 
 logger = logging.getLogger("sapo.gossip")
 
@@ -45,6 +47,9 @@ CHECK_SECONDS = 5.0
 GRACE_SECONDS = 30.0
 # Links closed at once: a node far over `high` comes down over a few checks, not in one cliff.
 MAX_CLOSED_PER_CHECK = 32
+# Young links others opened from one network group (IPv4 /16, IPv6 /32) at once; more are closed at
+# the next check. The "local" group (our host, our LAN: a local swarm is all of it) has no cap.
+YOUNG_PER_GROUP = 8
 CLOSE_TIMEOUT_SECONDS = 2.0
 
 
@@ -78,26 +83,37 @@ class ConnectionManager:
             await self.trim()
 
     def surplus(self) -> list[ID]:
-        """The peers to close now (none while at most `high` are connected)."""
-        peers = open_peers(self.host)
-        if len(peers) <= self.high:
-            return []
-        need = min(len(peers) - self.low, MAX_CLOSED_PER_CHECK)
+        """The peers to close now: young links others opened past YOUNG_PER_GROUP from one
+        network group, and, while more than `high` links past their grace are open, enough of
+        those to come down to `low`. Links under their grace and protected ones are not counted:
+        a stranger that keeps remaking links cannot push the node over its watermark and make it
+        close the links that have lasted, which are the honest ones (an attack on the first
+        version closed every honest link and the seed that way)."""
         now = self.clock()
         inbound: list[tuple[ID, str]] = []
         outbound: list[tuple[ID, str]] = []
-        for peer in peers:
+        young: dict[str, list[ID]] = {}
+        for peer in open_peers(self.host):
             links = [c for c in self.host.get_network().get_connections(peer) if not c.is_closed]
             if not links or self.protected(peer) or any(is_relayed(c) for c in links):
-                continue
-            if min(connection_age(c, now) for c in links) < GRACE_SECONDS:
                 continue
             ip = direct_ip(self.host, peer)
             group = network_group(ip) if ip is not None else "unknown"
             theirs = all(get_connection_direction(c) == Direction.INBOUND for c in links)
+            if min(connection_age(c, now) for c in links) < GRACE_SECONDS:
+                if theirs:
+                    young.setdefault(group, []).append(peer)
+                continue
             (inbound if theirs else outbound).append((peer, group))
-        return _from_the_largest_groups(inbound, need) + _from_the_largest_groups(
-            outbound, need - min(need, len(inbound))
+        crowding = [peer for group, peers in young.items() if group != "local" for peer in peers[YOUNG_PER_GROUP:]]
+        lasted = len(inbound) + len(outbound)
+        if lasted <= self.high:
+            return crowding
+        need = min(lasted - self.low, MAX_CLOSED_PER_CHECK)
+        return (
+            crowding
+            + _from_the_largest_groups(inbound, need)
+            + _from_the_largest_groups(outbound, need - min(need, len(inbound)))
         )
 
     async def trim(self) -> int:
@@ -123,10 +139,16 @@ def must_stay(relay: Any, bootstrap_ids: set[ID], joined: Callable[[], bool], pe
 
 
 def has_joined(host: Any, bootstrap_ids: set[ID], target: int) -> bool:
-    """Whether a node is connected to `target` peers besides its bootstrap peers: from then on
-    its seeds are peers like any other (trimmed, and not dialled again). Never, with discovery
-    off (`target` 0): then the seeds are all it has."""
-    return target > 0 and sum(peer not in bootstrap_ids for peer in open_peers(host)) >= target
+    """Whether a node has dialled `target` peers besides its bootstrap peers, and is connected to
+    them: from then on its seeds are peers like any other (trimmed, and not dialled again). Only
+    links it opened count: strangers who connect to it cannot make it let its seeds go. Never,
+    with discovery off (`target` 0): then the seeds are all it has."""
+    return target > 0 and dialled_beside(host, bootstrap_ids) >= target
+
+
+def dialled_beside(host: Any, bootstrap_ids: set[ID]) -> int:
+    """How many peers besides the bootstrap ones we have dialled and are still connected to."""
+    return sum(peer not in bootstrap_ids for peer in dialled_peers(host))
 
 
 def _from_the_largest_groups(candidates: list[tuple[ID, str]], need: int) -> list[ID]:
@@ -147,4 +169,4 @@ def _from_the_largest_groups(candidates: list[tuple[ID, str]], need: int) -> lis
     return chosen
 
 
-__all__ = ["ConnectionManager", "has_joined", "must_stay"]
+__all__ = ["ConnectionManager", "dialled_beside", "has_joined", "must_stay"]

@@ -33,9 +33,10 @@ from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.host.basic_host import BasicHost
 from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import RetryConfig
+from libp2p.network.connection_pruner import get_connection_direction
 from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
-from libp2p.rcmgr import new_resource_manager
+from libp2p.rcmgr import Direction, new_resource_manager
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -86,6 +87,20 @@ def open_peers(host: Any) -> list[ID]:
         peer
         for peer in host.get_connected_peers()
         if any(not connection.is_closed for connection in network.get_connections(peer))
+    ]
+
+
+def dialled_peers(host: Any) -> list[ID]:
+    """Peers we opened a connection to ourselves that is still open: the links no stranger
+    chose, which a node keeps enough of (discovery's `target`) so that strangers who connect to
+    it cannot be all it has (Bitcoin Core's outbound connections)."""
+    network = host.get_network()
+    return [
+        peer
+        for peer in open_peers(host)
+        if any(
+            not c.is_closed and get_connection_direction(c) == Direction.OUTBOUND for c in network.get_connections(peer)
+        )
     ]
 
 

@@ -19,7 +19,6 @@ XFAIL(strict) on c9a18d3: the assertion is what a fix must make true (honest lin
 from __future__ import annotations
 
 import multiaddr
-import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -59,7 +58,6 @@ async def churning_attacker(nursery, target: str, links: int, every: float, made
         nursery.start_soon(one, host, i * every / links)
 
 
-@pytest.mark.xfail(strict=True, reason="ATTACK c9a18d3: young-link churn trims every honest link and the seed")
 async def test_young_links_made_again_and_again_do_not_trim_every_honest_link(monkeypatch):
     monkeypatch.setattr(connections, "GRACE_SECONDS", GRACE)
     monkeypatch.setattr(connections, "CHECK_SECONDS", 0.5)
