@@ -1,12 +1,11 @@
 """The node's network as one value: `async with open_network(settings, key_pair, incoming) as net`.
 
 `open_network` builds, in this order, the py-libp2p 0.8.1 host, its GossipSub pubsub with the
-guards 0.8.1 lacks (protocol/exchange/pubsub_guards.py), the NAT services (reachability, relay), discovery and the
-keeper of relayed links, runs them in a nursery it owns, and yields a ready `Network`: what the
-exchange uses (share, want, publish, refusal, penalize, network group), and one `status()` for
-the page. When the block ends the
-nursery is cancelled and the host closed. Nothing of a `Network` is missing while it is up;
-there is no half-built state to guard against.
+guards 0.8.1 lacks (protocol/exchange/pubsub_guards.py), the NAT services (reachability, relay),
+discovery and the keeper of relayed links, runs them in a nursery it owns, and yields a ready
+`Network`: what the exchange uses (share, want, refused_fetched, publish, refusal, penalize,
+network group), and one `status()` for the page. When the block ends the nursery is cancelled
+and the host closed. Nothing of a `Network` is missing while it is up: no half-built state.
 
 Every workaround below is for a measured sharp edge of py-libp2p 0.8.1 (protocol/README.md,
 "Transport"), which is why pyproject pins `libp2p==0.8.1`.
@@ -53,6 +52,7 @@ from sapo.protocol.toolkit.hosts import (
     open_peers,
     peer_place,
     reached_group,
+    speaks,
 )
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.wire.group_wire import PROTOCOL_ID as GROUPS_PROTOCOL_ID
@@ -164,6 +164,10 @@ class Network:
         arrive on `incoming` by the fetch route. Nothing with `exchange="gossip"`: the topic brings all."""
         if self.settings.exchange == "fetch":
             self.fetcher.want(count)
+
+    def refused_fetched(self, count: int) -> None:
+        """The node refused `count` fetched groups: the fetcher owes them again (within its retries)."""
+        self.fetcher.refused_fetched(count)
 
     def legacy_peers(self) -> list[str]:
         """The older releases (before 0.4.0: they read the rollouts topic and cannot fetch) our
@@ -395,8 +399,9 @@ def _authors(host: Any, gate: PeerGate, delivery: Delivery, discovery: PeerDisco
 async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryReceiveChannel[ID]) -> None:
     """Run the network's services in `nursery`, in the order they were built."""
     settings, relay = network.settings, network.relay
+    known, dials_back = network.discovery.addrs_of, partial(speaks, network.host, protocol=GROUPS_PROTOCOL_ID)
     links = RelayedLinks(
-        network.host, relay.slots(), dialer=network.dialer, gate=network.gate, known_addrs=network.discovery.addrs_of
+        network.host, relay.slots(), dialer=network.dialer, gate=network.gate, known_addrs=known, dials_back=dials_back
     )
     nursery.start_soon(cut_off_banned, bans, network.host, network.discovery, settings.close_timeout_seconds)
     await nursery.start(relay.run)

@@ -139,13 +139,15 @@ def group_encoder(
 
 class GossipPort(Protocol):
     """What the exchange needs of the network (protocol/network.py's `Network`): share our groups,
-    ask for others', publish log-probs, who is connected, whether an author is banned, where an
-    author's connection comes from, whether its groups come on the topic by right, and what the
-    intake accepted."""
+    ask for others' (and say which of those it could not use), publish log-probs, who is
+    connected, whether an author is banned, where an author's connection comes from, whether its
+    groups come on the topic by right, and what the intake accepted."""
 
     async def share(self, frame: bytes, round_index: int) -> bool: ...
 
     def want(self, count: int) -> None: ...
+
+    def refused_fetched(self, count: int) -> None: ...
 
     async def publish(self, data: bytes, topic: str | None = None) -> bool: ...
 
@@ -202,20 +204,27 @@ class GossipExchange:
         so that a flooder's backlog does not hold up everyone else's frames. An accepted group
         earns its author standing only if this node asked for it (`provenance`), and its author is
         placed in the network group its connection comes from, so that keys behind one address
-        or one relay share one budget (sampling/standing.py)."""
+        or one relay share one budget (sampling/standing.py). A fetched group that is not kept is
+        told to the network, whose fetcher then asks for another in its place (so a round's want
+        fills with groups the node can train on, not with frames that came)."""
         limiter = trio.CapacityLimiter(1)
         shared = logprobs_topic(self.encoder.swarm)
         intake = self.memory.intake
         async for arrival in incoming:
             sender = arrival.sender  # the signer, or the author a fetch asked
+            fetched = arrival.route == "fetch"
             if self.network.refusal_bytes(_peer_bytes(sender)) == "banned":
                 self.counters.rejected["banned"] += 1
+                if fetched:
+                    self.network.refused_fetched(1)
                 continue
             logprobs = arrival.route == "gossip" and arrival.topic == shared
             accept = intake.accept_logprobs if logprobs else intake.accept
             verdict = await trio.to_thread.run_sync(accept, arrival.data, sender, arrival.received_at, limiter=limiter)
             if verdict.refusal is not None:
                 self.network.penalize_sender(sender, verdict.refusal)
+            if fetched and verdict.group is None:
+                self.network.refused_fetched(1)
             if verdict.group is not None:
                 self.network.accepted(arrival)
                 source = self.provenance(arrival)

@@ -15,10 +15,19 @@ How:
   Authors are drawn from every peer this node knows, a network group first and then an author in
   it (draw.py), so minting keys buys no more of the draw: its connections and discovery's
   table of signed peer records, which discovery keeps refreshing from random peers, so the draw
-  reaches past the neighbours to the whole swarm. Unconnected authors are dialled (through a relay if that is what their
-  record says), and at most FETCH_LINGER such links are kept; older ones are closed.
-  An author answers only for itself: Noise authenticated the stream's peer, and the node's
-  intake refuses a group whose sender is not that peer. So no one can serve another's group.
+  reaches past the neighbours to the whole swarm. Unconnected authors are dialled (through a
+  relay if that is what their record says); at most FETCH_LINGER such links stay open, the least
+  recently used closed first, relayed ones too (the dialer's `hang_up`: neither end dials them
+  back, protocol/reach/relayed_links.py), so relay-only authors take turns. An author answers
+  only for itself: Noise authenticated the stream's peer, and the node's intake refuses a group
+  whose sender is not that peer. So no one can serve another's group.
+- No author can stall it (issue #41): one deadline per author (AUTHOR_SECONDS) for its dial,
+  whatever its record names, and its request; a pass counts on an author for HEDGE_SECONDS and
+  then draws another beside it, and never waits for its stragglers (fetch_pass.py); an author
+  that failed is left out of the draw for a while; and the one breaker is our own loop's lag
+  (protocol/toolkit/loop_lag.py), not a remote's silence.
+- It owes what the node kept: `refused_fetched(count)` (from the exchange, of groups its intake
+  refused) makes them owed again, and the want's few retries ask for them.
 - What comes back goes to the node as what it is, an `Arrival` by the fetch route from its
   author (protocol/exchange/arrivals.py), on the channel gossip's messages take, through the same intake
   checks, which charge a bad group to its author as they always have.
@@ -34,18 +43,20 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import multiaddr
 import trio
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.exchange.arrivals import Arrival
 from sapo.protocol.exchange.draw import draw_order
+from sapo.protocol.exchange.fetch_links import FetchLinks, Links
+from sapo.protocol.exchange.fetch_pass import Failures, InFlight
 from sapo.protocol.toolkit import streams
 from sapo.protocol.toolkit.frames import FrameError
 from sapo.protocol.toolkit.hosts import open_peers
+from sapo.protocol.toolkit.loop_lag import LoopLag
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.protocol.toolkit.streams import Request, ServeLimits, StreamServer
 from sapo.protocol.wire.group_wire import (
@@ -65,7 +76,7 @@ from sapo.training.bounded import BoundedMap
 
 logger = logging.getLogger("sapo.fetch")
 
-# One request/response, stream open included (a dial has its own bound, protocol/reach/dialing.py).
+# One request/response, stream open included (the asker's whole author has AUTHOR_SECONDS).
 STREAM_TIMEOUT_SECONDS = 5.0
 # Requests one peer may make in a row, then one per SERVE_INTERVAL: an honest node asks each
 # author about once a round.
@@ -86,19 +97,31 @@ FETCH_CONCURRENCY = 16
 # Links dialled only to fetch that stay open (a later round may draw the author again); beyond
 # this the oldest is closed, so a node's connections do not grow with the swarm.
 FETCH_LINGER = 8
-# A fetch that came back short is tried again after this long, at most RETRIES times, unless the
-# next round's `want` replaces it first (its authors may not have published yet).
-RETRY_SECONDS = 2.0
+# A fetch that came back short, or whose groups the node refused, is tried again after this long
+# (doubling), at most RETRIES times, unless the next round's `want` replaces it first (its
+# authors may not have published yet; the node's checks take milliseconds a group).
+RETRY_SECONDS = 1.0
 RETRIES = 2
-# Passes over fresh authors in one fetch before waiting for the retry.
-PASSES = 3
-# A request that timed out means a loop (ours, or the author's) is too busy to finish a stream's
-# negotiation. A new connection then adds about eight more negotiations and the Noise handshake,
-# and past FETCH_LINGER it hangs up a link already paid for: in a 64-node swarm starved of CPU
-# that turned a minute's overload into several (docs/bench/scale.md). So for this long after a
-# timeout a fetch asks only over open links, and a pass that brought nothing but timeouts ends
-# the fetch.
-OVERLOAD_SECONDS = 10.0
+# One deadline per author for everything: the dial, whatever its record names (its direct
+# addresses, then one relayed address), and the request. An honest author answers at once or
+# holds the request up to HOLD_SECONDS; one that holds it longer, or whose record names only
+# dead addresses (eight of them took 10 + 7 x 15 s of dial timeouts, issue #41), is a failed
+# author, not a reason to wait (fetch_links.py tries a record's addresses within it).
+AUTHOR_SECONDS = 5.0
+# An author out for this long no longer counts towards what a pass still owes: another is drawn
+# beside it (it may still answer, and its groups are handed all the same). A pass draws at most
+# DRAW_FACTOR times the authors its groups need, and at least MIN_DRAWN if it must (a swarm where
+# most of those drawn fail takes more than one extra), at most FETCH_CONCURRENCY out at once,
+# for at most PASS_SECONDS; those still out then finish on their own deadline.
+HEDGE_SECONDS = 1.0
+DRAW_FACTOR = 2
+MIN_DRAWN = 8
+PASS_SECONDS = 8.0
+# An author that failed us (no answer within its deadline, a dial that failed, a broken answer)
+# is left out of the draw this long, twice as long for each failure in a row, at most the
+# second; an answer forgets it. A timeout while our own loop is behind is not held against it.
+FAILED_SKIP_SECONDS = 30.0
+FAILED_SKIP_MAX_SECONDS = 600.0
 # Groups asked of each drawn author. A node publishes its I local groups a round (2 in make
 # run), so two a request halves the requests and, where the author must be dialled, the new
 # connections (about 60-75 ms of CPU each against 5 ms for a request on an open link,
@@ -158,22 +181,11 @@ class Author:
     group: str = ""
 
 
-class Links(Protocol):
-    """What the fetcher needs of the network's dialer (protocol/reach/dialing.py)."""
-
-    async def dial(self, info: PeerInfo) -> bool:
-        """One bounded dial, unless the gate refuses the peer: whether it is connected after."""
-        ...
-
-    def keeps(self, peer: ID) -> bool:
-        """A link that is not a fetch's to close (bootstrap peers, relays, relayed links)."""
-        ...
-
-
 class GroupFetcher:
     """Brings groups on `want(count)`: from authors drawn by network group from `authors()`,
-    handed to `hand` as `Arrival`s by the fetch route. The network passes in its host, its `gate`
-    (who may be asked, which peers lack the protocol, the counters), its dialer (`links`), and
+    handed to `hand` as `Arrival`s by the fetch route; `refused_fetched(count)` tells it that the
+    node refused some, which are then owed again. The network passes in its host, its `gate` (who
+    may be asked, which peers lack the protocol, the counters), its dialer (`links`), and
     `dial_failed`, which tells discovery of an author its record did not lead to."""
 
     def __init__(
@@ -193,52 +205,78 @@ class GroupFetcher:
         self.max_message_bytes = max_message_bytes
         self.gate = gate
         self.count = gate.count
-        self.links = links
         self.authors = authors
         self.hand = hand
         self.dial_failed = dial_failed  # discovery backs the author's record off, and drops it after a few
-        send, self._wants = trio.open_memory_channel[int](1)
-        self._send_want = send
+        self.loop_lag = LoopLag()  # ours: the only overload that stops our dials
         # the newest round we hold from each author, so that it sends each group once
         self._newest: BoundedMap[ID, int] = BoundedMap(MAX_TRACKED_ASKERS)
-        self._dialled: BoundedMap[ID, None] = BoundedMap(FETCH_LINGER)  # links we opened to fetch, oldest first
+        self._links = FetchLinks(host, links, self.count, linger=FETCH_LINGER, most=FETCH_LINGER + FETCH_CONCURRENCY)
         self._asked: BoundedMap[ID, float] = BoundedMap(MAX_TRACKED_ASKERS)  # when we last asked each author
-        self._kept: set[ID] = set()  # links we opened that `links.keeps`: not ours to close
-        self._timeouts = 0  # requests that timed out, ever
-        self._calm_until = -math.inf  # no dials before this (OVERLOAD_SECONDS after a timeout)
+        self._failures = Failures(MAX_TRACKED_ASKERS, FAILED_SKIP_SECONDS, FAILED_SKIP_MAX_SECONDS)
+        self._out = InFlight(HEDGE_SECONDS)  # authors asked and not yet heard back from, every pass's
+        self._wanted = 0  # the size of the latest want
+        self._owed = 0  # of it, groups not yet brought, or brought and refused by the node
+        self._new_want = False  # a want came that no pass has started on
+        self._brought = 0  # groups brought, ever
+        self._news = trio.Event()  # set (and replaced) when a want comes or an author is done
 
     def want(self, count: int) -> None:
-        """Fetch `count` groups soon; a want still waiting is replaced, not added to."""
+        """Fetch `count` groups soon. A want replaces the last one, not adds to it; a pass under
+        way takes it up at once, and the next pass starts on it with a fresh draw."""
         if count <= 0:
             return
-        try:
-            self._send_want.send_nowait(count)
-        except trio.WouldBlock:
-            pass  # one is waiting: its fetch will run, and the next round asks again
+        self._wanted = self._owed = count
+        self._new_want = True
+        self._tell()
+
+    def refused_fetched(self, count: int) -> None:
+        """The node refused `count` of the groups we brought (no signal, stale, a repeat...): they
+        are owed again, up to the latest want's size, and the want's retries ask for them."""
+        self._owed = min(self._owed + max(0, count), self._wanted)
+        self._tell()
+
+    def _tell(self) -> None:
+        self._news.set()
+        self._news = trio.Event()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        wanted, retries = 0, 0  # groups still owed from the last want, and tries left for them
-        dials = 0  # dials left to the current want
-        delay = RETRY_SECONDS
-        while True:
-            with trio.move_on_after(delay if wanted > 0 and retries > 0 else math.inf) as waiting:
-                wanted = await self._wants.receive()
-                retries, dials, delay = RETRIES, wanted, RETRY_SECONDS
-            if waiting.cancelled_caught:
-                retries -= 1
-                delay *= 2  # a node too busy to get its groups should not answer with more work
-            if wanted > 0:
-                got, dialled = await self.fetch(wanted, dials)
-                wanted, dials = wanted - got, dials - dialled
+        """Serve wants until cancelled; authors still out when a pass ends go on in this nursery."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.loop_lag.run)
+            task_status.started()
+            while True:
+                while not self._new_want:
+                    await self._news.wait()
+                await self._serve_want(nursery)
 
-    async def fetch(self, count: int, dials: int) -> tuple[int, int]:
-        """Up to `count` groups, GROUPS_PER_AUTHOR from each of authors drawn uniformly, dialling
-        at most `dials` of them; how many groups came and how many authors were dialled. A want's dials are
-        bounded by its groups: a short fetch is retried, and were each retry to dial afresh, a
-        node whose dials time out (its loop busy) would only dial more."""
+    async def _serve_want(self, nursery: trio.Nursery) -> None:
+        """Passes for the latest want: the first at once, then, while groups are still owed, at
+        most RETRIES more, RETRY_SECONDS apart and doubling (a node too busy to get its groups
+        should not answer with more work), unless another want comes first. The want's dials
+        are bounded by its groups: were each retry to dial afresh, a node whose dials fail
+        would only dial more."""
+        dials, delay = self._wanted, RETRY_SECONDS
+        for _ in range(1 + RETRIES):
+            self._new_want = False
+            _, dialled = await self.fetch(self._owed, dials, nursery)
+            dials -= dialled
+            with trio.move_on_after(delay):  # the node's checks refuse some of what came meanwhile
+                while not self._new_want:
+                    await self._news.wait()
+            if self._owed <= 0 or self._new_want:
+                return
+            delay *= 2
+
+    async def fetch(self, count: int, dials: int, nursery: trio.Nursery) -> tuple[int, int]:
+        """One pass for `count` groups, GROUPS_PER_AUTHOR from each of authors drawn by network group,
+        dialling at most `dials` of them: how many groups came during it, and how many authors
+        it dialled. Authors still out when it ends go on in `nursery`. While our own loop is
+        behind (`loop_lag`), a pass asks only over open links."""
+        self._wanted, self._owed = max(self._wanted, count), count
         now = time.monotonic()
-        if now < self._calm_until:
+        if self.loop_lag.behind():
+            self.count("fetch_calm", 1)
             dials = 0
         connected = set(open_peers(self.host))
         pool = [
@@ -246,76 +284,92 @@ class GroupFetcher:
             for a in self.authors()
             if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
             and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
+            and not self._failures.skips(a.peer_id, now)
+            and a.peer_id not in self._out
         ]
         # a network group first, then an author in it (draw.py); `pool.pop()` takes from the end
         pool = draw_order(pool, lambda author: author.group)[::-1]
-        got = dialled = 0
-        for _ in range(PASSES):
-            if got >= count or not pool:
-                break
-            need = count - got
-            chosen: list[Author] = []
-            while pool and len(chosen) * GROUPS_PER_AUTHOR < need:
-                author = pool.pop()
-                if author.peer_id not in connected:
-                    if dialled >= dials:
-                        continue  # past the want's dials: the draw goes on among open links
-                    dialled += 1
-                chosen.append(author)
-            if not chosen:
-                break
-            per_author = min(MAX_GROUPS_PER_RESPONSE, math.ceil(need / len(chosen)))
-            results: list[int] = []
-            limiter = trio.CapacityLimiter(FETCH_CONCURRENCY)
-            timeouts = self._timeouts
-            async with trio.open_nursery() as nursery:
-                for author in chosen:
-                    nursery.start_soon(self._fetch_one, author, per_author, limiter, results)
-            got += sum(results)
-            if self._timeouts > timeouts:
-                if not sum(results):
-                    break  # overloaded: more passes would only add requests
-                dials = dialled  # and no more dials in this one
+        got, dialled = await self._pass(pool, connected, dials, nursery)
+        await self._links.close_spare()
         return got, dialled
 
-    async def _fetch_one(self, author: Author, max_groups: int, limiter: trio.CapacityLimiter, out: list[int]) -> None:
-        async with limiter:
-            if not await self._connect(author):
+    async def _pass(self, pool: list[Author], connected: set[ID], dials: int, nursery: trio.Nursery) -> tuple[int, int]:
+        """Draw authors from `pool` (from its end) while the groups owed are more than those out
+        may still bring, each counted on for HEDGE_SECONDS; at most max(MIN_DRAWN, DRAW_FACTOR
+        times the authors the groups need), and FETCH_CONCURRENCY out at once. End when nothing
+        is owed, or no one is counted on and no one more may be drawn, or after PASS_SECONDS:
+        what is owed then waits for a retry, and those still out may yet bring it."""
+        brought, dialled, drawn = self._brought, 0, 0
+        most = max(MIN_DRAWN, DRAW_FACTOR * math.ceil(self._owed / GROUPS_PER_AUTHOR))
+        with trio.move_on_after(PASS_SECONDS):
+            while self._owed > 0:
+                news, now = self._news, time.monotonic()
+                while pool and drawn < most and len(self._out) < FETCH_CONCURRENCY:
+                    owed = self._owed - self._out.expected(now)
+                    if owed <= 0:
+                        break
+                    author = pool.pop()
+                    if author.peer_id in self._out:
+                        continue  # drawn since the pool was made
+                    if author.peer_id not in connected:
+                        if dialled >= dials or self.loop_lag.behind():
+                            continue  # past the want's dials: the draw goes on among open links
+                        dialled += 1
+                    # a small pool is asked for more a request, so that it can cover the want
+                    spread = max(GROUPS_PER_AUTHOR, math.ceil(owed / (len(pool) + 1)))
+                    groups = min(MAX_GROUPS_PER_RESPONSE, owed, spread)
+                    self._out.add(author.peer_id, groups, now)
+                    drawn += 1
+                    nursery.start_soon(self._fetch_one, author, groups)
+                wait = self._out.until_hedge(now)
+                if wait == math.inf:
+                    break  # no one counted on, and no one more to draw
+                with trio.move_on_after(wait):
+                    await news.wait()
+        return self._brought - brought, dialled
+
+    async def _fetch_one(self, author: Author, max_groups: int) -> None:
+        """Connect to `author`, whatever its record names, and ask it, both within AUTHOR_SECONDS;
+        hand on what it brings. An author that gives no answer is left out of the draw for a
+        while (`Failures`), unless our own loop is behind: then the fault is probably ours."""
+        groups: list[ServedGroup] | None = None
+        try:
+            with trio.move_on_after(AUTHOR_SECONDS) as deadline:
+                if await self._connect(author):
+                    after = self._newest.get(author.peer_id, -1)
+                    groups = await self._ask(author.peer_id, GroupRequest(self.swarm, after, max_groups))
+            if deadline.cancelled_caught:
+                self.count("fetch_timeouts", 1)
+            if groups is None:
+                if not self.loop_lag.behind():
+                    self._failures.failed(author.peer_id, time.monotonic())
                 return
-            request = GroupRequest(self.swarm, after=self._newest.get(author.peer_id, -1), max_groups=max_groups)
-            groups = await self._ask(author.peer_id, request)
-        for group in groups:
-            self._remember(author.peer_id, group.round_index)
-            self.count("fetch_bytes", len(group.frame))
-            self.hand(Arrival.fetched(author.peer_id.to_base58(), group.frame, time.time()))
-        self.count("fetch_groups", len(groups))
-        out.append(len(groups))
+            self._failures.answered(author.peer_id)
+            self._links.used(author.peer_id)
+            for group in groups:
+                self._remember(author.peer_id, group.round_index)
+                self.count("fetch_bytes", len(group.frame))
+                self.hand(Arrival.fetched(author.peer_id.to_base58(), group.frame, time.time()))
+            self.count("fetch_groups", len(groups))
+            self._owed -= len(groups)
+            self._brought += len(groups)
+        finally:
+            self._out.done(author.peer_id)
+            self._tell()
 
     async def _connect(self, author: Author) -> bool:
-        connected = set(open_peers(self.host))
-        if author.peer_id in connected:
+        if author.peer_id in set(open_peers(self.host)):
             return True
-        # A relayed link is never closed here (both ends would dial it again, protocol/reach/relayed_links.py),
-        # so at most FETCH_LINGER of those we opened stay open; past that, relay-only authors
-        # wait until one closes.
-        self._kept &= connected
-        if len(self._kept) >= FETCH_LINGER and all(is_relayed_addr(a) for a in author.addrs):
-            self.count("fetch_relayed_full", 1)
-            return False
         self.count("fetch_dials", 1)
-        if not author.addrs or not await self.links.dial(PeerInfo(author.peer_id, list(author.addrs))):
+        if not await self._links.dial(author.peer_id, author.addrs):
             self.count("fetch_failed", 1)
             self.dial_failed(author.peer_id)
             return False
-        if self.links.keeps(author.peer_id):
-            self._kept.add(author.peer_id)
-            return True
-        evicted = self._dialled.put(author.peer_id, None)
-        if evicted is not None and not self.links.keeps(evicted[0]):
-            await self._hang_up(evicted[0])
+        await self._links.opened(author.peer_id)
         return True
 
-    async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup]:
+    async def _ask(self, peer: ID, request: GroupRequest) -> list[ServedGroup] | None:
+        """Its answer, or None if it gave none we could read."""
         self.count("fetch_requests", 1)
         self._asked.put(peer, time.monotonic())
         try:
@@ -332,25 +386,12 @@ class GroupFetcher:
             self.count("fetch_bad_response", 1)
             logger.info("peer %s answered a group request badly: %s", peer, error)
         except Exception as error:  # noqa: BLE001 - a peer that cannot answer is just not heard from
-            if isinstance(error, trio.TooSlowError):  # our deadline: a loop (ours or its) too busy
-                self._timeouts += 1
-                self._calm_until = time.monotonic() + OVERLOAD_SECONDS
+            if isinstance(error, trio.TooSlowError):
                 self.count("fetch_timeouts", 1)
-            if not self.gate.refused(peer, PROTOCOL_ID, error):
+            elif not self.gate.refused(peer, PROTOCOL_ID, error):
                 self.count("fetch_failed", 1)
                 logger.debug("fetching groups from %s failed: %s: %s", peer, type(error).__name__, error)
-        return []
+        return None
 
     def _remember(self, peer: ID, round_index: int) -> None:
         self._newest.put(peer, max(round_index, self._newest.get(peer, -1)))
-
-    async def _hang_up(self, peer: ID) -> None:
-        with trio.move_on_after(1.0):
-            try:
-                await self.host.disconnect(peer)
-            except Exception as error:  # noqa: BLE001 - already gone is fine
-                logger.debug("closing the fetch link to %s failed: %s", peer, error)
-
-
-def is_relayed_addr(address: multiaddr.Multiaddr) -> bool:
-    return "/p2p-circuit" in str(address)

@@ -13,8 +13,8 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.reach.addresses import AddressError, resolve_peer_address
 from sapo.protocol.settings import NetworkSettings
-from sapo.protocol.toolkit.hosts import is_relayed
 from sapo.protocol.toolkit.peer_gate import PeerGate
+from sapo.training.bounded import BoundedMap
 
 if TYPE_CHECKING:
     from sapo.protocol.reach.relay import RelayService
@@ -28,6 +28,10 @@ CONNECTION_CHECK_SECONDS = 0.5
 DIAL_TIMEOUT_SECONDS = 10.0
 # Bound on resolving one DNS bootstrap address (OS resolver, or a /dnsaddr TXT lookup).
 DNS_TIMEOUT_SECONDS = 10.0
+# Peers we hung up on and have not dialled since, remembered so that no one dials them back.
+MAX_HUNG_UP = 1024
+# A polite close of a link we are done with; a peer that does not take it is left to time out.
+HANG_UP_SECONDS = 1.0
 
 
 def is_connected(network: Any, peer_id: ID) -> bool:
@@ -77,7 +81,9 @@ class Dialer:
     bounded dial (directly, else through a relay), never of a peer the gate refuses, and one per
     peer at a time (discovery and the relayed-link keeper may want the same peer at once, and two
     circuits to one peer are one too many: a second caller waits for the first dial and shares
-    its outcome). It also knows which links a fetch must not close (`keeps`)."""
+    its outcome). It also knows which links a fetch must not close (`keeps`), and closes the others
+    for it (`hang_up`), remembering them so that relayed_links.py does not dial them again
+    (`hung_up`, until we dial the peer ourselves)."""
 
     def __init__(self, host: Any, relay: RelayService, gate: PeerGate, bootstrap_ids: set[ID]) -> None:
         self.host = host
@@ -85,11 +91,13 @@ class Dialer:
         self.gate = gate
         self.bootstrap_ids = bootstrap_ids  # filled by the bootstrap keeper as it resolves `peers`
         self._pending: dict[ID, trio.Event] = {}
+        self._hung_up: BoundedMap[ID, None] = BoundedMap(MAX_HUNG_UP)
 
     async def dial(self, info: PeerInfo) -> bool:
         """Whether `info.peer_id` is connected after one bounded dial (False if the gate refuses it)."""
         if self.gate.refusal(info.peer_id) is not None:
             return False
+        self._hung_up.pop(info.peer_id)  # wanted again: a link that ends now is worth recovering
         pending = self._pending.get(info.peer_id)
         if pending is not None:
             await pending.wait()
@@ -105,10 +113,22 @@ class Dialer:
         return error is None
 
     def keeps(self, peer: ID) -> bool:
-        """A link a fetch must not close: to a bootstrap peer, a relay we hold a slot on, or
-        relayed (relayed_links.py would dial it again at once)."""
-        connections = self.host.get_network().get_connections(peer)
-        return peer in self.bootstrap_ids or peer in self.relay.reservations or any(is_relayed(c) for c in connections)
+        """A link a fetch must not close: to a bootstrap peer, or a relay we hold a slot on."""
+        return peer in self.bootstrap_ids or peer in self.relay.reservations
+
+    async def hang_up(self, peer: ID) -> None:
+        """Close every connection to `peer`, on purpose: a relayed one is not dialled again
+        (relayed_links.py asks `hung_up`; the peer's end leaves a link it did not dial to us)."""
+        self._hung_up.put(peer, None)
+        with trio.move_on_after(HANG_UP_SECONDS):
+            try:
+                await self.host.disconnect(peer)
+            except Exception as error:  # noqa: BLE001 - already gone is fine
+                logger.debug("closing the link to %s failed: %s", peer, error)
+
+    def hung_up(self, peer: ID) -> bool:
+        """Whether we closed our links to `peer` on purpose and have not dialled it since."""
+        return peer in self._hung_up
 
 
 class BootstrapKeeper:

@@ -12,8 +12,13 @@ So `RelayedLinks` watches the host's connections (a libp2p network notifee) and:
   through a relay (the one that carried it, or any other it is known at; discovery's record
   first), least-cutting relay first, with back-off (0.5 s doubling to 30 s, at most 8 tries).
   Both ends notice the cut; the end that dialled the lost circuit dials again at once, the end
-  that accepted it only if the link is still down a few seconds later (a standard libp2p peer
-  never dials again), so that two nodes of ours open one new circuit, not two;
+  that accepted it only if the link is still down a few seconds later and its peer is not a node
+  of this release (a standard libp2p peer never dials again; a node of ours dials back what it
+  dialled, unless it closed the link on purpose), so that two nodes of ours open one new
+  circuit, not two;
+- a link we closed on purpose (a fetch done with an author, group_fetch.py, through the dialer's
+  `hang_up`) is not dialled again, so a node can close the relayed links it opened, as it closes
+  its direct ones, without both ends bringing them back;
 - when the direct connection to a relay we hold a slot on closes, wakes the reservation keeper
   (relay.py), which reserves on another relay if there is one, and on this one again once the
   bootstrap keeper or discovery has dialled it back;
@@ -23,7 +28,8 @@ So `RelayedLinks` watches the host's connections (a libp2p network notifee) and:
   relay that keeps cutting circuits early is used last.
 
 Counts: `relayed_links_lost`, `relayed_redials`, `relayed_links_recovered`,
-`relayed_redial_gave_up`, and on the relay's side `relay_circuits_limited` (relay_guards.py).
+`relayed_redial_gave_up`, `relayed_links_let_go` (closed on purpose, or left to the end that
+dialled it), and on the relay's side `relay_circuits_limited` (relay_guards.py).
 """
 
 from __future__ import annotations
@@ -148,15 +154,19 @@ class _ForwardCloses(INotifee):
 
 class Dials(Protocol):
     """What relayed links need of the network's dialer (dialing.py): one bounded dial, the gate's
-    refusals checked there."""
+    refusals checked there, and whether we hung up on a peer on purpose."""
 
     async def dial(self, info: PeerInfo) -> bool: ...
+
+    def hung_up(self, peer: ID) -> bool: ...
 
 
 class RelayedLinks:
     """Recovers relayed links that end (see the module docstring); `run()` it in the network's
     nursery (network.py). The `gate` says whom not to dial again (protocol/toolkit/peer_gate.py) and counts;
-    `known_addrs(peer)` is what discovery's record of it says."""
+    `known_addrs(peer)` is what discovery's record of it says; `dials_back(peer)`, whether the peer
+    is a node that dials its own lost links again (one of this release), so that a link it
+    dialled is left to it."""
 
     def __init__(
         self,
@@ -166,12 +176,14 @@ class RelayedLinks:
         dialer: Dials,
         gate: PeerGate,
         known_addrs: Callable[[ID], list[multiaddr.Multiaddr]],
+        dials_back: Callable[[ID], bool] = lambda peer: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host = host
         self.relay = relay
         self.dialer = dialer
         self.known_addrs = known_addrs
+        self.dials_back = dials_back
         self.gate = gate
         self.count = gate.count
         self.clock = clock
@@ -198,6 +210,11 @@ class RelayedLinks:
         if not link.relayed:
             if self.relay.holds(link.peer):
                 self.relay.lost(link.peer)  # our relay slot there is gone with it
+            return
+        if self.dialer.hung_up(link.peer) or (not link.dialled and self.dials_back(link.peer)):
+            # we closed it on purpose; or its peer, which opened it, brings it back if it wants
+            # it (and closed it itself if it did not): nothing here to recover
+            self.count("relayed_links_let_go")
             return
         self.count("relayed_links_lost")
         if link.peer not in self._redialling and self.gate.may_use(link.peer):

@@ -144,6 +144,14 @@ def direct_peers(host: Any) -> list[ID]:
     ]
 
 
+def speaks(host: Any, peer: ID, protocol: str) -> bool:
+    """Whether `peer`'s identify listed `protocol` (the peerstore keeps it after the peer leaves)."""
+    try:
+        return protocol in host.get_peerstore().get_protocols(peer)
+    except Exception:  # noqa: BLE001 - a peer never identified
+        return False
+
+
 def connection_addresses(host: Any) -> dict[str, list[str]]:
     """The transport address of each open connection, per connected peer (base58)."""
     network = host.get_network()

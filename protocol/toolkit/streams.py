@@ -21,7 +21,8 @@ task, a stream and our CPU, so `StreamServer` spends them on one rule for all th
   (`<name>_bad_request`).
 
 `ask` is the asking side: one stream, one request, one answer of at most `max_reply_bytes`,
-everything from opening the stream within `seconds`, the stream closed after. A deadline
+everything from opening the stream within `seconds`, the stream closed after (reset, if it
+brought no answer, whoever gave up on it: a cancelled caller too). A deadline
 surfaces as `trio.TooSlowError`, by type: libp2p's own stream negotiation gives up only after
 10 s, so within our shorter deadline ours is the only timeout there is.
 
@@ -236,16 +237,21 @@ async def ask(host: Any, peer: ID, protocol_id: str, request: bytes, *, max_repl
     `FrameError` for an answer out of bounds, and what libp2p raised otherwise (a peer lacking
     the protocol: peer_protocols.refused_protocol tells)."""
     stream = None
+    answered = False
     try:
         with trio.fail_after(seconds):
             stream = await host.new_stream(peer, [protocol_id])
             await stream.write(request)
             payload = await read_frame(stream, max_reply_bytes)
+        answered = True
         return Reply(payload, remote_ip(stream))
     finally:
         if stream is not None:
-            with trio.move_on_after(CLOSE_SECONDS):
-                await close_stream(stream)
+            # Shielded: an asker that gives up (its caller's deadline) still ends the stream, and
+            # one the peer never answered is reset, or a peer that holds its end keeps ours too.
+            with trio.move_on_after(CLOSE_SECONDS) as cleanup:
+                cleanup.shield = True
+                await (close_stream(stream) if answered else reset_stream(stream))
 
 
 def remote_ip(stream: Any) -> str | None:

@@ -4,6 +4,7 @@ A node's groups reach a peer that asks, from its outbox, once each; they do not 
 unless an older release is connected; an author the asker knows only from discovery is dialled;
 frames are bounded before they are read, and a peer that asks too often is refused."""
 
+import time
 from functools import partial
 
 import msgpack
@@ -12,6 +13,7 @@ import trio
 
 from sapo.protocol.exchange import group_fetch
 from sapo.protocol.exchange.group_fetch import GROUPS_PER_AUTHOR, SERVE_BURST
+from sapo.protocol.toolkit.loop_lag import BEHIND_SECONDS
 from sapo.protocol.wire.group_wire import (
     MAX_GROUPS_PER_RESPONSE,
     PROTOCOL_ID,
@@ -190,26 +192,52 @@ async def test_an_author_known_only_from_discovery_is_dialled_and_asked():
             nursery.cancel_scope.cancel()
 
 
-async def test_after_a_request_times_out_a_node_asks_only_over_open_links(monkeypatch):
-    """An overloaded loop times out: new connections would add work and hang up links already
-    paid for, so for a while the fetcher does not dial, and a pass of only timeouts ends."""
-    monkeypatch.setattr(group_fetch, "STREAM_TIMEOUT_SECONDS", 0.5)
+async def stall(stream) -> None:
+    """A `/sapo/groups/1` handler that takes the request and never answers."""
+    await trio.sleep_forever()
 
-    async def stall(stream) -> None:  # a hub too busy to answer
-        await trio.sleep_forever()
 
+async def test_an_author_that_holds_its_stream_fails_alone_and_a_node_with_an_idle_loop_still_dials():
+    """Holding a request open used to trip an overload breaker: no dials for 10 s, and the pass
+    ended. Now it costs the holder its place in the draw, and nothing else: the breaker is the
+    node's own loop lag, and the loop here is idle."""
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             _, far, asker = await far_author(nursery, hub_handler=stall)
             fetcher = asker.service.fetcher
-            # the hub, the one author linked, times out; the far one would need a dial, and none is allowed
-            assert await fetcher.fetch(2, dials=0) == (0, 0)
-            assert asker.counters["fetch_timeouts"] == 1
-            # so the next fetch, which may dial, does not: it would have brought "from afar"
-            # (test_an_author_known_only_from_discovery_is_dialled_and_asked)
-            assert await fetcher.fetch(2, dials=2) == (0, 0)
+            started = trio.current_time()
+            # the hub, the one author linked, holds the request; the far one would need a dial
+            assert await fetcher.fetch(2, 0, nursery) == (0, 0)
+            with trio.fail_after(group_fetch.AUTHOR_SECONDS + 5):
+                while not asker.counters.get("fetch_timeouts"):
+                    await trio.sleep(0.05)
+            assert trio.current_time() - started < group_fetch.AUTHOR_SECONDS + 2  # its deadline, no more
+            assert not fetcher.loop_lag.behind() and "fetch_calm" not in asker.counters
+            # so the next pass dials the far author, and leaves the hub out (it failed us)
+            got = []
+            with trio.fail_after(10):
+                while not got:
+                    await fetcher.fetch(2, 2, nursery)
+                    with trio.move_on_after(1.0):
+                        got.append(await asker.inbox.receive())
+            assert (got[0].sender, got[0].data) == (far.service.peer_id, b"from afar")
+            assert asker.counters["fetch_requests"] == 2  # the hub's one request, and the far author's
+            nursery.cancel_scope.cancel()
+
+
+async def test_while_the_nodes_own_loop_is_behind_a_fetch_dials_no_one():
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            _, far, asker = await far_author(nursery)
+            fetcher = asker.service.fetcher
+            time.sleep(0.8)  # noqa: ASYNC251 - on purpose: the whole loop stalls, as a node starved of CPU does
+            with trio.fail_after(2):
+                while not fetcher.loop_lag.behind():
+                    await trio.sleep(0.05)
+            assert fetcher.loop_lag.worst >= BEHIND_SECONDS
+            await fetcher.fetch(2, 2, nursery)
+            assert asker.counters["fetch_calm"] == 1 and "fetch_dials" not in asker.counters
             assert far.service.peer_id not in asker.service.connected_peers()
-            assert "fetch_dials" not in asker.counters
             nursery.cancel_scope.cancel()
 
 

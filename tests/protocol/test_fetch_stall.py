@@ -1,0 +1,157 @@
+"""A fetcher no author can stall (issue #41), over real py-libp2p on 127.0.0.1.
+
+An author whose record names eight dead addresses, or that takes a request and never answers,
+costs one bounded deadline and is then left out of the draw; a pass takes what has come and
+draws others beside its stragglers; the groups a node is owed are those it accepted, not the
+frames that came; and the relayed links a node opens to fetch take turns, so eight relay-only
+Sybils cannot keep a relay-only honest author out. The swarm is bench/fetch_stall.py's, the one
+its benchmark measures."""
+
+import pytest
+import trio
+from libp2p.peer.id import ID
+
+from bench import fetch_stall
+from sapo.protocol.exchange import group_fetch
+from sapo.protocol.exchange.fetch_pass import Failures, InFlight
+from sapo.protocol.reach.relayed_links import ACCEPTOR_WAIT_SECONDS
+from tests.support.gossip import start_node
+from tests.support.relay import PRIVATE, kinds, wait_until
+
+ROUNDS, ROUND_SECONDS = 6, 4.0
+
+
+def peer(n: int) -> ID:
+    return ID(bytes([0, 1, n]))
+
+
+# --- the bookkeeping, alone ----------------------------------------------------------------------
+
+
+def test_an_author_out_is_counted_on_only_until_its_hedge():
+    out = InFlight(hedge_seconds=1.0)
+    out.add(peer(1), 2, now=10.0)
+    out.add(peer(2), 1, now=10.5)
+    assert out.expected(10.6) == 3 and out.until_hedge(10.6) == pytest.approx(0.4)
+    assert out.expected(11.2) == 1 and out.until_hedge(11.2) == pytest.approx(0.3)  # the first is a straggler now
+    assert out.expected(12.0) == 0 and out.until_hedge(12.0) == float("inf")
+    assert peer(1) in out and len(out) == 2  # still out: it may answer yet
+    out.done(peer(1))
+    assert peer(1) not in out and len(out) == 1
+
+
+def test_a_failing_author_is_skipped_longer_each_time_and_forgotten_once_it_answers():
+    failures = Failures(capacity=2, skip_seconds=30.0, most_seconds=100.0)
+    failures.failed(peer(1), now=0.0)
+    assert failures.skips(peer(1), 29.0) and not failures.skips(peer(1), 30.0)
+    failures.failed(peer(1), now=30.0)
+    assert failures.skips(peer(1), 89.0) and not failures.skips(peer(1), 90.0)  # 60 s the second time
+    for _ in range(50):
+        failures.failed(peer(1), now=90.0)
+    assert failures.skips(peer(1), 189.0) and not failures.skips(peer(1), 190.0)  # at most 100 s
+    failures.answered(peer(1))
+    assert not failures.skips(peer(1), 91.0)
+    for n in range(2, 5):
+        failures.failed(peer(n), now=0.0)
+    assert len(failures) == 2 and not failures.skips(peer(2), 1.0)  # bounded: the oldest made way
+
+
+# --- real swarms ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arm", ["dead", "holding"])
+async def test_a_node_accepts_its_j_groups_a_round_beside_authors_that_stall(arm):
+    """(a) four authors whose signed records name 8 addresses that accept TCP and never speak (on
+    main each cost 10 + 7 x 15 s, and a pass waited for its slowest); (b) four that take a request
+    and never answer (on main each tripped a 10 s breaker and ended the pass). The node asks for
+    groups_wanted(4) = 6 a round; one author's groups are flat, refused by the intake."""
+    with trio.fail_after(ROUNDS * ROUND_SECONDS + 60):
+        run = await fetch_stall.run_swarm(arm, ROUNDS, ROUND_SECONDS)
+    assert fetch_stall.share_of_j(run.accepted) >= 0.9, run
+    assert run.network.get("fetch_timeouts", 0) >= 2, run.network  # the stalling authors were drawn
+    assert run.rejected.get("no_signal", 0) >= 2, run.rejected  # and flat groups came, and were made up for
+
+
+async def test_groups_the_node_refuses_are_asked_for_again():
+    """Three of six authors publish only flat groups: a want counted in frames that came gets about
+    half of J; counted in groups the node accepted, its retries make up the rest."""
+    with trio.fail_after(ROUNDS * ROUND_SECONDS + 60):
+        run = await fetch_stall.run_swarm("flat", ROUNDS, ROUND_SECONDS)
+    assert fetch_stall.share_of_j(run.accepted) >= 0.9, run
+    assert run.rejected.get("no_signal", 0) >= 2 * ROUNDS, run.rejected
+
+
+async def test_relay_only_authors_take_turns_so_eight_sybils_cannot_keep_an_honest_one_out():
+    """Eight relay-only Sybils are drawn first and fill the eight places a node keeps for links it
+    opened to fetch. Those links were never closed (both ends would dial them again), so every
+    relay-only author after them was passed over (`fetch_relayed_full`). Now the oldest is closed
+    when a new one is opened, and neither end dials it back."""
+    fetching = {"exchange": "fetch"}
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            relay = await start_node(nursery, relay="on", reachability="public", **fetching)
+            sybils = [await start_node(nursery, peers=[relay.addr], **PRIVATE, **fetching) for _ in range(8)]
+            honest = await start_node(nursery, peers=[relay.addr], **PRIVATE, **fetching)
+            # hole punching off, as on the private side: on loopback it reaches their real addresses
+            asker = await start_node(nursery, peers=[relay.addr], discover_peers=0, hole_punching=False, **fetching)
+            private = [*sybils, honest]
+            await wait_until(lambda: all(p.service.status().relayed_addrs for p in private), 30)
+            await wait_until(lambda: relay.service.peer_id in asker.service.connected_peers(), 10)
+            for sybil in sybils:  # their records, as discovery would bring them: relayed addresses only
+                asker.service.discovery._learn(sybil.service.discovery.own_record(), None)
+
+            asker.service.want(16)  # eight authors at once: every Sybil is dialled through the relay
+            await wait_until(lambda: all(kinds(asker, s) == {True} for s in sybils), 30)
+
+            assert await honest.service.share(b"honest, behind NAT", 0)
+            asker.service.discovery._learn(honest.service.discovery.own_record(), None)
+            got = []
+            with trio.fail_after(40):
+                while not got:
+                    asker.service.want(2)
+                    with trio.move_on_after(2.0):
+                        got.append(await asker.inbox.receive())
+            assert (got[0].route, got[0].sender, got[0].data) == (
+                "fetch",
+                honest.service.peer_id,
+                b"honest, behind NAT",
+            )
+            assert kinds(asker, honest) == {True}  # over a circuit: it has no other address
+
+            # the pass that brought it closes the oldest link once it ends: nine were open
+            await wait_until(lambda: asker.counters.get("fetch_links_closed", 0) >= 1, 15)
+            closed = asker.counters["fetch_links_closed"]
+            await trio.sleep(ACCEPTOR_WAIT_SECONDS + 2)  # long enough for either end to dial back
+            linked = [p for p in private if kinds(asker, p)]
+            assert len(linked) <= group_fetch.FETCH_LINGER, len(linked)
+            assert "relayed_redials" not in asker.counters
+            assert not any(s.counters.get("relayed_redials") for s in private)
+            assert asker.counters.get("relayed_links_let_go", 0) >= closed
+            assert sum(s.counters.get("relayed_links_let_go", 0) for s in sybils) >= closed
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_held_stream_is_reset_when_the_asker_gives_up():
+    """A stream the author never answered is reset, not left half-closed for the author to hold."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            holder = await start_node(nursery, exchange="fetch")
+            ended = trio.Event()
+
+            async def hold(stream) -> None:
+                try:
+                    while await stream.read(1024):
+                        pass
+                except Exception:  # noqa: BLE001 - the reset we wait for
+                    pass
+                ended.set()
+
+            holder.service.host.set_stream_handler(group_fetch.PROTOCOL_ID, hold)
+            asker = await start_node(nursery, peers=[holder.addr], exchange="fetch")
+            await wait_until(lambda: holder.service.peer_id in asker.service.connected_peers(), 10)
+            asker.service.want(2)
+            with trio.fail_after(group_fetch.AUTHOR_SECONDS + 5):
+                await ended.wait()
+            assert asker.counters["fetch_timeouts"] == 1
+            assert not asker.counters.get("fetch_groups")
+            nursery.cancel_scope.cancel()
