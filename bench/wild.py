@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=OUT, help="rows go to OUT/rows.jsonl, appended")
     p.add_argument("--smoke", action="store_true", help="10 nodes, 2 processes, 3 minutes")
     p.add_argument("--stranger", action="store_true", help="16 nodes, no churn; a gossip-only stranger joins")
-    p.add_argument("--window-seconds", type=float, default=120.0, help="--stranger: each measured window")
+    p.add_argument("--window-seconds", type=float, default=300.0, help="--stranger: each measured window")
     p.add_argument("--report", action="store_true", help="only the tables, from OUT's rows")
     p.add_argument("--run", default=None, help="--report: this run (default: the newest)")
     p.add_argument("--cleanup", action="store_true", help=f"delete namespaces named {wild_net.PREFIX}*")

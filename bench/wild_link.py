@@ -69,6 +69,7 @@ class Link:
 
 
 LINK = Link()
+_ORIGINALS: dict[str, object] = {}  # what install() replaced, for uninstall()
 
 
 def meter_for(ip: str) -> NodeMeter:
@@ -134,6 +135,7 @@ def install(delay_s: float) -> None:
         return
     original_read, original_write, original_close = TrioTCPStream.read, TrioTCPStream.write, TrioTCPStream.close
     original_dial = TCP.dial
+    _ORIGINALS.update(read=original_read, write=original_write, close=original_close, dial=original_dial)
 
     def owner(stream) -> NodeMeter | None:
         meter = stream.__dict__.get("_wild_meter", False)
@@ -209,6 +211,18 @@ def install(delay_s: float) -> None:
     read.wild = True  # type: ignore[attr-defined]
     TrioTCPStream.read, TrioTCPStream.write, TrioTCPStream.close = read, write, close  # type: ignore[method-assign]
     TCP.dial = dial  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """py-libp2p's own TCP stream and transport again (for a test sharing its process)."""
+    from libp2p.io.trio import TrioTCPStream
+    from libp2p.transport.tcp.tcp import TCP
+
+    if _ORIGINALS:
+        TrioTCPStream.read, TrioTCPStream.write = _ORIGINALS["read"], _ORIGINALS["write"]  # type: ignore[method-assign]
+        TrioTCPStream.close, TCP.dial = _ORIGINALS["close"], _ORIGINALS["dial"]  # type: ignore[method-assign]
+        _ORIGINALS.clear()
+    LINK.meters.clear()
 
 
 def _final(value: bytes | BaseException) -> bytes:
