@@ -178,6 +178,8 @@ def run(args: argparse.Namespace, command: str) -> str:
         finally:
             wild_net.remove(prefix)
         rows = [json.loads(line) for k in range(args.processes) for line in _lines(Path(plan["rows"].format(process=k)))]
+    if failed:
+        raise SystemExit(f"processes {failed} failed: no rows written (their logs are above)")
     header = {
         "kind": "run", "run": plan["run"], "plan": {k: v for k, v in plan.items() if k not in ("lives", "rows", "seeds")},
         "loss": loss, "failed_processes": failed, "load_before": load_before, "load_after": round(os.getloadavg()[0], 2),

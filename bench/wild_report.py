@@ -17,6 +17,7 @@ from bench.text_table import print_rows
 T, ACCEPTED, FRESH, TAKEN, LINKS, CPU, IN, OUT = range(8)
 # Must-show 6 and issue #31's scale goal.
 COVERAGE_GOAL, NEWCOMER_GOAL_S, CORE_GOAL, BYTES_GOAL, STRANGER_GOAL = 0.95, 15.0, 0.05, 100_000, 0.10
+PACE_ROUND_S = 10.0  # make run's round, at which the scale goal is set
 
 
 def load(out: Path, run: str | None) -> tuple[dict, list[dict]]:
@@ -73,6 +74,7 @@ def node_figures(row: dict, start: float, end: float, j: int) -> dict | None:
         "in_s": (rounds[-1][IN] - rounds[0][IN]) / seconds,
         "out_s": (rounds[-1][OUT] - rounds[0][OUT]) / seconds,
         "cpu": (rounds[-1][CPU] - rounds[0][CPU]) / seconds,
+        "cpu_round": (rounds[-1][CPU] - rounds[0][CPU]) / n,
         "steps": n,
     }
 
@@ -120,6 +122,10 @@ def report_wild(header: dict, rows: list[dict]) -> int:
     j, start, end = plan["j"], plan["warmup_s"], plan["end_s"]
     overhead = overhead_per_node(header, processes)
     figures = [f for f in (node_figures(r, start, end, j) for r in nodes) if f is not None]
+    if not figures:
+        print_header(header, nodes, processes)
+        print("no node has two rounds after the warm-up: nothing to report")
+        return 1
     for f in figures:
         f["gets_j_share"] = f["gets_j"] / f["rounds"]
         f["new_j_share"] = f["new_j"] / f["steps"]
@@ -182,15 +188,23 @@ def print_header(header: dict, nodes: list[dict], processes: list[dict]) -> None
 
 def print_must_show_6(header: dict, figures: list[dict], coverage: float, delays: list, seeds: list[dict]) -> None:
     plan = header["plan"]
+    overhead = figures[0]["cpu_all"] - figures[0]["cpu"]
     worst_cpu = max(f["cpu_all"] for f in figures)
     worst_bytes = max(max(f["in_s"], f["out_s"]) for f in figures)
+    # At make run's pace (10 s rounds) a node pays its per-second costs plus a round's work every
+    # 10 s; a round of L >= 10 s holds L s of the per-second costs, so a round's cost / 10 s bounds
+    # it from above (only where every round is that long: time stretched to fit the machine).
+    slowest = min(f["round_s"] for f in figures) >= PACE_ROUND_S
+    bound_cpu = max(f["cpu_round"] / PACE_ROUND_S + overhead for f in figures)
+    bound_bytes = max(max(f["in_round"], f["out_round"]) / PACE_ROUND_S for f in figures)
     reached = [d for d in delays if d is not None]
     in_time = sum(d <= NEWCOMER_GOAL_S for d in reached)
     conditions = (
         plan["nodes"] >= 64 and plan["processes"] >= 2 and plan["delay_s"] * 2000 >= 100 and plan["loss_percent"] >= 1
         and plan["churn_share"] >= 0.1 and plan["churn_seconds"] <= 600 and plan["flat_share"] >= 0.5
     )  # fmt: skip
-    print(f"\nMust-show 6 ({'the full conditions' if conditions else 'NOT the full conditions: a smaller run'}):")
+    stretched = f", rounds stretched to {plan['base_round_s']:g} s" if plan["base_round_s"] > PACE_ROUND_S else ""
+    print(f"\nMust-show 6 ({'the full conditions' if conditions else 'NOT the full conditions: a smaller run'}{stretched}):")
     verdict = [
         ["target", "measured", "met"],
         [f">= {100 * COVERAGE_GOAL:.0f} % of rounds get J", f"{100 * coverage:.1f} %", yes(coverage >= COVERAGE_GOAL)],
@@ -201,6 +215,12 @@ def print_must_show_6(header: dict, figures: list[dict], coverage: float, delays
         [f"CPU <= {100 * CORE_GOAL:g} % of a core, every node", f"max {100 * worst_cpu:.2f} %", yes(worst_cpu <= CORE_GOAL)],
         [f"<= {BYTES_GOAL / 1e3:g} KB/s in and out, every node", f"max {worst_bytes / 1e3:.1f} KB/s", yes(worst_bytes <= BYTES_GOAL)],
     ]  # fmt: skip
+    if plan["base_round_s"] > PACE_ROUND_S and slowest:
+        verdict += [
+            [f"  the same at make run's pace ({PACE_ROUND_S:g} s rounds), upper bound", f"max {100 * bound_cpu:.2f} %",
+             yes(bound_cpu <= CORE_GOAL)],
+            ["", f"max {bound_bytes / 1e3:.1f} KB/s", yes(bound_bytes <= BYTES_GOAL)],
+        ]  # fmt: skip
     print_rows(verdict)
 
 
