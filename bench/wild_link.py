@@ -5,10 +5,10 @@ Many node networks share one process, so a node is a value of the context variab
 in the task that runs it: trio copies a task's context into every task (and worker thread) it
 spawns, py-libp2p's included, so each of them runs "as" that node.
 
-- **CPU per node**: a trio instrument adds each task step's thread CPU to the node of the task's
-  context; worker threads (the intake's checks) are timed where they run (`charge_thread`).
-  What no node's task ran (trio's own scheduling, I/O polling, garbage collection) is the
-  process's, reported beside and shared out evenly.
+- **CPU per node**: the event loop thread's CPU, shared out by sampling which node's task it is
+  stepping (`CpuSampler`); worker threads (the intake's checks) are timed where they run
+  (`charge_thread`). What no node's task ran (trio's own scheduling, I/O polling, garbage
+  collection, the sampler) is the process's, reported beside and shared out evenly.
 - **Bytes per node**: every byte libp2p writes to or reads from a TCP socket, without TCP/IP
   headers, charged to the node whose address the socket is bound to (its local address).
 - **One address per node**: a namespace holds many nodes' addresses, and the kernel would dial
@@ -26,6 +26,7 @@ spawns, py-libp2p's included, so each of them runs "as" that node.
 from __future__ import annotations
 
 import contextvars
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ NODE: contextvars.ContextVar[NodeMeter | None] = contextvars.ContextVar("wild_no
 READ_AHEAD_BYTES = 4 * 1024 * 1024
 
 
-@dataclass
+@dataclass(eq=False)  # one per node life, hashed by identity (the sampler counts by it)
 class NodeMeter:
     """What one node life used: CPU on the event loop and in worker threads, bytes in and out."""
 
@@ -95,22 +96,86 @@ def timed_in_thread(meter: NodeMeter, fn):
     return timed
 
 
-class CpuByNode(trio.abc.Instrument):
-    """Each task step's thread CPU, to the node of the task's context."""
+class CpuSampler:
+    """Which node the event loop works for, sampled by the process's CPU profiling timer, and the
+    loop thread's CPU shared out by the samples.
 
-    def __init__(self) -> None:
-        self.started = 0.0
-        self.attributed = 0.0
+    (A trio instrument timing every task step cost more than the nodes themselves: a thread-CPU
+    clock read is a syscall, and a process of 16 nodes steps tens of thousands of tasks a second.
+    A sampling thread is no better: it gets the GIL where the loop lets go of it, in epoll and
+    socket calls, not where the CPU goes.) SIGPROF comes every `interval` s of the process's CPU
+    and its handler runs on the loop thread, between two bytecodes of whatever it was running:
+    inside a task's step (trio's `unrolled_run` at its `task.context.run` line) the sample is that
+    task's node; in epoll it is idle (a worker thread's CPU set the timer off); anywhere else it
+    is trio's own work, the process's. Every `share_every` samples the loop thread's CPU since the
+    last share is split over the busy samples, and a node's part goes to its meter."""
 
-    def before_task_step(self, task) -> None:
-        self.started = time.thread_time()
+    def __init__(self, interval: float = 0.005, share_every: int = 50):
+        from trio._core import _io_epoll, _run
 
-    def after_task_step(self, task) -> None:
-        meter = task.context.get(NODE)
-        if meter is not None:
-            spent = time.thread_time() - self.started
-            meter.loop_cpu_s += spent
-            self.attributed += spent
+        self.interval, self.share_every = interval, share_every
+        self.run_code = _run.unrolled_run.__code__
+        self.step_line = _step_line(_run.unrolled_run)
+        self.idle_code = _io_epoll.EpollIOManager.get_events.__code__
+        self.attributed = 0.0  # loop CPU given to nodes
+        self.process = 0.0  # loop CPU in trio's own work
+        self.samples = 0
+        self.counts: dict[NodeMeter | None, int] = {}
+        self.last = 0.0
+
+    def start(self) -> None:
+        """On the event loop's thread (the main thread: signal handlers run there)."""
+        self.last = time.thread_time()
+        signal.signal(signal.SIGPROF, self._tick)
+        signal.setitimer(signal.ITIMER_PROF, self.interval, self.interval)
+
+    def stop(self) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
+        self._share()
+
+    def _tick(self, signum, frame) -> None:
+        self.samples += 1
+        if frame is not None and frame.f_code is not self.idle_code:
+            where = self._node_of(frame)
+            self.counts[where] = self.counts.get(where, 0) + 1
+        if self.samples % self.share_every == 0:
+            self._share()
+
+    def _node_of(self, frame) -> NodeMeter | None:
+        """The node whose task the loop is stepping in `frame`'s stack; None: trio's own work."""
+        while frame is not None and frame.f_code is not self.run_code:
+            frame = frame.f_back
+        if frame is None or frame.f_lineno != self.step_line:
+            return None
+        task = frame.f_locals.get("task")
+        return None if task is None else task.context.get(NODE)
+
+    def _share(self) -> None:
+        now = time.thread_time()
+        spent, self.last, counts, self.counts = now - self.last, now, self.counts, {}
+        busy = sum(counts.values())
+        if not busy:
+            self.process += spent
+            return
+        for meter, count in counts.items():
+            part = spent * count / busy
+            if meter is None:
+                self.process += part
+            else:
+                meter.loop_cpu_s += part
+                self.attributed += part
+
+
+def _step_line(unrolled_run) -> int:
+    """The line of trio's run loop that steps a task (trio 0.35: `msg = task.context.run(...)`)."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(unrolled_run)
+    found = [first + i for i, line in enumerate(lines) if "task.context.run(" in line]
+    if len(found) != 1:
+        raise RuntimeError(f"trio's run loop changed: {len(found)} lines step a task; CpuSampler needs one")
+    return found[0]
 
 
 class _ReadAhead:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import trio
 
-from bench.wild_link import LINK, NODE, CpuByNode, NodeMeter, install, meter_for, timed_in_thread
+from bench.wild_link import LINK, NODE, CpuSampler, NodeMeter, install, meter_for, timed_in_thread
 
 COMPLETIONS = 8
 
@@ -230,10 +230,10 @@ def clock_at(plan: dict, seconds: float) -> float:
 
 async def run_process(plan: dict, process: int) -> list[dict]:
     install(plan["delay_s"])
-    cpu = CpuByNode()
-    trio.lowlevel.add_instrument(cpu)
+    cpu = CpuSampler()
     lives: list[Life] = []
     cpu0, wall0, wait0 = time.process_time(), time.time(), cpu_wait_seconds()
+    cpu.start()
     async with trio.open_nursery() as nursery:
         for spec in plan["lives"]:
             if spec["process"] == process:
@@ -241,6 +241,7 @@ async def run_process(plan: dict, process: int) -> list[dict]:
         spec = plan.get("stranger")
         if spec and spec["process"] == process:
             nursery.start_soon(stranger, spec, plan, lives)
+    cpu.stop()
     rows = [life.row() for life in lives]
     for row, life in zip(rows, lives):
         if life.spec.get("peers") is not None:
@@ -255,6 +256,8 @@ async def run_process(plan: dict, process: int) -> list[dict]:
             "waited_s": cpu_wait_seconds() - wait0,
             "wall_s": time.time() - wall0,
             "attributed_loop_s": cpu.attributed,
+            "loop_process_s": cpu.process,  # the loop thread's CPU in trio's own work
+            "samples": cpu.samples,
             "thread_s": sum(life.meter.thread_cpu_s for life in lives),
             "build_s": sum(life.meter.build_cpu_s for life in lives),
             "unowned_bytes": LINK.unowned_bytes,
