@@ -190,14 +190,32 @@ def fit(runs: list[RunMetrics], groups_per_round: int, want: int) -> Model:
 
 
 def fit_fetch(fetch: list[RunMetrics], ys: list[float]) -> list[float]:
-    """[per request, per dial]; a dial's cost is dropped (0) where the runs cannot tell it from a
-    request's (few dials, or a negative fit), rather than let noise set it."""
+    """[per request, per dial], both non-negative (issue #41: the fit used to drop the dial term
+    whenever the two-term fit came out negative anywhere, even when it was the request term that
+    did, which is the most optimistic choice; a non-negative fit keeps whichever explains the runs)."""
     if not fetch:
         return [0.0, 0.0]
-    both = least_squares([[r.requests, r.dials] for r in fetch], ys)
-    if min(both) >= 0:
-        return both
-    return [least_squares([[r.requests] for r in fetch], ys)[0], 0.0]
+    return nonnegative_least_squares([[r.requests, r.dials] for r in fetch], ys)
+
+
+def nonnegative_least_squares(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Coefficients b >= 0 minimising sum (y - b.x)^2, no intercept: the least-squares fit on each
+    subset of the columns, kept if all its coefficients are non-negative, the best of those (exact
+    for the two or three columns here: the optimum is the plain fit on the columns it leaves free)."""
+    k = len(xs[0])
+    best, best_error = [0.0] * k, sum(y * y for y in ys)
+    for mask in range(1, 2**k):
+        columns = [i for i in range(k) if mask >> i & 1]
+        free = least_squares([[x[i] for i in columns] for x in xs], ys)
+        if min(free) < 0:
+            continue
+        b = [0.0] * k
+        for i, value in zip(columns, free):
+            b[i] = value
+        error = sum((y - sum(bi * xi for bi, xi in zip(b, x))) ** 2 for x, y in zip(xs, ys))
+        if error < best_error:
+            best, best_error = b, error
+    return best
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ For each (mode, size) the newest row is used; every row stays in the file.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from bench.scale_model import (
@@ -17,6 +18,7 @@ from bench.scale_model import (
     RunMetrics,
     authors_a_round,
     fit,
+    least_squares,
     melted,
     predict,
     predicted,
@@ -31,9 +33,13 @@ LABEL = {"gossip": "before (gossip)", "fetch": "after (fetch)"}
 # Issue #31's goal for a node in a swarm of 10,000, at make run's pace.
 GOAL_CORE, GOAL_BYTES, GOAL_RATIO, GOAL_AT = 0.05, 100_000, 2.0, 64
 AUTHOR_ROUNDS = 100
-# The model is fitted on runs of up to this many nodes (both modes ran them); larger real runs
-# are predicted by that fit, as 1,000 and 10,000 are.
+# The model is validated on runs of up to this many nodes (both modes ran them): larger real runs
+# are predicted by that fit, as a test of the extrapolation. The projection to 1,000 and 10,000
+# is then fitted on every healthy run, the largest included (issue #41).
 FIT_MAX_NODES = 64
+# One new connection's CPU, both ends, with one request, measured directly (35-38 ms; docs/bench/scale.md,
+# "What a new connection costs"): the midpoint, for the sensitivity table.
+MEASURED_DIAL_CPU_S = 0.0365
 
 
 def load_rows(out: Path) -> list[dict]:
@@ -68,16 +74,59 @@ def real_table(runs: list[RunMetrics], j: int) -> None:
     print("near it timeouts cascade, so such a run measures the bench's limit, not a node's.")
 
 
-def model_table(
-    model: Model, runs: list[RunMetrics], groups_per_round: int, want: int, held_out: list[RunMetrics]
-) -> None:
-    print("\nModel, fitted on the runs below (scale_model.py):")
+def print_coefficients(model: Model, title: str) -> None:
+    print(title)
     print(f"  idle per node: {1e3 * model.idle_cpu[0]:.3f} + {1e3 * model.idle_cpu[1]:.3f} x links ms CPU/s, "
           f"{model.idle_rx[0]:.0f} + {model.idle_rx[1]:.0f} x links B/s")  # fmt: skip
     print(f"  gossip: {1e3 * model.gossip_cpu:.2f} ms CPU and {model.gossip_rx / 1e3:.1f} KB in per delivered group")
     print(f"  fetch: {1e3 * model.fetch_cpu[0]:.2f} ms + {1e3 * model.fetch_cpu[1]:.2f} ms a dial CPU, "
           f"{model.fetch_rx[0] / 1e3:.2f} KB + {model.fetch_rx[1] / 1e3:.2f} KB a dial in, per request; "
           f"{model.requests:.2f} requests a round; links {model.links_fetch:.1f} (fetch), {model.links_gossip:.1f} (gossip)")  # fmt: skip
+
+
+def node_rounds(rows: list[dict], j: int) -> None:
+    """How many (node, round) pairs the report's rows measured, and how many fell short of J."""
+    for mode in ("gossip", "fetch"):
+        counted = [
+            count
+            for row in rows
+            if row["plan"]["mode"] == mode
+            for node in row["result"]["new_per_round"]
+            for count in (node[:-1] if mode == "gossip" else node)
+        ]
+        print(f"{LABEL[mode]}: {len(counted):,} node-rounds measured, {sum(c < j for c in counted)} with fewer than J")
+
+
+def sensitivity_table(model: Model, fit_small: Model, runs: list[RunMetrics]) -> None:
+    """The projection at the largest simulated size when one assumption changes at a time."""
+    nodes = SIMULATED[-1]
+    fetch = [r for r in runs if r.mode == "fetch"]
+    at64 = next(r for r in fetch if r.nodes == GOAL_AT)
+    request_only = least_squares([[r.requests] for r in fetch], [r.round_cpu for r in fetch])[0]
+    variants = [
+        ("as fitted (every healthy run, non-negative)", model, None),
+        (f"fitted on the runs of {FIT_MAX_NODES} nodes or fewer", fit_small, None),
+        ("the dial term dropped, as before #41 (requests alone)", replace(model, fetch_cpu=[request_only, 0.0]), None),
+        (f"a dial's CPU as measured directly ({1e3 * MEASURED_DIAL_CPU_S:.1f} ms)",
+         replace(model, fetch_cpu=[model.fetch_cpu[0], MEASURED_DIAL_CPU_S]), None),
+        ("8 links (a connection manager's low watermark)", model, 8.0),
+        ("50 links", model, 50.0),
+        ("1.5x the requests a round (retries under loss)", replace(model, requests=1.5 * model.requests), None),
+    ]  # fmt: skip
+    print(f"\nSensitivity of the fetch projection at {nodes:,} nodes (one assumption changed at a time):")
+    rows = [["assumption", "CPU % core", "KB/s in", "x real at 64", "goal"]]
+    for label, variant, links in variants:
+        p = predict(variant, "fetch", nodes, links=links)
+        ratio = max(p.pace_cpu / at64.pace_cpu, p.pace_rx / at64.pace_rx)
+        ok = p.pace_cpu <= GOAL_CORE and p.pace_rx <= GOAL_BYTES and ratio <= GOAL_RATIO
+        rows.append([label, f"{100 * p.pace_cpu:.2f}", f"{p.pace_rx / 1e3:.1f}", f"{ratio:.2f}", "meets" if ok else "misses"])
+    print_rows(rows)
+
+
+def model_table(
+    model: Model, runs: list[RunMetrics], groups_per_round: int, want: int, held_out: list[RunMetrics]
+) -> None:
+    print_coefficients(model, f"\nModel, fitted on the runs of {FIT_MAX_NODES} nodes or fewer (scale_model.py):")
     print(
         "\nValidation: each run against the model fitted without its size (leave one size out); runs of more"
         f" than {FIT_MAX_NODES} nodes against the model as fitted (held out):"
@@ -179,16 +228,22 @@ def report(out: Path, j: int = 4, smoke: bool = False) -> int:
     groups_per_round = rows[0]["plan"]["groups_per_round"]
     print(f"scale benchmark: {len(rows)} runs from {out / 'rows.jsonl'}; {rows[-1]['machine']}")
     real_table(runs, j)
+    node_rounds(rows, j)
     healthy = [r for r in runs if not melted(r)]
     if len(healthy) < len(runs):
         left = ", ".join(f"{r.mode} {r.nodes}" for r in runs if melted(r))
         print(f"left out of the model (wanted >= {SATURATED} of a core, or under one group a round): {left}")
-    # Fitted on the sizes both modes ran; larger runs are held out, to test the extrapolation.
+    # Validated on the sizes both modes ran; larger runs are held out, to test the extrapolation.
     fitted = [r for r in healthy if r.nodes <= FIT_MAX_NODES]
     held_out = [r for r in healthy if r.nodes > FIT_MAX_NODES]
-    model = fit(fitted, groups_per_round, groups_wanted(j))
-    model_table(model, fitted, groups_per_round, groups_wanted(j), held_out)
-    simulated_table(model, fitted, groups_wanted(j))
+    fit_small = fit(fitted, groups_per_round, groups_wanted(j))
+    model_table(fit_small, fitted, groups_per_round, groups_wanted(j), held_out)
+    # The projection: fitted on every healthy run, the largest (closest to what is projected) included.
+    model = fit(healthy, groups_per_round, groups_wanted(j))
+    print_coefficients(model, "\nProjection model, fitted on every healthy run:")
+    simulated_table(model, healthy, groups_wanted(j))
+    if any(r.mode == "fetch" and r.nodes == GOAL_AT for r in healthy):
+        sensitivity_table(model, fit_small, healthy)
     path = out / "scale.png"
     plot(model, healthy, path)
     print(f"\nfigure: {path}")
