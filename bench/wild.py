@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-seconds", type=float, default=90.0, help="left out of the per-round figures")
     p.add_argument("--load-seconds", type=float, default=3.0, help="a joining node fetches this long before rounds")
     p.add_argument("--discover-peers", type=int, default=4, help="discovery's target (the node's default)")
+    p.add_argument(
+        "--connections-low", type=int, default=64, help="the connection manager's low watermark (the node's)"
+    )
+    p.add_argument("--connections-high", type=int, default=96, help="its high watermark (the node's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-delay", type=float, default=45.0, help="for the processes to import and start")
     p.add_argument("--out", type=Path, default=OUT, help="rows go to OUT/rows.jsonl, appended")
@@ -78,7 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.nodes, args.processes, args.seeds, args.minutes = 10, 2, 2, 3.0
         args.churn_seconds, args.warmup_seconds, args.start_delay = 45.0, 40.0, 30.0
     if args.stranger:
-        args.nodes, args.churn_share, args.minutes = 16, 0.0, (args.warmup_seconds + 2 * args.window_seconds + STRANGER_SETTLE_S + 10) / 60
+        args.nodes, args.churn_share, args.minutes = (
+            16,
+            0.0,
+            (args.warmup_seconds + 2 * args.window_seconds + STRANGER_SETTLE_S + 10) / 60,
+        )
         args.processes = min(args.processes, 2)
     return args
 
@@ -112,7 +120,10 @@ def plan_run(args: argparse.Namespace, tmp: Path) -> dict:
         }  # fmt: skip
 
     ramp = min(20.0, args.warmup_seconds / 3)
-    lives = [new_life(i, i % args.processes, 0.0 if i < args.seeds else 2.0 + ramp * i / args.nodes, False) for i in range(args.nodes)]
+    lives = [
+        new_life(i, i % args.processes, 0.0 if i < args.seeds else 2.0 + ramp * i / args.nodes, False)
+        for i in range(args.nodes)
+    ]
     end = args.minutes * 60
     churned = max(1, round(args.nodes * args.churn_share)) if args.churn_share > 0 else 0
     t = args.churn_seconds
@@ -127,7 +138,8 @@ def plan_run(args: argparse.Namespace, tmp: Path) -> dict:
         "run": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "swarm": "wild", "port": PORT, "seed": args.seed,
         "j": args.j, "want": wanted(args.j), "groups_per_round": 2, "flat_share": args.flat_share,
         "delay_s": args.rtt_ms / 2000, "loss_percent": args.loss_percent, "load_s": args.load_seconds,
-        "discover_peers": args.discover_peers, "base_round_s": args.round_seconds, "pace_spread": args.pace_spread,
+        "discover_peers": args.discover_peers, "connections_low": args.connections_low,
+        "connections_high": args.connections_high, "base_round_s": args.round_seconds, "pace_spread": args.pace_spread,
         "churn_seconds": args.churn_seconds, "churn_share": args.churn_share, "nodes": args.nodes,
         "processes": args.processes, "groups": args.groups, "end_s": end, "warmup_s": args.warmup_seconds,
         "seeds": seeds, "lives": lives, "stranger": None, "rows": str(tmp / "rows-{process}.jsonl"),
@@ -172,12 +184,16 @@ def run(args: argparse.Namespace, command: str) -> str:
             plan["t0"] = time.time() + args.start_delay
             (tmp / "plan.json").write_text(json.dumps(plan))
             load_before = round(os.getloadavg()[0], 2)
-            say(f"run {plan['run']}: {len(plan['lives'])} node lives, {args.processes} processes, {plan['end_s']:.0f} s")
+            say(
+                f"run {plan['run']}: {len(plan['lives'])} node lives, {args.processes} processes, {plan['end_s']:.0f} s"
+            )
             failed = run_processes(plan, spaces, tmp)
             loss = {space: wild_net.loss_counts(space) for space in spaces.processes}
         finally:
             wild_net.remove(prefix)
-        rows = [json.loads(line) for k in range(args.processes) for line in _lines(Path(plan["rows"].format(process=k)))]
+        rows = [
+            json.loads(line) for k in range(args.processes) for line in _lines(Path(plan["rows"].format(process=k)))
+        ]
     if failed:
         raise SystemExit(f"processes {failed} failed: no rows written (their logs are above)")
     header = {

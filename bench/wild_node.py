@@ -88,7 +88,9 @@ class Life:
             "flat_shared": self.flat_shared,
             # [t, accepted so far, fresh groups in the inbox, taken, links, cpu s, bytes in, bytes out]
             "rounds": self.rounds,
-            "intake": None if c is None else {"received": c.received, "accepted": c.accepted, "rejected": dict(c.rejected)},
+            "intake": None
+            if c is None
+            else {"received": c.received, "accepted": c.accepted, "rejected": dict(c.rejected)},
             "network": {k: v for k, v in self.net_counters.items() if k.startswith(("fetch", "discovery", "serve"))},
             "meter": self.meter.snapshot(),
         }
@@ -104,6 +106,9 @@ def node_settings(spec: dict, plan: dict):
         peers=seeds,
         swarm=plan["swarm"],
         discover_peers=plan["discover_peers"],
+        # older rows' plans had no connection manager to set
+        connections_low=plan.get("connections_low", 64),
+        connections_high=plan.get("connections_high", 96),
         exchange="fetch",
     )
     return NodeSettings(network=network)
@@ -131,7 +136,8 @@ async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
     from sapo.node.core.intake import node_intake
     from sapo.node.core.memory import NodeMemory
     from sapo.node.core.node import node_inbox
-    from sapo.node.daemon.run import INCOMING_BUFFER, fetch_until_training
+    from sapo.node.daemon.run import INCOMING_PLACES, fetch_until_training
+    from sapo.protocol.exchange.arrival_queues import ArrivalQueues
     from sapo.protocol.network import serve_network
     from sapo.training.problems.rewards import verifier_for
     from sapo.training.problems.tasks import reasoning_gym_version
@@ -139,27 +145,31 @@ async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
     spec, plan = life.spec, life.plan
     settings = node_settings(spec, plan)
     life.joined_s = life.now_s()
-    send, receive = trio.open_memory_channel(INCOMING_BUFFER)
-    net = await nursery.start(partial(serve_network, settings.network, key_pair, send))
+    arrivals = ArrivalQueues(INCOMING_PLACES[settings.network.exchange])
+    net = await nursery.start(partial(serve_network, settings.network, key_pair, arrivals))
     life.net_counters = net.counters
     counters = life.counters = NodeCounters()
     intake = node_intake(
-        settings, counters, peer_id=life.peer_id, rg_version=reasoning_gym_version(), verifier=verifier_for(settings.training.reward)
+        settings,
+        counters,
+        peer_id=life.peer_id,
+        rg_version=reasoning_gym_version(),
+        verifier=verifier_for(settings.training.reward),
     )
     memory = NodeMemory(node_inbox(settings), intake, counters)
     # the intake's checks and the inbox's writes run in worker threads: their CPU is this node's
     intake.accept = timed_in_thread(life.meter, intake.accept)
     store = timed_in_thread(life.meter, memory.store)
 
-    def stored(group, now, place=None):
+    def stored(group, *args, **kwargs):
         if life.first_accepted_s is None:
             life.first_accepted_s = life.now_s()
-        store(group, now, place)
+        store(group, *args, **kwargs)
 
     memory.store = stored
     encoder = group_encoder(settings, life.peer_id, reasoning_gym_version(), model_id="bench")
     exchange = GossipExchange(net, encoder, memory, want=plan["want"])
-    nursery.start_soon(exchange.receive, receive)
+    nursery.start_soon(exchange.receive, arrivals)
     loading = await nursery.start(fetch_until_training, net, plan["want"])
     await trio.sleep(plan["load_s"] + (0 if spec["newcomer"] else spec["phase"] * spec["round_s"]))
     loading.cancel()
@@ -172,7 +182,9 @@ async def rounds(life: Life, net, memory, exchange) -> None:
 
     spec, plan = life.spec, life.plan
     index = int(spec["id"][1:])
-    sampler = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=plan["seed"] * 100_000 + index, rng_seed=0)
+    sampler = TaskSampler(
+        default_task_specs(["basic_arithmetic"]), dataset_seed=plan["seed"] * 100_000 + index, rng_seed=0
+    )
     rng = random.Random(plan["seed"] * 100_000 + index)
     j, next_round = plan["j"], trio.current_time()
     for r in range(1_000_000):
@@ -219,7 +231,7 @@ async def stranger(spec: dict, plan: dict, lives: list[Life]) -> None:
             life.joined_s = life.now_s()
             for address in spec["peers"]:
                 nursery.start_soon(net.keeper.keep, address)
-            async for arrival in receive:
+            async for _arrival in receive:
                 life.shared += 1  # groups the nodes put on the topic for it (and each other)
 
 
