@@ -13,6 +13,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.reach.addresses import AddressError, resolve_peer_address
 from sapo.protocol.settings import NetworkSettings
+from sapo.protocol.toolkit.hosts import replace_addrs
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.training.bounded import BoundedMap
 
@@ -55,12 +56,10 @@ async def dial(host: Any, info: PeerInfo, relay: RelayService | None) -> BaseExc
 async def dial_direct(host: Any, info: PeerInfo) -> BaseException | None:
     """One bounded direct dial; None once connected, else what went wrong."""
     network = host.get_network()
-    peerstore = host.get_peerstore()
     # A peer that restarted on a new port stays unreachable while its old address sits
     # in the peerstore (dial_peer tries one address per transport), and a failed dial
     # blocks every redial for 60 s. The address we were given is authoritative: reset both.
-    peerstore.clear_addrs(info.peer_id)
-    peerstore.add_addrs(info.peer_id, info.addrs, 3600)
+    replace_addrs(host, info.peer_id, info.addrs, 3600)
     if hasattr(network, "unblock_peer"):
         network.unblock_peer(info.peer_id)
     error: BaseException | None = None

@@ -50,7 +50,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from sapo.protocol.reach.reachability import Reachability
 from sapo.protocol.reach.relay_guards import GuardedRelayProtocol, ProtectedCircuits, RelayBudget
 from sapo.protocol.reach.relayed_links import RelayCuts, RelaySlots
-from sapo.protocol.toolkit.hosts import direct_peers, is_relayed, relay_of
+from sapo.protocol.toolkit.hosts import direct_peers, is_relayed, known_addrs, relay_of
 from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.relay")
@@ -313,7 +313,7 @@ class RelayService:
             for address in connection.get_transport_addresses():
                 if _is_ip_tcp(address):
                     return _ip_tcp_part(address)
-        for address in self.host.get_peerstore().addrs(relay):
+        for address in known_addrs(self.host, relay):
             if _is_ip_tcp(address):
                 return _ip_tcp_part(address)
         return None

@@ -49,7 +49,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.rcmgr import Direction
 
-from sapo.protocol.toolkit.hosts import circuit_relay, direct_peers, is_relayed
+from sapo.protocol.toolkit.hosts import circuit_relay, direct_peers, is_relayed, known_addrs
 from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.relay")
@@ -261,10 +261,7 @@ class RelayedLinks:
         carried the lost link, if we are still connected to it."""
         found = list(self.known_addrs(peer))
         if not found:
-            try:
-                found = [a for a in self.host.get_peerstore().addrs(peer) if "/p2p-circuit" in str(a)]
-            except Exception:  # noqa: BLE001 - not in the peerstore
-                found = []
+            found = [a for a in known_addrs(self.host, peer) if "/p2p-circuit" in str(a)]
         relay_address = self.relay.relay_address(via) if via is not None else None
         if relay_address is not None:
             found.append(multiaddr.Multiaddr(f"{relay_address}/p2p/{via}/p2p-circuit"))

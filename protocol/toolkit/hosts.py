@@ -36,6 +36,7 @@ from libp2p.network.config import RetryConfig
 from libp2p.network.connection_pruner import get_connection_direction
 from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
+from libp2p.peer.peerstore import PeerStoreError
 from libp2p.rcmgr import Direction, new_resource_manager
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -241,6 +242,30 @@ def peer_place(host: Any, peer: str) -> str | None:
             relay_ip = direct_ip(host, relay)
             return f"via {network_group(relay_ip) if relay_ip is not None else relay.to_base58()}"
     return None
+
+
+def known_addrs(host: Any, peer: ID) -> list[multiaddr.Multiaddr]:
+    """The addresses the peerstore holds for `peer`, or none. py-libp2p 0.8.1's `addrs` raises
+    `PeerStoreError` for a peer it has never heard of and for one whose addresses' TTL ran out."""
+    try:
+        return list(host.get_peerstore().addrs(peer))
+    except PeerStoreError:
+        return []
+
+
+def replace_addrs(host: Any, peer: ID, addrs: list[multiaddr.Multiaddr], ttl: int) -> None:
+    """Make `addrs` the only addresses the peerstore holds for `peer`. 0.8.1's `clear_addrs`
+    raises `PeerStoreError` when the peer's addresses expired while its signed peer record is
+    held (it asks `addrs`, which raises on expiry, to decide whether to drop the record): the
+    addresses are cleared by then, so that is not an error here. Uncaught, it ended a node's
+    fetcher, and with it the node, the first time it dialled an author last seen over an hour
+    before (bench/wild.py, 64 nodes with churn)."""
+    peerstore = host.get_peerstore()
+    try:
+        peerstore.clear_addrs(peer)
+    except PeerStoreError:
+        pass
+    peerstore.add_addrs(peer, addrs, ttl)
 
 
 def reached_group(ip: str | None) -> str:
