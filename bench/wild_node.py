@@ -195,7 +195,7 @@ async def rounds(life: Life, net, memory, exchange) -> None:
         m = life.meter
         life.rounds.append(
             [life.now_s(), memory.counters.accepted, len(fresh), min(j, len(fresh)), len(net.connected_peers()),
-             round(m.cpu_s, 6), m.bytes_in, m.bytes_out]
+             round(m.cpu_s, 6), m.bytes_in, m.bytes_out, lasted_links(net.host, now)]
         )  # fmt: skip
         started = time.thread_time()
         groups, flat = make_groups(sampler, rng, plan["groups_per_round"], plan["flat_share"])
@@ -204,6 +204,20 @@ async def rounds(life: Life, net, memory, exchange) -> None:
         life.flat_shared += flat
         await exchange.publish(groups, r)
         next_round += spec["round_s"]
+
+
+def lasted_links(host, now: float) -> int:
+    """Peers whose every link has lasted the connection manager's grace: what it counts against
+    its high watermark (young links are left out of the count so that a stranger remaking links
+    cannot make it close the old ones; protocol/reach/connections.py)."""
+    from sapo.protocol.reach.connections import GRACE_SECONDS
+    from sapo.protocol.toolkit.hosts import connection_age, open_peers
+
+    lasted = 0
+    for peer in open_peers(host):
+        links = [c for c in host.get_network().get_connections(peer) if not c.is_closed]
+        lasted += bool(links) and min(connection_age(c, now) for c in links) >= GRACE_SECONDS
+    return lasted
 
 
 async def stranger(spec: dict, plan: dict, lives: list[Life]) -> None:
