@@ -2,8 +2,11 @@
 that lives in a namespace of its own; no address is ever added to the root namespace.
 
 Each process namespace holds the addresses of the nodes that process hosts, in several IPv4
-/16s (10.81-10.84.x.x and up: the network groups the node tells apart), all on one /8 so that
-every address reaches every other over the bridge. Loss is the kernel's: an nftables rule drops
+/16s (11.81-11.84.x.x and up), all on one /8 so that every address reaches every other over the
+bridge. They are public addresses, as a public swarm's nodes have, because the node puts every
+private address (10.x included) in one "local" network group: with 10.x addresses no cap by
+network group would act (the first runs used 10.81-10.84 and were, to the nodes, one group).
+They exist only inside the namespaces this bench makes; nothing is routed outside them. Loss is the kernel's: an nftables rule drops
 a share of the packets entering each process namespace, from the bridge or from a node beside
 it alike, so each packet crosses the rule once. (Latency is emulated in the processes,
 bench/wild_link.py: this kernel has no netem.)
@@ -20,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 
 PREFIX = "swild"
-FIRST_GROUP = 81  # 10.81.x.x: clear of the other tests' 10.77 and of anything outside the namespaces
+FIRST_GROUP = 81  # 11.81.x.x
 INTERFACE = "ve0"
 
 
@@ -41,7 +44,7 @@ def address(group: int, process: int, index: int) -> str:
     """The `index`-th address of network group `group` (a /16) in process `process`."""
     if not 0 <= index < 254 or not 0 <= process < 255:
         raise ValueError(f"address {index} of process {process}: at most 254 a group and 255 processes")
-    return f"10.{FIRST_GROUP + group}.{process}.{index + 1}"
+    return f"11.{FIRST_GROUP + group}.{process}.{index + 1}"
 
 
 def network_group(ip: str) -> str:
