@@ -119,7 +119,9 @@ def sensitivity_table(model: Model, fit_small: Model, runs: list[RunMetrics]) ->
         p = predict(variant, "fetch", nodes, links=links)
         ratio = max(p.pace_cpu / at64.pace_cpu, p.pace_rx / at64.pace_rx)
         ok = p.pace_cpu <= GOAL_CORE and p.pace_rx <= GOAL_BYTES and ratio <= GOAL_RATIO
-        rows.append([label, f"{100 * p.pace_cpu:.2f}", f"{p.pace_rx / 1e3:.1f}", f"{ratio:.2f}", "meets" if ok else "misses"])
+        rows.append(
+            [label, f"{100 * p.pace_cpu:.2f}", f"{p.pace_rx / 1e3:.1f}", f"{ratio:.2f}", "meets" if ok else "misses"]
+        )
     print_rows(rows)
 
 
