@@ -159,15 +159,24 @@ async def test_a_request_that_comes_before_the_group_is_answered_when_it_is_publ
             nursery.cancel_scope.cancel()
 
 
+async def dial_no_one() -> None:
+    return
+
+
 async def far_author(nursery, hub_handler=None):
     """A hub, an author that shared "from afar", and an asker that knows that author from
-    discovery only: with a discovery target of one peer, both stay connected to the hub alone.
+    discovery only: both stay connected to the hub alone.
     `hub_handler` replaces the hub's `/sapo/groups/1` handler."""
     hub = await start_fetching(nursery)
     if hub_handler is not None:
         hub.service.host.set_stream_handler(PROTOCOL_ID, hub_handler)
+    # Discovery dials until a node has dialled `discover_peers` peers besides its seeds (so that
+    # it can let them go), and here each would dial the other: their discovery learns but does
+    # not dial, so that only the asker's fetcher can link them.
     far = await start_fetching(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+    far.service.discovery.dial_some = dial_no_one
     asker = await start_fetching(nursery, peers=[hub.addr], discover_peers=1, discovery_interval_seconds=0.5)
+    asker.service.discovery.dial_some = dial_no_one
     assert await far.service.share(b"from afar", 0)
     with trio.fail_after(20):
         while far.service.my_id not in {e.peer_id for e in asker.service.discovery.known()}:
