@@ -40,7 +40,9 @@ async def test_a_peer_closing_its_own_circuits_does_not_count_against_the_relay(
             victim = await start_node(nursery, peers=[relay.addr], **PRIVATE)
             attacker = await start_node(nursery, peers=[relay.addr], **PRIVATE)
             attacker.service.host.remove_stream_handler(PROTOCOL_ID)  # looks like a standard libp2p peer
-            await wait_until(lambda: victim.service.status().relayed_addrs and attacker.service.status().relayed_addrs, 20)
+            await wait_until(
+                lambda: victim.service.status().relayed_addrs and attacker.service.status().relayed_addrs, 20
+            )
             relay_id = ID.from_base58(relay.service.peer_id)
             victim_id = ID.from_base58(victim.service.peer_id)
             for _ in range(ROUND_TRIPS):

@@ -44,7 +44,9 @@ async def test_a_node_that_met_a_thousand_peers_keeps_its_keys_and_runs_on():
             host = victim.service.host
             for index in range(MET_BEFORE):
                 peer = ID.from_pubkey(create_new_key_pair().public_key)
-                replace_addrs(host, peer, [multiaddr.Multiaddr(f"/ip4/1.2.{index // 250}.{index % 250}/tcp/4001")], 3600)
+                replace_addrs(
+                    host, peer, [multiaddr.Multiaddr(f"/ip4/1.2.{index // 250}.{index % 250}/tcp/4001")], 3600
+                )
             attack = await trio.run_process(
                 [sys.executable, "-m", "tests.hardening.attack_fresh_keys", victim.addr, str(FRESH_KEYS), "20"],
                 capture_stdout=True,
