@@ -45,7 +45,15 @@ def identify_as(host: Any, agent: str) -> Callable[[Any], Any]:
     answer = identify_handler_for(host, use_varint_format=True)
 
     async def handle(stream: Any) -> None:
-        await answer(_AgentStamped(stream, agent))  # type: ignore[arg-type]  # the stream, duck-typed
+        try:
+            await answer(_AgentStamped(stream, agent))  # type: ignore[arg-type]  # the stream, duck-typed
+        except Exception as error:  # noqa: BLE001 - raised in a stream handler, it ends the swarm and the node
+            logger.warning("identify answer failed: %s: %s", type(error).__name__, error)
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.reset()
+                except Exception:  # noqa: BLE001 - already gone is fine
+                    pass
 
     return handle
 

@@ -17,6 +17,11 @@ is the midpoint of the watermarks, and a zero high watermark makes the pruner cl
 so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
 
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
+
+Its own keys are its own: 0.8.1's host reads them from the peerstore, which keeps at most 1,000
+peers and evicts those without an address first, the host's own entry among them. Once strangers'
+keys (or a large swarm's) had filled it, the next identify request raised inside the swarm and
+ended the node (tests/hardening/test_attack3_own_key_evicted.py).
 """
 
 from __future__ import annotations
@@ -68,9 +73,24 @@ def new_noise_host(
     )
     assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
-    host = BasicHost(network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+    host = _OwnKeysHost(key_pair, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
     return host
+
+
+class _OwnKeysHost(BasicHost):
+    """A BasicHost that answers its own keys from the key pair it was made with, not from the
+    peerstore, which may have evicted them (see the module docstring)."""
+
+    def __init__(self, key_pair: Any, **kwargs: Any) -> None:
+        self._key_pair = key_pair  # BasicHost's own __init__ asks for the keys already
+        super().__init__(**kwargs)
+
+    def get_public_key(self) -> Any:
+        return self._key_pair.public_key
+
+    def get_private_key(self) -> Any:
+        return self._key_pair.private_key
 
 
 class _NoAutoConnect(AutoConnector):
