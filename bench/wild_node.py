@@ -91,7 +91,9 @@ class Life:
             "intake": None
             if c is None
             else {"received": c.received, "accepted": c.accepted, "rejected": dict(c.rejected)},
-            "network": {k: v for k, v in self.net_counters.items() if k.startswith(("fetch", "discovery", "serve"))},
+            "network": {
+                k: v for k, v in self.net_counters.items() if k.startswith(("fetch", "discovery", "serve", "links"))
+            },
             "meter": self.meter.snapshot(),
         }
 

@@ -82,10 +82,10 @@ class ConnectionManager:
             await trio.sleep(CHECK_SECONDS)
             await self.trim()
 
-    def surplus(self) -> list[ID]:
-        """The peers to close now: young links others opened past YOUNG_PER_GROUP from one
+    def surplus(self) -> tuple[list[ID], list[ID]]:
+        """The peers to close now: (young links others opened past YOUNG_PER_GROUP from one
         network group, and, while more than `high` links past their grace are open, enough of
-        those to come down to `low`. Links under their grace and protected ones are not counted:
+        those to come down to `low`). Links under their grace and protected ones are not counted:
         a stranger that keeps remaking links cannot push the node over its watermark and make it
         close the links that have lasted, which are the honest ones (an attack on the first
         version closed every honest link and the seed that way)."""
@@ -108,18 +108,20 @@ class ConnectionManager:
         crowding = [peer for group, peers in young.items() if group != "local" for peer in peers[YOUNG_PER_GROUP:]]
         lasted = len(inbound) + len(outbound)
         if lasted <= self.high:
-            return crowding
+            return crowding, []
         need = min(lasted - self.low, MAX_CLOSED_PER_CHECK)
-        return (
-            crowding
-            + _from_the_largest_groups(inbound, need)
-            + _from_the_largest_groups(outbound, need - min(need, len(inbound)))
+        over = _from_the_largest_groups(inbound, need) + _from_the_largest_groups(
+            outbound, need - min(need, len(inbound))
         )
+        return crowding, over
 
     async def trim(self) -> int:
         """Close the surplus; how many peers were closed."""
         closed = 0
-        for peer in self.surplus():
+        crowding, over = self.surplus()
+        if crowding:  # counted apart: honest newcomers from a busy network group are closed too
+            self.count("links_young_crowded", len(crowding))
+        for peer in crowding + over:
             with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
                 try:
                     await self.host.disconnect(peer)
