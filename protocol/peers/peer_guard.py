@@ -51,12 +51,11 @@ RECOVERY_PER_SECOND = 1.0
 # Provably hostile input costs 10; version skew between honest nodes costs nothing.
 PENALTIES: dict[str, float] = {
     "rate_limited": 1.0,
-    # The forwarder of a message we verified for nothing: one numbered at or below its author's
-    # highest (a replay: honest peers forward none older than libp2p's 120 s seen-cache), and,
-    # dearer, one dropped there or past its author's bucket. A signature check costs us about 150
-    # µs and the sender 24 µs to sign; nobody else can be charged for it. An honest peer's rare
-    # replays (a rejoining mesh) are forgotten in seconds; 100 dropped ones a minute are a ban.
-    "replay": 0.1,
+    # The forwarder of a message we verified for nothing: one dropped as a replay (numbered at or
+    # below its author's highest, past that author's bucket of such messages) or past its
+    # author's bucket for forwarded messages. A signature check costs us about 150 µs and the
+    # sender 24 µs to sign; nobody else can be charged for it. 100 dropped ones a minute are a
+    # ban. Reordered messages within the bucket cost nobody: gossip reorders honest messages.
     "wasted_check": 1.0,
     # transport: the direct peer sent it (honest peers validate before they forward)
     "unsigned": 10.0,
@@ -192,11 +191,6 @@ class PeerGuard:
         self._peers.pop(peer)
         self._bans.put(peer, state)  # past max_tracked bans, the oldest is served early
         return True
-
-    def highest_seqno(self, peer: bytes) -> int | None:
-        """The highest sequence number seen from `peer`, if we remember it (nothing is created)."""
-        state = self._peers.get(peer) or self._bans.get(peer)
-        return state.highest_seqno if state is not None else None
 
     def is_banned(self, peer: bytes) -> bool:
         return peer in self._bans and self._state(self.clock(), peer).banned_until > 0

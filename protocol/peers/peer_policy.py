@@ -60,15 +60,15 @@ class PeerPolicy:
         # sends us itself show how fast it really publishes (peer_guard.py: not what others forward).
         seqno = int.from_bytes(msg.seqno, "big") if 0 < len(msg.seqno) <= 8 else None
         direct = forwarder.to_bytes() == msg.from_id
-        highest = self.guard.highest_seqno(msg.from_id)
         verdict = self.guard.admit(msg.from_id, seqno, direct=direct)
         if verdict == "rate_limited" and self.guard.is_banned(msg.from_id):
             self._banned(ID(msg.from_id), verdict)
-        # The signature was checked for nothing, or for a replay: its forwarder pays (peer_guard.py).
+        # The signature was checked for nothing: its forwarder pays (peer_guard.py). A message
+        # numbered below its author's highest that its bucket of such messages still admits is
+        # not charged: gossip reorders honest messages (an older release's IWANT answers bring
+        # 30 at once), and the bucket bounds what a replayer gets for free.
         if verdict == "replayed" or (verdict == "rate_limited" and not direct):
             self.penalize(forwarder, "wasted_check")
-        elif verdict is None and seqno is not None and highest is not None and seqno <= highest:
-            self.penalize(forwarder, "replay")
         return verdict
 
     def penalize(self, peer_id: ID, reason: str) -> None:
