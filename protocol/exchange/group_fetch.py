@@ -279,14 +279,20 @@ class GroupFetcher:
             self.count("fetch_calm", 1)
             dials = 0
         connected = set(open_peers(self.host))
-        pool = [
+        askable = [
             a
             for a in self.authors()
             if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
             and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
-            and not self._failures.skips(a.peer_id, now)
             and a.peer_id not in self._out
         ]
+        pool = [a for a in askable if not self._failures.skips(a.peer_id, now)]
+        if not pool:
+            # Every author failed us lately: the fault is more likely our link (a network outage
+            # fails them all at once) than theirs, and skipping them for up to 10 minutes would
+            # keep a node deaf long after its link came back. Failing authors are skipped only
+            # while others can be drawn.
+            pool = askable
         # a network group first, then an author in it (draw.py); `pool.pop()` takes from the end
         pool = draw_order(pool, lambda author: author.group)[::-1]
         got, dialled = await self._pass(pool, connected, dials, nursery)

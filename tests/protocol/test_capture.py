@@ -257,11 +257,11 @@ async def test_a_record_whose_fetch_dials_fail_leaves_the_table_after_back_off()
             discovery.clock = lambda: now[0]  # the back-off in simulated time
             fetcher, peer = asker.service.fetcher, far.service.my_id
             for failure in range(1, MAX_DIAL_FAILURES + 1):
-                assert await fetcher.fetch(2, dials=2) == (0, 1)  # drawn, dialled, failed
+                assert await fetcher.fetch(2, 2, nursery) == (0, 1)  # drawn, dialled, failed
                 assert asker.counters["fetch_dials"] == failure
                 if failure < MAX_DIAL_FAILURES:
                     assert discovery.table.get(peer).failures == failure
-                    assert await fetcher.fetch(2, dials=2) == (0, 0)  # backing off: not drawn
+                    assert await fetcher.fetch(2, 2, nursery) == (0, 0)  # backing off: not drawn
                     now[0] += 61.0
             assert peer not in discovery.table
             assert peer not in {author.peer_id for author in fetcher.authors()}

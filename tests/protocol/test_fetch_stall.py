@@ -98,13 +98,13 @@ async def test_relay_only_authors_take_turns_so_eight_sybils_cannot_keep_an_hone
             await wait_until(lambda: all(p.service.status().relayed_addrs for p in private), 30)
             await wait_until(lambda: relay.service.peer_id in asker.service.connected_peers(), 10)
             for sybil in sybils:  # their records, as discovery would bring them: relayed addresses only
-                asker.service.discovery._learn(sybil.service.discovery.own_record(), None)
+                fetch_stall.tell(asker.service.discovery, sybil.service.discovery.own_record())
 
             asker.service.want(16)  # eight authors at once: every Sybil is dialled through the relay
             await wait_until(lambda: all(kinds(asker, s) == {True} for s in sybils), 30)
 
             assert await honest.service.share(b"honest, behind NAT", 0)
-            asker.service.discovery._learn(honest.service.discovery.own_record(), None)
+            fetch_stall.tell(asker.service.discovery, honest.service.discovery.own_record())
             got = []
             with trio.fail_after(40):
                 while not got:
