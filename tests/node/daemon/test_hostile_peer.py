@@ -45,8 +45,9 @@ async def test_bad_groups_are_rejected_by_reason_while_the_node_trains(tmp_path)
             attacker_id = peer_id_of(key)
             send, receive = trio.open_memory_channel(100)
             # a larger limit than the victim's, so the oversized message does get sent
+            # and on the topic, as the victim: a fetching node publishes there only for older releases
             attacker_settings = NetworkSettings(
-                listen="/ip4/127.0.0.1/tcp/0", peers=[address], max_message_bytes=600 * 1024
+                listen="/ip4/127.0.0.1/tcp/0", peers=[address], max_message_bytes=600 * 1024, exchange="gossip"
             )
             encoder = GroupEncoder(
                 peer_id=attacker_id, swarm="default", model_id="evil", rg_version=reasoning_gym_version()
