@@ -37,10 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +46,7 @@ from pathlib import Path
 
 from bench import wild_net
 from bench.capture_report import report
+from bench.ns_runs import provenance, row_lines, run_in_namespaces, say
 
 OUT = Path(__file__).resolve().parent / "results" / "capture"
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,54 +147,23 @@ def run_arm(args: argparse.Namespace, arm: str, run: str, command: str) -> list[
             failed = run_processes(plan, spaces.processes, tmp)
         finally:
             wild_net.remove(prefix)
-        rows = [json.loads(line) for line in _lines(Path(plan["rows"].format(process=0)))]
-        rows += [json.loads(line) for line in _lines(Path(attack["rows"]))]
+        rows = [json.loads(line) for line in row_lines(Path(plan["rows"].format(process=0)))]
+        rows += [json.loads(line) for line in row_lines(Path(attack["rows"]))]
     header = {
         "kind": "arm", "run": run, "arm": arm, "failed_processes": failed,
         "plan": {k: v for k, v in plan.items() if k not in ("rows", "seeds")},
-        "load_before": load_before, "load_after": round(os.getloadavg()[0], 2),
-        "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "command": command, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        **provenance(load_before, command),
     }  # fmt: skip
     return [header, *({**row, "arm": arm} for row in rows)]
 
 
 def run_processes(plan: dict, spaces: list[str], tmp: Path) -> list[str]:
     """The honest process, and the attacker's unless the arm has none; the names of those that failed."""
-    python = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
     commands = {"honest": ["-m", "bench.capture_node", str(tmp / "plan.json"), "0"]}
     if plan["arm"] != "none":
         commands["attack"] = ["-m", "bench.capture_attack", str(tmp / "plan.json")]
-    procs = []
-    for (name, cmd), space in zip(commands.items(), spaces):
-        log = (tmp / f"{name}.log").open("w")
-        full = ["ip", "netns", "exec", space, python, *cmd]
-        procs.append((name, subprocess.Popen(full, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log))
-    deadline = plan["t0"] + plan["end_s"] + 90
-    failed = []
-    for name, proc, log in procs:
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()  # our own child, by its id
-            code = proc.wait()
-        log.close()
-        if code != 0:
-            failed.append(name)
-            say(f"process {name} ended with {code}; its log:\n" + (tmp / f"{name}.log").read_text()[-3000:])
-    return failed
-
-
-def _lines(path: Path) -> list[str]:
-    return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-
-def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+    in_spaces = {name: (space, cmd) for (name, cmd), space in zip(commands.items(), spaces)}
+    return run_in_namespaces(in_spaces, tmp, plan["t0"] + plan["end_s"] + 90)
 
 
 def main(argv: list[str] | None = None) -> int:

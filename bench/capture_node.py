@@ -13,11 +13,8 @@ fetcher was done with it].
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -61,18 +58,13 @@ def instrument(plan: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    plan = json.loads(Path(argv[0]).read_text())
-    process = int(argv[1])
-    logging.basicConfig(level=logging.ERROR)
-    wild_node.preload()
+    plan, process = wild_node.load(argv)
     instrument(plan)
     rows = trio.run(wild_node.run_process, plan, process)
     for row in rows:
         if row["kind"] == "node":
             row["draws"] = DRAWS.get(row["peer_id"], [])
-    with open(plan["rows"].format(process=process), "w") as out:
-        for row in rows:
-            out.write(json.dumps(row) + "\n")
+    wild_node.write_rows(plan, process, rows)
     return 0
 
 

@@ -27,16 +27,15 @@ import argparse
 import json
 import math
 import os
-import platform
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench import wild_net
+from bench.ns_runs import provenance, row_lines, run_in_namespaces, say
 
 OUT = Path(__file__).resolve().parent / "results" / "wild"
 ROOT = Path(__file__).resolve().parents[1]
@@ -192,15 +191,13 @@ def run(args: argparse.Namespace, command: str) -> str:
         finally:
             wild_net.remove(prefix)
         rows = [
-            json.loads(line) for k in range(args.processes) for line in _lines(Path(plan["rows"].format(process=k)))
+            json.loads(line) for k in range(args.processes) for line in row_lines(Path(plan["rows"].format(process=k)))
         ]
     if failed:
         raise SystemExit(f"processes {failed} failed: no rows written (their logs are above)")
     header = {
         "kind": "run", "run": plan["run"], "plan": {k: v for k, v in plan.items() if k not in ("lives", "rows", "seeds")},
-        "loss": loss, "failed_processes": failed, "load_before": load_before, "load_after": round(os.getloadavg()[0], 2),
-        "commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "command": command, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}",
+        "loss": loss, "failed_processes": failed, **provenance(load_before, command),
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "rows.jsonl").open("a") as out:
@@ -210,39 +207,13 @@ def run(args: argparse.Namespace, command: str) -> str:
     return plan["run"]
 
 
-def run_processes(plan: dict, spaces: wild_net.Namespaces, tmp: Path) -> list[int]:
+def run_processes(plan: dict, spaces: wild_net.Namespaces, tmp: Path) -> list[str]:
     """One process per namespace, until the plan's end; the processes that failed."""
-    python = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
-    procs = []
-    for k, space in enumerate(spaces.processes):
-        log = (tmp / f"process-{k}.log").open("w")
-        cmd = ["ip", "netns", "exec", space, python, "-m", "bench.wild_node", str(tmp / "plan.json"), str(k)]
-        procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log))
-    deadline = plan["t0"] + plan["end_s"] + 120
-    failed = []
-    for k, (proc, log) in enumerate(procs):
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            proc.kill()  # its own child, by id
-            code = proc.wait()
-        log.close()
-        if code != 0:
-            failed.append(k)
-            say(f"process {k} ended with {code}; its log:\n" + (tmp / f"process-{k}.log").read_text()[-3000:])
-    return failed
-
-
-def _lines(path: Path) -> list[str]:
-    return [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-
-def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+    commands = {
+        f"process-{k}": (space, ["-m", "bench.wild_node", str(tmp / "plan.json"), str(k)])
+        for k, space in enumerate(spaces.processes)
+    }
+    return run_in_namespaces(commands, tmp, plan["t0"] + plan["end_s"] + 120)
 
 
 def main(argv: list[str] | None = None) -> int:

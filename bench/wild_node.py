@@ -314,18 +314,26 @@ def preload() -> None:
     import sapo.training.problems.tasks  # noqa: F401
 
 
-def main(argv: list[str]) -> int:
-    plan = json.loads(Path(argv[0]).read_text())
-    process = int(argv[1])
+def load(argv: list[str]) -> tuple[dict, int]:
+    """A node process's start (this one's and bench/capture_node.py's): its plan and its number
+    from the command line, quiet logging, and the node's modules imported."""
     logging.basicConfig(level=logging.ERROR)
     preload()
-    import gc
+    return json.loads(Path(argv[0]).read_text()), int(argv[1])
 
-    gc.freeze()  # start-up's objects (libraries) out of the collections, as bench/scale_swarm.py
-    rows = trio.run(run_process, plan, process)
+
+def write_rows(plan: dict, process: int, rows: list[dict]) -> None:
     with open(plan["rows"].format(process=process), "w") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    plan, process = load(argv)
+    import gc
+
+    gc.freeze()  # start-up's objects (libraries) out of the collections, as bench/scale_swarm.py
+    write_rows(plan, process, trio.run(run_process, plan, process))
     return 0
 
 
