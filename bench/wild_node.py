@@ -212,13 +212,13 @@ def lasted_links(host, now: float) -> int:
     """Peers whose every link has lasted the connection manager's grace: what it counts against
     its high watermark (young links are left out of the count so that a stranger remaking links
     cannot make it close the old ones; protocol/reach/connections.py)."""
-    from sapo.protocol.reach.connections import GRACE_SECONDS
-    from sapo.protocol.toolkit.hosts import connection_age, open_peers
+    from sapo.protocol.reach.connections import past_grace
+    from sapo.protocol.toolkit.hosts import open_peers
 
     lasted = 0
     for peer in open_peers(host):
         links = [c for c in host.get_network().get_connections(peer) if not c.is_closed]
-        lasted += bool(links) and min(connection_age(c, now) for c in links) >= GRACE_SECONDS
+        lasted += bool(links) and past_grace(links, now)
     return lasted
 
 

@@ -100,7 +100,7 @@ class ConnectionManager:
             ip = direct_ip(self.host, peer)
             group = network_group(ip) if ip is not None else "unknown"
             theirs = all(get_connection_direction(c) == Direction.INBOUND for c in links)
-            if min(connection_age(c, now) for c in links) < GRACE_SECONDS:
+            if not past_grace(links, now):
                 if theirs:
                     young.setdefault(group, []).append(peer)
                 continue
@@ -132,6 +132,12 @@ class ConnectionManager:
             self.count("links_trimmed", closed)
             logger.info("closed %d links: over %d connected, down towards %d", closed, self.high, self.low)
         return closed
+
+
+def past_grace(links: list[Any], now: float) -> bool:
+    """Whether every open link to a peer has lasted GRACE_SECONDS: only such peers count towards
+    the watermarks, and only they are closed to come down to the low one."""
+    return min(connection_age(c, now) for c in links) >= GRACE_SECONDS
 
 
 def must_stay(relay: Any, bootstrap_ids: set[ID], joined: Callable[[], bool], peer: ID) -> bool:
