@@ -7,7 +7,8 @@
 - `Failures`: authors that failed us lately (no answer within their deadline, a dial that
   failed, a broken answer). Each is skipped for a while, twice as long for each failure in a
   row, and forgotten once it answers: an author that holds its stream open, or whose record
-  names only dead addresses, costs one deadline, then is left out of the draw.
+  names only dead addresses, costs one deadline, then goes to the back of the draw: asked
+  only once every other author is drawn (group_fetch.py).
 
 Both are plain values over a clock the caller passes in; neither touches the network.
 """
@@ -53,7 +54,7 @@ class InFlight:
 
 
 class Failures:
-    """Authors to leave out of the draw for a while: `skip_seconds` after a failure, doubling with
+    """Authors to put at the back of the draw for a while: `skip_seconds` after a failure, doubling with
     each failure in a row up to `most_seconds`; an answer forgets the author. At most `capacity`
     are remembered, the least recently failed making way."""
 

@@ -24,7 +24,7 @@ How:
 - No author can stall it (issue #41): one deadline per author (AUTHOR_SECONDS) for its dial,
   whatever its record names, and its request; a pass counts on an author for HEDGE_SECONDS and
   then draws another beside it, and never waits for its stragglers (fetch_pass.py); an author
-  that failed is left out of the draw for a while; and the one breaker is our own loop's lag
+  that failed goes to the back of the draw for a while; and the one breaker is our own loop's lag
   (protocol/toolkit/loop_lag.py), not a remote's silence.
 - It owes what the node kept: `refused_fetched(count)` (from the exchange, of groups its intake
   refused) makes them owed again, and the want's few retries ask for them.
@@ -43,6 +43,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import multiaddr
@@ -118,7 +119,7 @@ DRAW_FACTOR = 2
 MIN_DRAWN = 8
 PASS_SECONDS = 8.0
 # An author that failed us (no answer within its deadline, a dial that failed, a broken answer)
-# is left out of the draw this long, twice as long for each failure in a row, at most the
+# goes to the back of the draw this long, twice as long for each failure in a row, at most the
 # second; an answer forgets it. A timeout while our own loop is behind is not held against it.
 FAILED_SKIP_SECONDS = 30.0
 FAILED_SKIP_MAX_SECONDS = 600.0
@@ -286,15 +287,18 @@ class GroupFetcher:
             and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
             and a.peer_id not in self._out
         ]
-        pool = [a for a in askable if not self._failures.skips(a.peer_id, now)]
-        if not pool:
-            # Every author failed us lately: the fault is more likely our link (a network outage
-            # fails them all at once) than theirs, and skipping them for up to 10 minutes would
-            # keep a node deaf long after its link came back. Failing authors are skipped only
-            # while others can be drawn.
-            pool = askable
-        # a network group first, then an author in it (draw.py); `pool.pop()` takes from the end
-        pool = draw_order(pool, lambda author: author.group)[::-1]
+        # Authors that failed us lately go to the back of the draw, not out of it: they are asked
+        # only once every other askable author is drawn and groups are still owed. A pass draws
+        # at most MIN_DRAWN (or DRAW_FACTOR times what the want needs), so beside that many others
+        # a Sybil that stalls costs one deadline and is not drawn again until its skip ends. In a
+        # small swarm (`make run` has three nodes) leaving it out would make one timeout over a
+        # relayed circuit cost a node an honest peer's groups for 30 s and more, and when every
+        # author failed at once (our own link was down) no one would be asked at all.
+        # `pool.pop()` takes from the end: the fresh in draw order (a network group first, then
+        # an author in it, draw.py), then the failing in theirs.
+        failing = [a for a in askable if self._failures.skips(a.peer_id, now)]
+        fresh = [a for a in askable if not self._failures.skips(a.peer_id, now)]
+        pool = draw_order(failing, attrgetter("group"))[::-1] + draw_order(fresh, attrgetter("group"))[::-1]
         got, dialled = await self._pass(pool, connected, dials, nursery)
         await self._links.close_spare()
         return got, dialled
@@ -336,8 +340,8 @@ class GroupFetcher:
 
     async def _fetch_one(self, author: Author, max_groups: int) -> None:
         """Connect to `author`, whatever its record names, and ask it, both within AUTHOR_SECONDS;
-        hand on what it brings. An author that gives no answer is left out of the draw for a
-        while (`Failures`), unless our own loop is behind: then the fault is probably ours."""
+        hand on what it brings. An author that gives no answer goes to the back of the draw for
+        a while (`Failures`), unless our own loop is behind: then the fault is probably ours."""
         groups: list[ServedGroup] | None = None
         try:
             with trio.move_on_after(AUTHOR_SECONDS) as deadline:

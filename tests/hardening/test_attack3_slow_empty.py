@@ -6,7 +6,7 @@ answer it could read, an empty one included, and `Failures.failed` only for no a
 (protocol/exchange/fetch_pass.py). A Sybil that reads the request, waits 4 s (under
 AUTHOR_SECONDS = STREAM_TIMEOUT_SECONDS = 5 s) and answers `[]` therefore costs the asker what a
 holding author costs (one hedge second of the pass before a replacement is drawn, one of the 16
-places for 4 s, one request), but instead of being left out of the draw for 30 s, then 60 s ... up
+places for 4 s, one request), but instead of going to the back of the draw for 30 s, then 60 s ... up
 to 10 minutes, it is asked again as soon as ASK_INTERVAL_SECONDS (2 s) has passed and it is no
 longer out: every pass, for ever. An honest node with nothing newer answers `[]` after
 HOLD_SECONDS = 3 s, so the Sybil looks like a quiet honest node; the attacker's whole cost is a

@@ -7,6 +7,7 @@ import itertools
 import json
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import trio
@@ -69,7 +70,9 @@ def test_a_node_killed_mid_run_restores_its_memory_of_its_peers(tmp_path, nodes)
 
 # A short ramp, so that a peer is established within the test; fresh keys weigh little beside it;
 # no screen, so that nothing but standing decides what the draw takes.
-STANDING = ["--standing-ramp-seconds", "20", "--newcomer-share", "0.001", "--screen", "off"]
+# A fixed balance, so that every round plans J = 2 (an adaptive one probes J = 3 every other
+# round, more than the 2 honest groups the test waits for).
+STANDING = ["--standing-ramp-seconds", "20", "--newcomer-share", "0.001", "--screen", "off", "--balance", "fixed"]
 
 
 def standing_records(memory: dict) -> dict[str, list]:
@@ -91,9 +94,10 @@ def running_memory(checkpoints: Path, after_round: int = 0) -> dict | None:
 
 
 async def keep_sharing(peer: Peer) -> None:
+    # twice a second, so that J = 2 of its groups are often waiting in the inbox when a round draws
     for round_index in itertools.count(1):
         await peer.share_honest(round_index)
-        await trio.sleep(1)
+        await trio.sleep(0.5)
 
 
 async def test_after_kill_9_every_author_keeps_its_standing_and_the_established_peer_comes_first(tmp_path, nodes):
@@ -103,7 +107,9 @@ async def test_after_kill_9_every_author_keeps_its_standing_and_the_established_
     and restarted: every author's record is as the last checkpoint saved it, the inbox is back,
     and the first round after the restart draws the established peer's groups, not the quiet
     one's, though both wait in the inbox."""
-    quiet = NodeProcess(tmp_path / "quiet", with_peers(EXTRA, []))
+    # It takes no one's groups (J = 0): fetching the honest peer's, it learnt the answer tags
+    # within a minute or two, and its groups then carried signal and earned it standing.
+    quiet = NodeProcess(tmp_path / "quiet", with_peers([*EXTRA, "--external", "0"], []))
     nodes.append(quiet)
     listen = f"/ip4/127.0.0.1/tcp/{free_port()}"  # the same after the restart: the peer dials it again
     args = with_peers([*EXTRA, *STANDING], [quiet.address])
@@ -117,9 +123,11 @@ async def test_after_kill_9_every_author_keeps_its_standing_and_the_established_
         if memory is None:
             return None
         records = standing_records(memory)
-        held = {entry[1]["origin"] for entry in memory["inbox"]["entries"]}
+        held = Counter(entry[1]["origin"] for entry in memory["inbox"]["entries"])
         established = honest.peer_id in records and records[honest.peer_id][0] < time.time() - 30
-        return memory if established and {honest.peer_id, quiet.peer_id} <= held else None
+        # J = 2 of the honest peer's groups waiting, so that the first round after the restart can
+        # take J from it alone; read from the newest checkpoint, which the kill at once leaves
+        return memory if established and held[honest.peer_id] >= 2 and held[quiet.peer_id] else None
 
     with trio.fail_after(400):
         async with trio.open_nursery() as nursery:
@@ -133,6 +141,9 @@ async def test_after_kill_9_every_author_keeps_its_standing_and_the_established_
             checkpoint = latest_checkpoint(checkpoints)
             saved = checkpoint.memory()
             before = standing_records(saved)
+            waiting = Counter(entry[1]["origin"] for entry in saved["inbox"]["entries"])
+            # what the first round's draw can take: J = 2 of the honest peer's, and the quiet one's
+            assert waiting[honest.peer_id] >= 2 and waiting[quiet.peer_id], waiting
             assert quiet.peer_id not in before  # no signal, no standing: a fresh key's weight
             restarted = await trio.to_thread.run_sync(lambda: NodeProcess(tmp_path / "node", args, listen=listen))
             nodes[1] = restarted
