@@ -7,8 +7,8 @@
 - `Failures`: authors that failed us lately (no answer within their deadline, a dial that
   failed, a broken answer). Each is skipped for a while, twice as long for each failure in a
   row, and forgotten once it answers: an author that holds its stream open, or whose record
-  names only dead addresses, costs one deadline, then goes to the back of the draw: asked
-  only once every other author is drawn (group_fetch.py).
+  names only dead addresses, costs one deadline, then goes to the back of the draw: one a
+  pass at most, over an open link, once the fresh authors are drawn (group_fetch.py).
 
 Both are plain values over a clock the caller passes in; neither touches the network.
 """

@@ -24,8 +24,8 @@ How:
 - No author can stall it (issue #41): one deadline per author (AUTHOR_SECONDS) for its dial,
   whatever its record names, and its request; a pass counts on an author for HEDGE_SECONDS and
   then draws another beside it, and never waits for its stragglers (fetch_pass.py); an author
-  that failed goes to the back of the draw for a while; and the one breaker is our own loop's lag
-  (protocol/toolkit/loop_lag.py), not a remote's silence.
+  that failed goes to the back of the draw for a while (one a pass, over an open link); and the
+  one breaker is our own loop's lag (protocol/toolkit/loop_lag.py), not a remote's silence.
 - It owes what the node kept: `refused_fetched(count)` (from the exchange, of groups its intake
   refused) makes them owed again, and the want's few retries ask for them.
 - What comes back goes to the node as what it is, an `Arrival` by the fetch route from its
@@ -123,6 +123,8 @@ PASS_SECONDS = 8.0
 # second; an answer forgets it. A timeout while our own loop is behind is not held against it.
 FAILED_SKIP_SECONDS = 30.0
 FAILED_SKIP_MAX_SECONDS = 600.0
+# Of those, drawn in one pass at most (over a link already open, once the fresh are drawn).
+FAILING_PER_PASS = 1
 # Groups asked of each drawn author. A node publishes its I local groups a round (2 in make
 # run), so two a request halves the requests and, where the author must be dialled, the new
 # connections (about 60-75 ms of CPU each against 5 ms for a request on an open link,
@@ -280,30 +282,37 @@ class GroupFetcher:
             self.count("fetch_calm", 1)
             dials = 0
         connected = set(open_peers(self.host))
+        authors = self.authors()
         askable = [
             a
-            for a in self.authors()
+            for a in authors
             if now - self._asked.get(a.peer_id, -math.inf) >= ASK_INTERVAL_SECONDS
             and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
             and a.peer_id not in self._out
         ]
-        # Authors that failed us lately go to the back of the draw, not out of it: they are asked
-        # only once every other askable author is drawn and groups are still owed. A pass draws
-        # at most MIN_DRAWN (or DRAW_FACTOR times what the want needs), so beside that many others
-        # a Sybil that stalls costs one deadline and is not drawn again until its skip ends. In a
-        # small swarm (`make run` has three nodes) leaving it out would make one timeout over a
-        # relayed circuit cost a node an honest peer's groups for 30 s and more, and when every
-        # author failed at once (our own link was down) no one would be asked at all.
+        fresh = [a for a in askable if not self._failures.skips(a.peer_id, now)]
+        failing = draw_order([a for a in askable if self._failures.skips(a.peer_id, now)], attrgetter("group"))
+        if any(not self._failures.skips(a.peer_id, now) for a in authors):
+            # Authors that failed us lately go to the back of the draw: FAILING_PER_PASS of them
+            # at most, over links already open (never a dial), asked only once every fresh author
+            # askable now is drawn and groups are still owed. Left out altogether, one timeout
+            # over a relayed circuit cost a small swarm's node (`make run` has three) an honest
+            # peer's groups for 30 s and more; drawn freely, Sybils that hold requests took places
+            # in every pass again, and records of tarpits spent the dials (attack on a13e106).
+            failing = [a for a in failing if a.peer_id in connected][:FAILING_PER_PASS]
+        # else every author we know failed us lately: more likely our own link (a network outage
+        # fails them all at once) than theirs, so all are drawn, dials included, or a node would
+        # stay deaf for up to 10 minutes after its link came back.
         # `pool.pop()` takes from the end: the fresh in draw order (a network group first, then
         # an author in it, draw.py), then the failing in theirs.
-        failing = [a for a in askable if self._failures.skips(a.peer_id, now)]
-        fresh = [a for a in askable if not self._failures.skips(a.peer_id, now)]
-        pool = draw_order(failing, attrgetter("group"))[::-1] + draw_order(fresh, attrgetter("group"))[::-1]
-        got, dialled = await self._pass(pool, connected, dials, nursery)
+        pool = failing[::-1] + draw_order(fresh, attrgetter("group"))[::-1]
+        got, dialled = await self._pass(pool, connected, dials, nursery, failing=len(failing))
         await self._links.close_spare()
         return got, dialled
 
-    async def _pass(self, pool: list[Author], connected: set[ID], dials: int, nursery: trio.Nursery) -> tuple[int, int]:
+    async def _pass(
+        self, pool: list[Author], connected: set[ID], dials: int, nursery: trio.Nursery, *, failing: int = 0
+    ) -> tuple[int, int]:
         """Draw authors from `pool` (from its end) while the groups owed are more than those out
         may still bring, each counted on for HEDGE_SECONDS; at most max(MIN_DRAWN, DRAW_FACTOR
         times the authors the groups need), and FETCH_CONCURRENCY out at once. End when nothing
@@ -325,8 +334,9 @@ class GroupFetcher:
                         if dialled >= dials or self.loop_lag.behind():
                             continue  # past the want's dials: the draw goes on among open links
                         dialled += 1
-                    # a small pool is asked for more a request, so that it can cover the want
-                    spread = max(GROUPS_PER_AUTHOR, math.ceil(owed / (len(pool) + 1)))
+                    # a small pool is asked for more a request, so that it can cover the want; the
+                    # `failing` authors at the pool's front are not counted on to share it
+                    spread = max(GROUPS_PER_AUTHOR, math.ceil(owed / (max(0, len(pool) - failing) + 1)))
                     groups = min(MAX_GROUPS_PER_RESPONSE, owed, spread)
                     self._out.add(author.peer_id, groups, now)
                     drawn += 1
@@ -343,13 +353,20 @@ class GroupFetcher:
         hand on what it brings. An author that gives no answer goes to the back of the draw for
         a while (`Failures`), unless our own loop is behind: then the fault is probably ours."""
         groups: list[ServedGroup] | None = None
+        reached = False
         try:
             with trio.move_on_after(AUTHOR_SECONDS) as deadline:
-                if await self._connect(author):
+                reached = await self._connect(author)
+                if reached:
                     after = self._newest.get(author.peer_id, -1)
                     groups = await self._ask(author.peer_id, GroupRequest(self.swarm, after, max_groups))
             if deadline.cancelled_caught:
                 self.count("fetch_timeouts", 1)
+                if not reached and not self.loop_lag.behind():
+                    # The dial itself ran out of time (an address that takes the SYN and never
+                    # speaks): as failed as a refused one, so discovery backs the record off and
+                    # drops it after a few. Cut off here, `_connect` never got to say so.
+                    self.dial_failed(author.peer_id)
             if groups is None:
                 if not self.loop_lag.behind():
                     self._failures.failed(author.peer_id, time.monotonic())

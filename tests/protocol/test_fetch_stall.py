@@ -199,3 +199,55 @@ async def test_an_author_that_failed_once_is_still_asked_when_no_one_else_has_th
             assert held and asker.counters["fetch_timeouts"] == 1  # the node's first ask of it failed
             assert (got[0].sender, got[0].data) == (slow.service.peer_id, b"from the slow author")
             nursery.cancel_scope.cancel()
+
+
+async def test_a_dial_that_runs_out_the_authors_deadline_counts_as_a_failed_dial():
+    """A record whose address takes the SYN and never speaks: its dial is cut off by the author's
+    deadline before it returns. It used to count as no dial at all, so discovery never backed
+    the record off nor dropped it (0 of 8 after 49 dials, attack on a13e106); now it fails it."""
+    with trio.fail_after(40):
+        async with trio.open_nursery() as nursery:
+            asker = await start_node(nursery, exchange="fetch", discover_peers=0)
+            with fetch_stall.tarpit() as port:
+                fetch_stall.tell(asker.service.discovery, fetch_stall.dead_record(port))
+                (record,) = asker.service.discovery.known()
+                asker.service.want(2)
+                await wait_until(lambda: asker.counters.get("fetch_timeouts", 0) >= 1, group_fetch.AUTHOR_SECONDS + 5)
+                assert asker.counters.get("fetch_dials") == 1
+                assert record.failures == 1 and record.next_dial_at > 0  # backed off, as a refused dial is
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_pass_draws_at_most_one_failing_author_and_only_over_an_open_link():
+    """Twelve Sybils that hold every request, beside one honest author with nothing new. Once
+    they have all failed, a pass that the honest author cannot fill draws one of them, not the
+    eight it may draw in all: drawn freely from the back of the draw (a13e106), holders took
+    places in every pass again (attack on a13e106: 1-4 holder requests a round, against 0)."""
+    asked: list[ID] = []
+
+    async def hold_noting(stream) -> None:
+        asked.append(stream.muxed_conn.peer_id)
+        await fetch_stall.hold(stream)
+
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            holders = [await start_node(nursery, exchange="fetch", discover_peers=0) for _ in range(12)]
+            for holder in holders:
+                holder.service.host.set_stream_handler(group_fetch.PROTOCOL_ID, hold_noting)
+            honest = await start_node(nursery, exchange="fetch", discover_peers=0)
+            asker = await start_node(
+                nursery, peers=[n.addr for n in [*holders, honest]], exchange="fetch", discover_peers=0
+            )
+            everyone = {n.service.peer_id for n in [*holders, honest]}
+            await wait_until(lambda: everyone <= set(asker.service.connected_peers()), 15)
+            await trio.sleep(1.5)  # past the start's loop lag, under which a timeout is not held against an author
+            fetcher = asker.service.fetcher
+            await fetcher.fetch(26, 0, nursery)  # every author drawn: the holders fail, one deadline each
+            await wait_until(lambda: asker.counters.get("fetch_timeouts", 0) >= 12, group_fetch.AUTHOR_SECONDS + 5)
+            await trio.sleep(group_fetch.ASK_INTERVAL_SECONDS)
+            assert len(asked) == 12
+            dials = asker.counters.get("fetch_dials", 0)
+            await fetcher.fetch(4, 4, nursery)
+            assert len(asked) - 12 == group_fetch.FAILING_PER_PASS == 1
+            assert asker.counters.get("fetch_dials", 0) == dials
+            nursery.cancel_scope.cancel()
