@@ -31,7 +31,7 @@ async def test_a_seed_keeps_its_links_under_the_high_watermark_and_joined_nodes_
     monkeypatch.setattr(connections, "GRACE_SECONDS", 1.0)
     monkeypatch.setattr(connections, "CHECK_SECONDS", 0.5)
     low, high, nodes = 3, 5, 10
-    with trio.fail_after(90):
+    with trio.fail_after(120):
         async with trio.open_nursery() as nursery:
             seed = await start_node(nursery, connections_low=low, connections_high=high, discover_peers=2)
             others = [
@@ -39,8 +39,15 @@ async def test_a_seed_keeps_its_links_under_the_high_watermark_and_joined_nodes_
                 for _ in range(nodes)
             ]
             links = []
-            deadline = trio.current_time() + 30
-            while trio.current_time() < deadline:
+
+            def joined() -> list:  # trimmed by the seed, and not dialled back
+                return [n for n in others if seed.service.peer_id not in n.service.connected_peers()]
+
+            # 30 s, and up to 30 s more while fewer than `nodes - high` have let the seed go: a node
+            # that has not joined yet dials its seed back (by design), and on a loaded machine
+            # (CI's, with a study beside it) joining took longer than 30 s
+            deadline, settled_by = trio.current_time() + 30, trio.current_time() + 60
+            while trio.current_time() < deadline or (len(joined()) < nodes - high and trio.current_time() < settled_by):
                 links.append(len(seed.service.connected_peers()))
                 await trio.sleep(0.25)
             # at most the links that arrived within one check after the last trim
@@ -48,6 +55,5 @@ async def test_a_seed_keeps_its_links_under_the_high_watermark_and_joined_nodes_
             assert seed.counters.get("links_trimmed", 0) >= nodes - high
             for node in others:  # each has peers besides the seed, and found them itself
                 assert len([p for p in node.service.connected_peers() if p != seed.service.peer_id]) >= 1
-            joined = [n for n in others if seed.service.peer_id not in n.service.connected_peers()]
-            assert len(joined) >= nodes - high  # trimmed, and not dialled back
+            assert len(joined()) >= nodes - high
             nursery.cancel_scope.cancel()
