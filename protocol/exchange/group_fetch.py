@@ -290,9 +290,10 @@ class GroupFetcher:
             and not self.gate.lacks(a.peer_id, PROTOCOL_ID)
             and a.peer_id not in self._out
         ]
-        fresh = [a for a in askable if not self._failures.skips(a.peer_id, now)]
-        failing = draw_order([a for a in askable if self._failures.skips(a.peer_id, now)], attrgetter("group"))
-        if any(not self._failures.skips(a.peer_id, now) for a in authors):
+        skipped = {a.peer_id for a in authors if self._failures.skips(a.peer_id, now)}
+        fresh = [a for a in askable if a.peer_id not in skipped]
+        failing = draw_order([a for a in askable if a.peer_id in skipped], attrgetter("group"))
+        if any(a.peer_id not in skipped for a in authors):
             # Authors that failed us lately go to the back of the draw: FAILING_PER_PASS of them
             # at most, over links already open (never a dial), asked only once every fresh author
             # askable now is drawn and groups are still owed. Left out altogether, one timeout
