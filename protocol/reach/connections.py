@@ -11,8 +11,9 @@ How (go-libp2p's connection manager, and Bitcoin Core's inbound eviction, in sma
   ones are neither counted nor closed: a relay we hold a slot on, a peer holding a slot on us
   (bounded by --relay-max-reservations), a relayed link (relayed_links.py would dial it again at
   once), or a bootstrap peer while this node has not joined yet (dialled fewer than `joined`
-  other peers). Young links others opened from one network group past YOUNG_PER_GROUP are
-  closed at once, so remaking links cannot hold many places either.
+  other peers). While young and lasted links together are over `high`, young links others
+  opened from one network group past YOUNG_PER_GROUP are closed at once, so remaking links
+  cannot hold many places either (`crowded_out`).
 - Links others opened to us go first, and each one is taken from the network group (IPv4 /16,
   IPv6 /32, or "local") that holds the most of the candidates, so that what stays is spread over
   as many groups as there were: a block of addresses that opened many links loses them first.
@@ -47,8 +48,9 @@ CHECK_SECONDS = 5.0
 GRACE_SECONDS = 30.0
 # Links closed at once: a node far over `high` comes down over a few checks, not in one cliff.
 MAX_CLOSED_PER_CHECK = 32
-# Young links others opened from one network group (IPv4 /16, IPv6 /32) at once; more are closed at
-# the next check. The "local" group (our host, our LAN: a local swarm is all of it) has no cap.
+# Young links others opened from one network group (IPv4 /16, IPv6 /32) at once while the node is
+# over its high watermark; more are closed at the next check. The "local" group (our host, our
+# LAN: a local swarm is all of it) has no cap.
 YOUNG_PER_GROUP = 8
 CLOSE_TIMEOUT_SECONDS = 2.0
 
@@ -84,9 +86,10 @@ class ConnectionManager:
 
     def surplus(self) -> tuple[list[ID], list[ID]]:
         """The peers to close now: (young links others opened past YOUNG_PER_GROUP from one
-        network group, and, while more than `high` links past their grace are open, enough of
-        those to come down to `low`). Links under their grace and protected ones are not counted:
-        a stranger that keeps remaking links cannot push the node over its watermark and make it
+        network group, while young and lasted links together are over `high`; and, while more
+        than `high` links past their grace are open, enough of those to come down to `low`).
+        Links under their grace and protected ones are never counted towards the second: a
+        stranger that keeps remaking links cannot push the node over its watermark and make it
         close the links that have lasted, which are the honest ones (an attack on the first
         version closed every honest link and the seed that way)."""
         now = self.clock()
@@ -105,8 +108,8 @@ class ConnectionManager:
                     young.setdefault(group, []).append(peer)
                 continue
             (inbound if theirs else outbound).append((peer, group))
-        crowding = [peer for group, peers in young.items() if group != "local" for peer in peers[YOUNG_PER_GROUP:]]
         lasted = len(inbound) + len(outbound)
+        crowding = crowded_out(young, lasted, self.high)
         if lasted <= self.high:
             return crowding, []
         need = min(lasted - self.low, MAX_CLOSED_PER_CHECK)
@@ -132,6 +135,18 @@ class ConnectionManager:
             self.count("links_trimmed", closed)
             logger.info("closed %d links: over %d connected, down towards %d", closed, self.high, self.low)
         return closed
+
+
+def crowded_out(young: dict[str, list[ID]], lasted: int, high: int) -> list[ID]:
+    """Young links others opened, by network group (oldest first), to close now: those past
+    YOUNG_PER_GROUP from one group, and only while young and lasted links together are more than
+    `high`. Under it a node has room, and the cap would only close honest newcomers and fetchers
+    from a busy /16 (a cloud region's nodes, the wild bench's 16 per /16: 2 of 42 newcomers
+    waited 47 s there). Over it the young links a stranger keeps remaking from one group hold at
+    most YOUNG_PER_GROUP places. The "local" group is not capped."""
+    if lasted + sum(len(peers) for peers in young.values()) <= high:
+        return []
+    return [peer for group, peers in young.items() if group != "local" for peer in peers[YOUNG_PER_GROUP:]]
 
 
 def past_grace(links: list[Any], now: float) -> bool:
@@ -177,4 +192,4 @@ def _from_the_largest_groups(candidates: list[tuple[ID, str]], need: int) -> lis
     return chosen
 
 
-__all__ = ["ConnectionManager", "dialled_beside", "has_joined", "must_stay"]
+__all__ = ["ConnectionManager", "crowded_out", "dialled_beside", "has_joined", "must_stay"]

@@ -8,7 +8,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from sapo.protocol.reach import connections
-from sapo.protocol.reach.connections import _from_the_largest_groups
+from sapo.protocol.reach.connections import YOUNG_PER_GROUP, _from_the_largest_groups, crowded_out
 from tests.support.gossip import start_node
 
 
@@ -25,6 +25,19 @@ def test_links_are_closed_from_the_most_crowded_network_group_first():
     assert sum(p in {q for q, _ in crowd} for p in chosen) >= 8
     assert lone[0][0] not in chosen  # every group keeps a link while another has more than one
     assert _from_the_largest_groups(crowd, 20) and len(_from_the_largest_groups(crowd, 20)) == 10
+
+
+def test_young_links_from_a_busy_group_are_closed_only_while_the_node_is_over_its_watermark():
+    busy = [peer() for _ in range(YOUNG_PER_GROUP + 4)]  # newcomers and fetchers from one /16
+    other = [peer() for _ in range(2)]
+    local = [peer() for _ in range(YOUNG_PER_GROUP + 4)]
+    young = {"11.81": busy, "11.82": other, "local": local}
+    total_young = len(busy) + len(other) + len(local)
+    # room under `high`: none is closed, however many come from one group (the wild bench's
+    # late newcomers were closed this way at seeds with room)
+    assert crowded_out(young, lasted=10, high=10 + total_young) == []
+    # over it: the busy group keeps its first YOUNG_PER_GROUP; the others and "local" keep theirs
+    assert crowded_out(young, lasted=11, high=10 + total_young) == busy[YOUNG_PER_GROUP:]
 
 
 async def test_a_seed_keeps_its_links_under_the_high_watermark_and_joined_nodes_leave_it_be(monkeypatch):
