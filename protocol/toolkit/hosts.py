@@ -16,6 +16,9 @@ within seconds) and dials outside the allow list and bans. No setting turns it o
 is the midpoint of the watermarks, and a zero high watermark makes the pruner close everything),
 so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
 
+Each inbound connection gives its slot back when its link closes (inbound.py): 0.8.1 kept it
+until the node stopped, and refused every inbound connection after the 250th of its life.
+
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 
 Its own keys are its own: 0.8.1's host reads them from the peerstore, which keeps at most 1,000
@@ -49,6 +52,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from sapo.protocol.toolkit.agents import IDENTIFY, identify_as
+from sapo.protocol.toolkit.inbound import release_slots_with_links
 from sapo.protocol.toolkit.release import agent_string
 
 
@@ -73,6 +77,7 @@ def new_noise_host(
     )
     assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
+    release_slots_with_links(swarm)  # 0.8.1 kept each inbound slot until the node stopped
     host = _OwnKeysHost(key_pair, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
     return host
