@@ -60,7 +60,9 @@ async def test_links_closed_while_their_peer_does_not_read_give_back_their_slots
                 await attacker.drop()
             await trio.sleep(2)
             after_leaving = census(host)
-            print(f"KB sent a link: {attackers[0].sent // 1024}; after trims {after_trims}; after leaving {after_leaving}")
+            print(
+                f"KB sent a link: {attackers[0].sent // 1024}; after trims {after_trims}; after leaving {after_leaving}"
+            )
             nursery.cancel_scope.cancel()
     # the node sees LOW open links: they are all it may hold slots and registrations for
     assert after_trims["slots"] <= after_trims["open_peers"] + 1, after_trims
