@@ -64,6 +64,8 @@ async def test_links_closed_while_their_peer_does_not_read_give_back_their_slots
                 f"KB sent a link: {attackers[0].sent // 1024}; after trims {after_trims}; after leaving {after_leaving}"
             )
             nursery.cancel_scope.cancel()
-    # the node sees LOW open links: they are all it may hold slots and registrations for
-    assert after_trims["slots"] <= after_trims["open_peers"] + 1, after_trims
-    assert after_leaving["registered"] == 0, after_leaving
+    # the node sees LOW open links: they are all it may hold slots and registrations for (the
+    # one it kept, stuffed, drains its buffered PINGs for a while after its peer left)
+    assert after_trims["slots"] <= after_trims["open_peers"], after_trims
+    assert after_trims["registered"] <= after_trims["open_peers"], after_trims
+    assert after_leaving["registered"] <= after_leaving["open_peers"], after_leaving
