@@ -26,7 +26,6 @@ slots and registrations.
 
 from __future__ import annotations
 
-import pytest
 import trio
 
 from sapo.protocol.reach import connections
@@ -37,7 +36,6 @@ SLOTS = 8
 LOW, HIGH = 1, 2
 
 
-@pytest.mark.xfail(strict=True, reason="closed links that the peer does not read keep their slot and registration")
 async def test_links_closed_while_their_peer_does_not_read_give_back_their_slots(monkeypatch):
     monkeypatch.setattr(connections, "GRACE_SECONDS", 4.0)
     monkeypatch.setattr(connections, "CHECK_SECONDS", 0.5)
