@@ -26,13 +26,16 @@ from tests.hardening.zombie_links import census, newcomer_gets_in
 from tests.support.gossip import start_node
 
 SILENT = 250  # the library's slots, from one address
+ATTACKER = "127.0.0.2"  # newcomers dial from 127.0.0.1: another address, as they would be
 
 
 async def silent_connection(port: int, opened: list[int]) -> None:
-    """Open a TCP connection, say nothing, and open another when the node closes it."""
+    """Open a TCP connection from ATTACKER, say nothing, and open another when the node closes
+    it (at once, but at most one a second: closed sooner, it would only cost both sides CPU)."""
     while True:
+        began = trio.current_time()
         try:
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=ATTACKER)
         except OSError:
             await trio.sleep(0.1)
             continue
@@ -43,6 +46,7 @@ async def silent_connection(port: int, opened: list[int]) -> None:
                     pass
             except trio.BrokenResourceError:
                 pass
+        await trio.sleep(max(0.0, 1.0 - (trio.current_time() - began)))
 
 
 @pytest.mark.xfail(strict=True, reason="silent connections from one address hold every inbound slot")
