@@ -17,7 +17,9 @@ is the midpoint of the watermarks, and a zero high watermark makes the pruner cl
 so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
 
 Each inbound connection gives its slot back when its link closes (inbound.py): 0.8.1 kept it
-until the node stopped, and refused every inbound connection after the 250th of its life.
+until the node stopped, and refused every inbound connection after the 250th of its life. And
+connections in their handshake hold at most HANDSHAKING of the slots, so silent ones from one
+address cannot hold them all.
 
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 
@@ -80,7 +82,7 @@ def new_noise_host(
     )
     assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
-    release_slots_with_links(swarm)  # 0.8.1 kept each inbound slot until the node stopped
+    release_slots_with_links(swarm, network_group)  # 0.8.1 kept each inbound slot until the node stopped
     host = _OwnKeysHost(key_pair, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
     return host

@@ -19,7 +19,6 @@ XFAIL(strict) on c2f0023: what a fix must make true is that newcomers get in whi
 from __future__ import annotations
 
 import multiaddr
-import pytest
 import trio
 
 from tests.hardening.zombie_links import census, newcomer_gets_in
@@ -49,7 +48,6 @@ async def silent_connection(port: int, opened: list[int]) -> None:
         await trio.sleep(max(0.0, 1.0 - (trio.current_time() - began)))
 
 
-@pytest.mark.xfail(strict=True, reason="silent connections from one address hold every inbound slot")
 async def test_silent_connections_from_one_address_do_not_keep_newcomers_out():
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
