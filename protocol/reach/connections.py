@@ -40,7 +40,15 @@ from libp2p.network.connection_pruner import get_connection_direction
 from libp2p.peer.id import ID
 from libp2p.rcmgr import Direction
 
-from sapo.protocol.toolkit.hosts import connection_age, dialled_peers, direct_ip, is_relayed, network_group, open_peers
+from sapo.protocol.toolkit.hosts import (
+    connection_age,
+    cut_connections,
+    dialled_peers,
+    direct_ip,
+    is_relayed,
+    network_group,
+    open_peers,
+)
 
 logger = logging.getLogger("sapo.gossip")
 
@@ -135,11 +143,8 @@ class ConnectionManager:
         async def close(peer: ID) -> None:
             nonlocal closed
             with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
-                try:
-                    await self.host.disconnect(peer)
-                    closed += 1
-                except Exception as error:  # noqa: BLE001 - already gone is fine
-                    logger.debug("closing the link to %s failed: %s", peer, error)
+                await cut_connections(self.host, peer)  # not the polite close: see cut_connections
+                closed += 1
 
         async with trio.open_nursery() as closing:  # at once: one slow peer must not hold the rest
             for peer in crowding + over:

@@ -12,7 +12,8 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from sapo.protocol.toolkit.hosts import new_noise_host
+from sapo.protocol.toolkit.hosts import network_group, new_noise_host
+from sapo.protocol.toolkit.inbound import Handshakes
 
 SLOTS = 3
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
@@ -83,3 +84,31 @@ async def _run_until_cancelled(host, ready: trio.Event) -> None:
     async with host.run([LOOPBACK]):
         ready.set()
         await trio.sleep_forever()
+
+
+class Connection:
+    """A connection in its handshake, as the table sees one: where it comes from, and its close."""
+
+    def __init__(self, name: str, ip: str, closed: list[str]):
+        self.name, self.ip, self.closed = name, ip, closed
+
+    def get_remote_address(self):
+        return (self.ip, 4001)
+
+    async def close(self):
+        self.closed.append(self.name)
+
+
+async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_place_not_a_newcomer():
+    closed: list[str] = []
+    table = Handshakes(3, group_of=network_group)
+    newcomer = Connection("newcomer", "11.81.0.7", closed)
+    await table.admit(newcomer, table.place(newcomer))
+    for i in range(5):  # one /16 keeps opening connections that say nothing
+        silent = Connection(f"silent{i}", f"11.82.{i}.1", closed)
+        await table.admit(silent, table.place(silent))
+    assert closed == ["silent0", "silent1", "silent2"]  # its own oldest, never the newcomer
+    assert table.place(Connection("lan", "192.168.1.5", closed)) == "192.168.1.5"  # local: by address
+    assert table.place(newcomer) == "11.81.0.0/16"
+    table.done(newcomer)
+    assert newcomer not in table.pending
