@@ -19,6 +19,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
+from sapo.protocol.toolkit.hosts import cut_connections
 from sapo.protocol.toolkit.peer_gate import PeerGate
 
 logger = logging.getLogger("sapo.gossip")
@@ -121,10 +122,7 @@ class GuardedPubsub(Pubsub):
                 except Exception:
                     pass
                 self._handle_dead_peer(peer_id)
-                try:
-                    await self.host.disconnect(peer_id)
-                except Exception as close_error:
-                    logger.debug("closing connection to %s failed: %s", peer_id, close_error)
+                await cut_connections(self.host, peer_id)
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         gate = self.gate
@@ -201,22 +199,6 @@ class GuardedPubsub(Pubsub):
         queue = self.peer_queues.get(peer_id)
         if queue is not None:
             queue._queue.max_size = max(queue._queue.max_size, OUTBOUND_QUEUE_SLOTS)
-
-
-async def cut_connections(host: Any, peer_id: ID) -> None:
-    """Drop every connection to a peer we refuse, now. Yamux's polite close first takes its
-    stream lock and writes a GO_AWAY, which a peer flooding us held off for seconds (while its
-    messages kept arriving); closing the secured connection underneath ends the TCP stream at
-    once, and the host's own disconnect then tidies up. Callers bound it in time."""
-    for connection in host.get_network().get_connections(peer_id):
-        try:
-            await connection.muxed_conn.secured_conn.close()
-        except Exception as error:  # noqa: BLE001 - already closed, or another transport
-            logger.debug("cutting the connection to %s failed: %s", peer_id, error)
-    try:
-        await host.disconnect(peer_id)
-    except Exception as error:  # noqa: BLE001 - it may be gone already
-        logger.debug("closing connection to %s failed: %s", peer_id, error)
 
 
 class Forgets(Protocol):

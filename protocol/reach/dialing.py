@@ -13,7 +13,7 @@ from libp2p.peer.peerinfo import PeerInfo
 
 from sapo.protocol.reach.addresses import AddressError, resolve_peer_address
 from sapo.protocol.settings import NetworkSettings
-from sapo.protocol.toolkit.hosts import replace_addrs
+from sapo.protocol.toolkit.hosts import cut_connections, replace_addrs
 from sapo.protocol.toolkit.peer_gate import PeerGate
 from sapo.training.bounded import BoundedMap
 
@@ -120,10 +120,7 @@ class Dialer:
         (relayed_links.py asks `hung_up`; the peer's end leaves a link it did not dial to us)."""
         self._hung_up.put(peer, None)
         with trio.move_on_after(HANG_UP_SECONDS):
-            try:
-                await self.host.disconnect(peer)
-            except Exception as error:  # noqa: BLE001 - already gone is fine
-                logger.debug("closing the link to %s failed: %s", peer, error)
+            await cut_connections(self.host, peer)  # not the polite close: see cut_connections
 
     def hung_up(self, peer: ID) -> bool:
         """Whether we closed our links to `peer` on purpose and have not dialled it since."""

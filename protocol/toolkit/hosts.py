@@ -16,6 +16,11 @@ within seconds) and dials outside the allow list and bans. No setting turns it o
 is the midpoint of the watermarks, and a zero high watermark makes the pruner close everything),
 so it is replaced by one that does nothing: the bootstrap keeper and discovery decide whom to dial.
 
+Each inbound connection gives its slot back when its link closes (inbound.py): 0.8.1 kept it
+until the node stopped, and refused every inbound connection after the 250th of its life. And
+connections in their handshake hold at most HANDSHAKING of the slots, so silent ones from one
+address cannot hold them all.
+
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 
 Its own keys are its own: 0.8.1's host reads them from the peerstore, which keeps at most 1,000
@@ -27,6 +32,7 @@ ended the node (tests/hardening/test_attack3_own_key_evicted.py).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +55,10 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from sapo.protocol.toolkit.agents import IDENTIFY, identify_as
+from sapo.protocol.toolkit.inbound import release_slots_with_links
 from sapo.protocol.toolkit.release import agent_string
+
+logger = logging.getLogger("sapo.gossip")
 
 
 def new_noise_host(
@@ -73,6 +82,7 @@ def new_noise_host(
     )
     assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
+    release_slots_with_links(swarm, network_group)  # 0.8.1 kept each inbound slot until the node stopped
     host = _OwnKeysHost(key_pair, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
     return host
@@ -316,6 +326,30 @@ def peer_str(peer_id_bytes: bytes) -> str:
         return ID(peer_id_bytes).to_base58()
     except Exception:  # noqa: BLE001 - any bytes may arrive here
         return peer_id_bytes.hex()
+
+
+async def cut_connections(host: Any, peer_id: ID) -> None:
+    """Drop every connection to `peer_id` now, whatever its peer does; callers bound it in time.
+
+    Why not `host.disconnect` alone: 0.8.1 marks the connection closed first, then yamux's polite
+    close takes its stream lock and writes a GO_AWAY. A peer that does not read (it stopped, or
+    it filled our send buffer with answers to its PINGs on purpose) makes that write wait for
+    ever, and a caller's time bound then cancels the close half-way: the link stays open
+    underneath, its inbound slot held (inbound.py waits for the muxer to close), registered in
+    the swarm for the node's life (0.8.1's max_connections counts it), and no longer seen by the
+    connection manager (tests/hardening/test_attack5_zombie_links.py). A peer flooding us held
+    the polite close off for seconds the same way. Closing the secured connection underneath
+    ends the TCP stream at once and wakes a write that waits on it; the polite close then runs to
+    its end and tidies up."""
+    for connection in host.get_network().get_connections(peer_id):
+        try:
+            await connection.muxed_conn.secured_conn.close()
+        except Exception as error:  # noqa: BLE001 - already closed, or another transport
+            logger.debug("cutting the connection to %s failed: %s", peer_id, error)
+    try:
+        await host.disconnect(peer_id)
+    except Exception as error:  # noqa: BLE001 - it may be gone already
+        logger.debug("closing connection to %s failed: %s", peer_id, error)
 
 
 async def reset_stream(stream: Any) -> None:

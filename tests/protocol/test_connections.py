@@ -8,7 +8,15 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from sapo.protocol.reach import connections
-from sapo.protocol.reach.connections import _from_the_largest_groups
+from sapo.protocol.reach.connections import (
+    CHECK_SECONDS,
+    GRACE_SECONDS,
+    YOUNG_PER_GROUP,
+    _from_the_largest_groups,
+    counted,
+    crowded_out,
+    past_grace,
+)
 from tests.support.gossip import start_node
 
 
@@ -25,6 +33,37 @@ def test_links_are_closed_from_the_most_crowded_network_group_first():
     assert sum(p in {q for q, _ in crowd} for p in chosen) >= 8
     assert lone[0][0] not in chosen  # every group keeps a link while another has more than one
     assert _from_the_largest_groups(crowd, 20) and len(_from_the_largest_groups(crowd, 20)) == 10
+
+
+def test_young_links_from_a_busy_group_are_closed_only_while_the_node_is_over_its_watermark():
+    busy = [peer() for _ in range(YOUNG_PER_GROUP + 4)]  # newcomers and fetchers from one /16
+    other = [peer() for _ in range(2)]
+    local = [peer() for _ in range(YOUNG_PER_GROUP + 4)]
+    young = {"11.81": busy, "11.82": other, "local": local}
+    total_young = len(busy) + len(other) + len(local)
+    # room under `high`: none is closed, however many come from one group (the wild bench's
+    # late newcomers were closed this way at seeds with room)
+    assert crowded_out(young, lasted=10, high=10 + total_young) == []
+    # over it: the busy group keeps its first YOUNG_PER_GROUP; the others and "local" keep theirs
+    assert crowded_out(young, lasted=11, high=10 + total_young) == busy[YOUNG_PER_GROUP:]
+
+
+class Link:
+    def __init__(self, created_at: float):
+        self._created_at = created_at
+
+
+def test_no_link_passes_its_grace_between_two_checks_uncounted():
+    # the wild bench's seeds held up to 38 links past their grace against a high watermark of 32:
+    # links that crossed it between two checks were not counted until the next one
+    now = 1000.0
+    for tenths in range(0, int(GRACE_SECONDS * 10) + 20):
+        links = [Link(now - tenths / 10)]
+        if not counted(links, now):  # left out at this check...
+            assert not past_grace(links, now + CHECK_SECONDS)  # ...and still under grace at the next
+    assert not counted([Link(now - (GRACE_SECONDS - CHECK_SECONDS) + 0.1)], now)  # the youngest stay out
+    assert counted([Link(now - GRACE_SECONDS + CHECK_SECONDS)], now)
+    assert not counted([Link(now - GRACE_SECONDS), Link(now - 1.0)], now)  # a peer's youngest link decides
 
 
 async def test_a_seed_keeps_its_links_under_the_high_watermark_and_joined_nodes_leave_it_be(monkeypatch):

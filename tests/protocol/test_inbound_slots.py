@@ -1,0 +1,114 @@
+"""An inbound connection's slot comes back when its link closes (protocol/toolkit/inbound.py).
+
+py-libp2p 0.8.1 held each inbound connection's slot until the node stopped, so after 250 inbound
+connections in its life a node closed every new one before reading a byte: the wild bench's seeds
+refused all newcomers 17 minutes into a run. Real hosts on 127.0.0.1, made the node's one way
+(`new_noise_host`); the library's own limiter is cut from 250 slots to 3 so that the test needs a
+handful of connections, not hundreds (the same limiter, the same handler).
+"""
+
+import multiaddr
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from sapo.protocol.toolkit.hosts import network_group, new_noise_host
+from sapo.protocol.toolkit.inbound import Handshakes
+
+SLOTS = 3
+LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
+
+
+def node_host():
+    host = new_noise_host(create_new_key_pair(), [LOOPBACK])
+    host.get_network()._inbound_limiter = trio.CapacityLimiter(SLOTS)
+    return host
+
+
+def address_of(host) -> multiaddr.Multiaddr:
+    address = str(host.get_addrs()[0])
+    return multiaddr.Multiaddr(address if "/p2p/" in address else f"{address}/p2p/{host.get_id()}")
+
+
+async def slots_held(host, want: int) -> int:
+    """The slots `host` holds once they settle at `want` (or after 5 s)."""
+    limiter = host.get_network()._inbound_limiter
+    with trio.move_on_after(5):
+        while limiter.borrowed_tokens != want:
+            await trio.sleep(0.05)
+    return limiter.borrowed_tokens
+
+
+async def test_inbound_slots_come_back_when_links_close_and_the_cap_still_holds():
+    node = node_host()
+    async with node.run([LOOPBACK]):
+        info = info_from_p2p_addr(address_of(node))
+        # three times the slots, one link at a time: each closes (by the peer, or by the node as
+        # its connection manager does) and its slot comes back
+        for turn in range(3 * SLOTS):
+            client = new_noise_host(create_new_key_pair(), [LOOPBACK])
+            async with client.run([LOOPBACK]):
+                with trio.fail_after(10):
+                    await client.connect(info)
+                assert await slots_held(node, 1) == 1, f"turn {turn}: the link holds one slot"
+                if turn % 2:
+                    await node.disconnect(client.get_id())
+                else:
+                    await client.disconnect(node.get_id())
+                assert await slots_held(node, 0) == 0, f"turn {turn}: the slot did not come back"
+
+        # the cap is still the library's: SLOTS links open at once, and the next one is refused
+        clients = [new_noise_host(create_new_key_pair(), [LOOPBACK]) for _ in range(SLOTS + 1)]
+        async with trio.open_nursery() as nursery:
+            ready = []
+            for client in clients:
+                ready.append(trio.Event())
+                nursery.start_soon(_run_until_cancelled, client, ready[-1])
+            for event in ready:
+                await event.wait()
+            for client in clients[:SLOTS]:
+                with trio.fail_after(10):
+                    await client.connect(info)
+            assert await slots_held(node, SLOTS) == SLOTS
+            refused = False
+            try:
+                with trio.fail_after(10):
+                    await clients[SLOTS].connect(info)
+            except Exception:  # noqa: BLE001 - the node closes it before the handshake
+                refused = True
+            assert refused
+            nursery.cancel_scope.cancel()
+
+
+async def _run_until_cancelled(host, ready: trio.Event) -> None:
+    async with host.run([LOOPBACK]):
+        ready.set()
+        await trio.sleep_forever()
+
+
+class Connection:
+    """A connection in its handshake, as the table sees one: where it comes from, and its close."""
+
+    def __init__(self, name: str, ip: str, closed: list[str]):
+        self.name, self.ip, self.closed = name, ip, closed
+
+    def get_remote_address(self):
+        return (self.ip, 4001)
+
+    async def close(self):
+        self.closed.append(self.name)
+
+
+async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_place_not_a_newcomer():
+    closed: list[str] = []
+    table = Handshakes(3, group_of=network_group)
+    newcomer = Connection("newcomer", "11.81.0.7", closed)
+    await table.admit(newcomer, table.place(newcomer))
+    for i in range(5):  # one /16 keeps opening connections that say nothing
+        silent = Connection(f"silent{i}", f"11.82.{i}.1", closed)
+        await table.admit(silent, table.place(silent))
+    assert closed == ["silent0", "silent1", "silent2"]  # its own oldest, never the newcomer
+    assert table.place(Connection("lan", "192.168.1.5", closed)) == "192.168.1.5"  # local: by address
+    assert table.place(newcomer) == "11.81.0.0/16"
+    table.done(newcomer)
+    assert newcomer not in table.pending
