@@ -159,8 +159,7 @@ def crowded_out(young: dict[str, list[ID]], lasted: int, high: int) -> list[ID]:
     """Young links others opened, by network group (oldest first), to close now: those past
     YOUNG_PER_GROUP from one group, and only while young and lasted links together are more than
     `high`. Under it a node has room, and the cap would only close honest newcomers and fetchers
-    from a busy /16 (a cloud region's nodes, the wild bench's 16 per /16: 2 of 42 newcomers
-    waited 47 s there). Over it the young links a stranger keeps remaking from one group hold at
+    from a busy /16 (a cloud region's nodes, the wild bench's 16 per /16). Over it the young links a stranger keeps remaking from one group hold at
     most YOUNG_PER_GROUP places. The "local" group is not capped."""
     if lasted + sum(len(peers) for peers in young.values()) <= high:
         return []
@@ -177,8 +176,8 @@ def counted(links: list[Any], now: float) -> bool:
 
 
 def past_grace(links: list[Any], now: float) -> bool:
-    """Whether every open link to a peer has lasted GRACE_SECONDS: only such peers count towards
-    the watermarks, and only they are closed to come down to the low one."""
+    """Whether every open link to a peer has lasted GRACE_SECONDS (what the wild bench measures;
+    the manager counts a check ahead, `counted`)."""
     return min(connection_age(c, now) for c in links) >= GRACE_SECONDS
 
 

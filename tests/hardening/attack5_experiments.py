@@ -19,6 +19,7 @@ import trio
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.reach import connections
+from tests.hardening.test_attack5_stalled_handshakes import silent_connection
 from tests.hardening.zombie_links import Attacker, census, cut_slots, newcomer_gets_in
 from tests.support.gossip import start_node
 
@@ -105,28 +106,13 @@ async def maxconn() -> None:
 
 
 async def stall() -> None:
-    async def silent(port: int, opened: list[int]) -> None:
-        while True:
-            try:
-                stream = await trio.open_tcp_stream("127.0.0.1", port, local_address="127.0.0.2")
-            except OSError:
-                await trio.sleep(0.1)
-                continue
-            opened[0] += 1
-            async with stream:
-                try:
-                    while await stream.receive_some(4096):
-                        pass
-                except trio.BrokenResourceError:
-                    pass
-
     async with trio.open_nursery() as nursery:
         victim = await start_node(nursery, discover_peers=0)
         port = int(multiaddr.Multiaddr(victim.addr).value_for_protocol("tcp"))
         opened = [0]
         async with trio.open_nursery() as attack:
             for _ in range(250):
-                attack.start_soon(silent, port, opened)
+                attack.start_soon(silent_connection, port, opened, 0.0)  # as fast as the node closes them
             await trio.sleep(2)
             got_in = tries = 0
             began, spent = time.monotonic(), cpu()

@@ -28,9 +28,10 @@ SILENT = 250  # the library's slots, from one address
 ATTACKER = "127.0.0.2"  # newcomers dial from 127.0.0.1: another address, as they would be
 
 
-async def silent_connection(port: int, opened: list[int]) -> None:
+async def silent_connection(port: int, opened: list[int], every: float = 1.0) -> None:
     """Open a TCP connection from ATTACKER, say nothing, and open another when the node closes
-    it (at once, but at most one a second: closed sooner, it would only cost both sides CPU)."""
+    it (at once, but at most one every `every` s: closed sooner, it would only cost both sides
+    CPU; attack5_experiments' fast attacker passes 0)."""
     while True:
         began = trio.current_time()
         try:
@@ -45,7 +46,7 @@ async def silent_connection(port: int, opened: list[int]) -> None:
                     pass
             except trio.BrokenResourceError:
                 pass
-        await trio.sleep(max(0.0, 1.0 - (trio.current_time() - began)))
+        await trio.sleep(max(0.0, every - (trio.current_time() - began)))
 
 
 async def test_silent_connections_from_one_address_do_not_keep_newcomers_out():
