@@ -19,8 +19,7 @@ import trio
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.reach import connections
-from tests.hardening.test_attack5_stalled_handshakes import silent_connection
-from tests.hardening.zombie_links import Attacker, census, cut_slots, newcomer_gets_in
+from tests.hardening.zombie_links import Attacker, census, cut_slots, newcomer_gets_in, silent_connection
 from tests.support.gossip import start_node
 
 START = time.monotonic()

@@ -21,32 +21,10 @@ from __future__ import annotations
 import multiaddr
 import trio
 
-from tests.hardening.zombie_links import census, newcomer_gets_in
+from tests.hardening.zombie_links import census, newcomer_gets_in, silent_connection
 from tests.support.gossip import start_node
 
 SILENT = 250  # the library's slots, from one address
-ATTACKER = "127.0.0.2"  # newcomers dial from 127.0.0.1: another address, as they would be
-
-
-async def silent_connection(port: int, opened: list[int], every: float = 1.0) -> None:
-    """Open a TCP connection from ATTACKER, say nothing, and open another when the node closes
-    it (at once, but at most one every `every` s: closed sooner, it would only cost both sides
-    CPU; attack5_experiments' fast attacker passes 0)."""
-    while True:
-        began = trio.current_time()
-        try:
-            stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=ATTACKER)
-        except OSError:
-            await trio.sleep(0.1)
-            continue
-        opened[0] += 1
-        async with stream:
-            try:
-                while await stream.receive_some(4096):
-                    pass
-            except trio.BrokenResourceError:
-                pass
-        await trio.sleep(max(0.0, every - (trio.current_time() - began)))
 
 
 async def test_silent_connections_from_one_address_do_not_keep_newcomers_out():

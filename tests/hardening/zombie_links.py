@@ -120,3 +120,27 @@ async def newcomer_gets_in(target: str) -> bool:
             except Exception:  # noqa: BLE001
                 pass
     return ok
+
+
+SILENT_ATTACKER = "127.0.0.2"  # newcomers dial from 127.0.0.1: another address, as they would be
+
+
+async def silent_connection(port: int, opened: list[int], every: float = 1.0) -> None:
+    """Open a TCP connection from SILENT_ATTACKER, say nothing, and open another when the node closes
+    it (at once, but at most one every `every` s: closed sooner, it would only cost both sides
+    CPU; attack5_experiments' fast attacker passes 0)."""
+    while True:
+        began = trio.current_time()
+        try:
+            stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=SILENT_ATTACKER)
+        except OSError:
+            await trio.sleep(0.1)
+            continue
+        opened[0] += 1
+        async with stream:
+            try:
+                while await stream.receive_some(4096):
+                    pass
+            except trio.BrokenResourceError:
+                pass
+        await trio.sleep(max(0.0, every - (trio.current_time() - began)))
