@@ -27,8 +27,9 @@ $(STAMP): pyproject.toml Makefile
 run: $(STAMP)
 	$(VENV)/bin/sapo-node swarm $(RUN_ARGS)
 
+# the 30 slowest tests close the output, so a run that nears CI's time says where it went
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 # ruff's lint and format check, and mypy over the package as it installs (`sapo.node`, ...):
 # mypy reads a view of the four folders under their installed names, made here.
