@@ -19,7 +19,8 @@ so it is replaced by one that does nothing: the bootstrap keeper and discovery d
 Each inbound connection gives its slot back when its link closes (inbound.py): 0.8.1 kept it
 until the node stopped, and refused every inbound connection after the 250th of its life. And
 connections in their handshake hold at most HANDSHAKING of the slots, so silent ones from one
-address cannot hold them all.
+address cannot hold them all; and ROOM slots are kept free, by closing what has not proved itself
+yet from the most crowded place (`host.inbound_room`).
 
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 
@@ -55,7 +56,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from sapo.protocol.toolkit.agents import IDENTIFY, identify_as
-from sapo.protocol.toolkit.inbound import release_slots_with_links
+from sapo.protocol.toolkit.inbound import InboundRoom, release_slots_with_links
 from sapo.protocol.toolkit.release import agent_string
 
 logger = logging.getLogger("sapo.gossip")
@@ -82,8 +83,8 @@ def new_noise_host(
     )
     assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
-    release_slots_with_links(swarm, network_group)  # 0.8.1 kept each inbound slot until the node stopped
-    host = _OwnKeysHost(key_pair, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+    room = release_slots_with_links(swarm, network_group)  # 0.8.1 kept each inbound slot until the node stopped
+    host = _OwnKeysHost(key_pair, room, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
     return host
 
@@ -92,8 +93,9 @@ class _OwnKeysHost(BasicHost):
     """A BasicHost that answers its own keys from the key pair it was made with, not from the
     peerstore, which may have evicted them (see the module docstring)."""
 
-    def __init__(self, key_pair: Any, **kwargs: Any) -> None:
+    def __init__(self, key_pair: Any, inbound_room: InboundRoom, **kwargs: Any) -> None:
         self._key_pair = key_pair  # BasicHost's own __init__ asks for the keys already
+        self.inbound_room = inbound_room  # what holds its inbound slots (the connection manager reads it)
         super().__init__(**kwargs)
 
     def get_public_key(self) -> Any:

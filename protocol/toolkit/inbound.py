@@ -25,13 +25,23 @@ are in their handshake at once, and a new one past that closes the oldest of the
 /16, IPv6 /32, or the address itself on our host and LAN) that has the most in handshake: an
 honest handshake takes milliseconds, and an address that keeps opening connections only closes
 its own.
+
+And the slots that stay are not all a stranger's to take: links younger than the connection
+manager's grace are not counted against its watermarks (a newcomer must have time to prove
+useful), so a stranger with addresses in about 20 /16s, remaking 8 links from each before they
+are counted, could hold every slot that handshakes and counted links leave (h-atk5's finding 3).
+So a connection that arrives while fewer than ROOM slots are free closes one that has not proved
+itself yet, as Bitcoin Core's inbound eviction does: from the place with the most handshakes and
+young links together, its oldest handshake, or else its youngest link
+(tests/hardening/test_attack5_young_links_from_many_groups.py). The connection manager names the
+young links (`InboundRoom.young_links`); an honest swarm, whose links last, never gets there.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -42,52 +52,94 @@ logger = logging.getLogger("sapo.gossip")
 
 # Inbound connections in their security and muxer handshake at once (of the library's 250 slots).
 HANDSHAKING = 64
+# Inbound slots kept free for whoever comes next: fewer free when a connection arrives, and one
+# connection that has not proved itself yet is closed.
+ROOM = 16
+
+# A young link, as the connection manager names one: its place, and how to close it.
+YoungLink = tuple[str, Callable[[], Awaitable[object]]]
 
 
-class Handshakes:
-    """Inbound connections in their handshake, oldest first, each with the place it comes from."""
+def place_of(ip: str, group_of: Callable[[str], str]) -> str:
+    """Where an inbound connection comes from: its network group, or on our host and LAN (where
+    every address is in the one "local" group) the address itself."""
+    group = group_of(ip)
+    return ip if group == "local" else group
 
-    def __init__(self, most: int, group_of: Callable[[str], str]) -> None:
-        self.most = most
+
+class InboundRoom:
+    """The inbound slots that can be taken back: connections in their handshake, oldest first, each
+    with the place it comes from; and the young links the connection manager names
+    (`young_links`, none until it runs)."""
+
+    def __init__(self, group_of: Callable[[str], str], free_slots: Callable[[], int], most: int = HANDSHAKING) -> None:
         self.group_of = group_of
+        self.free_slots = free_slots
+        self.most = most
         self.pending: dict[Any, str] = {}
+        self.young_links: Callable[[], list[YoungLink]] = list
 
     def place(self, stream: Any) -> str:
         try:
             ip = stream.get_remote_address()[0]
         except Exception:  # noqa: BLE001 - no address: one place for all such
             return "unknown"
-        group = self.group_of(ip)
-        return ip if group == "local" else group
+        return place_of(ip, self.group_of)
 
     async def admit(self, raw: Any, place: str) -> None:
-        """Count `raw` in; past `most`, close the oldest handshake of the most crowded place."""
+        """Count `raw` in. Past `most` handshakes, close the oldest handshake of the place with the
+        most; with fewer than ROOM slots free, close one that has not proved itself (`make_room`)."""
         self.pending[raw] = place
-        if len(self.pending) <= self.most:
+        if len(self.pending) > self.most:
+            crowd = Counter(self.pending.values())
+            most = max(crowd.values())
+            oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
+            await self._close_handshake(oldest)
+        elif self.free_slots() < ROOM:
+            await self.make_room(arriving=raw)
+
+    async def make_room(self, arriving: Any = None) -> None:
+        """Close the oldest handshake, or else the youngest young link, of the place that holds the
+        most of both together (never the `arriving` connection itself: it came to a node with
+        room for it; nothing, if nothing else has yet to prove itself)."""
+        young = self.young_links()
+        others = {raw: where for raw, where in self.pending.items() if raw is not arriving}
+        crowd = Counter(others.values()) + Counter(where for where, _ in young)
+        if not crowd:
             return
-        crowd = Counter(self.pending.values())
         most = max(crowd.values())
-        oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
-        del self.pending[oldest]
+        place = next(where for where, count in crowd.items() if count == most)
+        handshake = next((raw for raw, where in others.items() if where == place), None)
+        if handshake is not None:
+            await self._close_handshake(handshake)
+            return
+        youngest = [close for where, close in young if where == place][-1]
+        logger.debug("closing a young link from %s: %d slots free", place, self.free_slots())
+        await youngest()
+
+    async def _close_handshake(self, raw: Any) -> None:
+        place = self.pending.pop(raw)
         logger.debug("closing a handshake from %s: %d in handshake", place, len(self.pending) + 1)
-        await _close_quietly(oldest)  # its upgrade fails and gives its slot back
+        await _close_quietly(raw)  # its upgrade fails and gives its slot back
 
     def done(self, raw: Any) -> None:
         self.pending.pop(raw, None)
 
 
-def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> None:
+def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> InboundRoom:
     """Make `swarm` (0.8.1's Swarm) end each inbound connection's task when its link closes, with
-    at most HANDSHAKING of them in their handshake; `group_of(ip)` is the network group of an
-    address ("local" for our host and LAN)."""
-    handshakes = Handshakes(HANDSHAKING, group_of)
+    at most HANDSHAKING of them in their handshake and ROOM slots kept free; `group_of(ip)` is the
+    network group of an address ("local" for our host and LAN). The room it returns is the node's
+    one record of them (the connection manager names its young links to it)."""
+    room = InboundRoom(group_of, lambda: int(swarm._inbound_limiter.available_tokens))
     swarm._do_handle_inbound_connection = partial(
-        _handle_until_closed, swarm, handshakes, swarm._do_handle_inbound_connection
+        _handle_until_closed, swarm, room, swarm._do_handle_inbound_connection
     )
+    return room
 
 
 async def _handle_until_closed(
-    swarm: Any, handshakes: Handshakes, library_handler: Any, stream: Any, maddr: Any, failure_event: Any
+    swarm: Any, room: InboundRoom, library_handler: Any, stream: Any, maddr: Any, failure_event: Any
 ) -> None:
     if isinstance(stream, IMuxedConn):  # QUIC, WebTransport: not a transport of ours
         await library_handler(stream, maddr, failure_event)
@@ -97,7 +149,7 @@ async def _handle_until_closed(
         await _close_quietly(stream)
         return
     raw = RawConnection(stream, False)
-    await handshakes.admit(raw, handshakes.place(stream))
+    await room.admit(raw, room.place(stream))
     try:
         muxed = await swarm.upgrade_inbound_raw_conn(raw, maddr)
     except Exception as error:  # noqa: BLE001 - a stranger's failed handshake is routine, as in 0.8.1
@@ -105,7 +157,7 @@ async def _handle_until_closed(
         await _close_quietly(raw)
         return
     finally:
-        handshakes.done(raw)
+        room.done(raw)
     # the link is registered; this task (and its slot) lasts exactly as long as the link does
     await muxed.event_closed.wait()
 
@@ -117,4 +169,4 @@ async def _close_quietly(closer: Any) -> None:
         pass
 
 
-__all__ = ["HANDSHAKING", "Handshakes", "release_slots_with_links"]
+__all__ = ["HANDSHAKING", "ROOM", "InboundRoom", "YoungLink", "place_of", "release_slots_with_links"]

@@ -25,14 +25,25 @@ def peer() -> ID:
 
 
 def test_links_are_closed_from_the_most_crowded_network_group_first():
-    crowd = [(peer(), "10.1") for _ in range(10)]
-    few = [(peer(), "10.2") for _ in range(2)]
-    lone = [(peer(), "10.3")]
+    crowd = [(peer(), "10.1", 100.0 - i) for i in range(10)]  # seconds lasted: the last is youngest
+    few = [(peer(), "10.2", 50.0 - i) for i in range(2)]
+    lone = [(peer(), "10.3", 40.0)]
     chosen = _from_the_largest_groups(crowd + few + lone, 9)
     assert len(chosen) == 9 and len(set(chosen)) == 9
-    assert sum(p in {q for q, _ in crowd} for p in chosen) >= 8
+    assert sum(p in {q for q, _, _ in crowd} for p in chosen) >= 8
     assert lone[0][0] not in chosen  # every group keeps a link while another has more than one
+    assert chosen[:3] == [crowd[9][0], crowd[8][0], crowd[7][0]]  # the youngest of the crowd first
     assert _from_the_largest_groups(crowd, 20) and len(_from_the_largest_groups(crowd, 20)) == 10
+
+
+def test_between_groups_holding_as_many_the_youngest_links_go_first():
+    # honest links in groups of their own, up before a stranger made one link in each of many
+    # groups: a trim among equals takes the stranger's, not a random share of the honest ones
+    honest = [(peer(), f"11.{120 + i}", 600.0 - i) for i in range(4)]
+    stranger = [(peer(), f"11.{82 + i}", 40.0 - i) for i in range(10)]
+    chosen = _from_the_largest_groups(honest + stranger, 10)
+    assert set(chosen) == {p for p, _, _ in stranger}
+    assert chosen[0] == stranger[-1][0]
 
 
 def test_young_links_from_a_busy_group_are_closed_only_while_the_node_is_over_its_watermark():

@@ -13,7 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.toolkit.hosts import network_group, new_noise_host
-from sapo.protocol.toolkit.inbound import Handshakes
+from sapo.protocol.toolkit.inbound import ROOM, InboundRoom
 
 SLOTS = 3
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
@@ -101,7 +101,7 @@ class Connection:
 
 async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_place_not_a_newcomer():
     closed: list[str] = []
-    table = Handshakes(3, group_of=network_group)
+    table = InboundRoom(network_group, free_slots=lambda: 250, most=3)
     newcomer = Connection("newcomer", "11.81.0.7", closed)
     await table.admit(newcomer, table.place(newcomer))
     for i in range(5):  # one /16 keeps opening connections that say nothing
@@ -112,3 +112,35 @@ async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_plac
     assert table.place(newcomer) == "11.81.0.0/16"
     table.done(newcomer)
     assert newcomer not in table.pending
+
+
+async def test_a_node_short_of_slots_closes_what_has_not_proved_itself_from_the_most_crowded_place():
+    closed: list[str] = []
+    free = [ROOM]
+    room = InboundRoom(network_group, free_slots=lambda: free[0])
+
+    def young(name: str, place: str):
+        async def close():
+            closed.append(name)
+
+        return (place, close)
+
+    # young links, oldest first: one /16 holds three, two others one each
+    room.young_links = lambda: [
+        young("crowd-old", "11.82.0.0/16"),
+        young("honest", "11.120.0.0/16"),
+        young("crowd-young", "11.82.0.0/16"),
+        young("lan", "192.168.1.5"),
+        young("crowd-newest", "11.82.0.0/16"),
+    ]
+    newcomer = Connection("newcomer", "11.150.0.1", closed)
+    await room.admit(newcomer, room.place(newcomer))
+    assert closed == []  # ROOM slots free: nothing to make room for
+    free[0] = ROOM - 1
+    await room.admit(newcomer, room.place(newcomer))
+    assert closed == ["crowd-newest"]  # the youngest of the place holding the most
+    silent = [Connection(f"silent{i}", f"11.90.{i}.1", closed) for i in range(4)]
+    for connection in silent:  # handshakes count with young links: their place now holds the most
+        room.pending[connection] = room.place(connection)
+    await room.make_room()
+    assert closed[-1] == "silent0"  # its oldest handshake, not anyone's link
