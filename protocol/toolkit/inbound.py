@@ -30,7 +30,7 @@ And the slots that stay are not all a stranger's to take: links younger than the
 manager's grace are not counted against its watermarks (a newcomer must have time to prove
 useful), so a stranger with addresses in about 20 /16s, remaking 8 links from each before they
 are counted, could hold every slot that handshakes and counted links leave (h-atk5's finding 3).
-So a connection that arrives while fewer than ROOM slots are free closes one that has not proved
+So a connection that arrives while fewer than one slot in ROOM_SHARE is free (15 of 250) closes one that has not proved
 itself yet, as Bitcoin Core's inbound eviction does: from the place with the most handshakes and
 young links together, its oldest handshake, or else its youngest link
 (tests/hardening/test_attack5_young_links_from_many_groups.py). The connection manager names the
@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import trio
 from libp2p.abc import IMuxedConn
 from libp2p.network.connection.raw_connection import RawConnection
 
@@ -52,9 +53,9 @@ logger = logging.getLogger("sapo.gossip")
 
 # Inbound connections in their security and muxer handshake at once (of the library's 250 slots).
 HANDSHAKING = 64
-# Inbound slots kept free for whoever comes next: fewer free when a connection arrives, and one
-# connection that has not proved itself yet is closed.
-ROOM = 16
+# One inbound slot in this many is kept free for whoever comes next (15 of the library's 250):
+# fewer free when a connection arrives, and one connection that has not proved itself is closed.
+ROOM_SHARE = 16
 
 # A young link, as the connection manager names one: its place, and how to close it.
 YoungLink = tuple[str, Callable[[], Awaitable[object]]]
@@ -72,9 +73,11 @@ class InboundRoom:
     with the place it comes from; and the young links the connection manager names
     (`young_links`, none until it runs)."""
 
-    def __init__(self, group_of: Callable[[str], str], free_slots: Callable[[], int], most: int = HANDSHAKING) -> None:
+    def __init__(
+        self, group_of: Callable[[str], str], slots: Callable[[], trio.CapacityLimiter], most: int = HANDSHAKING
+    ) -> None:
         self.group_of = group_of
-        self.free_slots = free_slots
+        self.slots = slots  # the library's limiter of inbound slots (tests cut it to a few)
         self.most = most
         self.pending: dict[Any, str] = {}
         self.young_links: Callable[[], list[YoungLink]] = list
@@ -88,15 +91,19 @@ class InboundRoom:
 
     async def admit(self, raw: Any, place: str) -> None:
         """Count `raw` in. Past `most` handshakes, close the oldest handshake of the place with the
-        most; with fewer than ROOM slots free, close one that has not proved itself (`make_room`)."""
+        most; with fewer than `room` slots free, close one that has not proved itself (`make_room`)."""
         self.pending[raw] = place
         if len(self.pending) > self.most:
             crowd = Counter(self.pending.values())
             most = max(crowd.values())
             oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
             await self._close_handshake(oldest)
-        elif self.free_slots() < ROOM:
+        elif self.short_of_slots():
             await self.make_room(arriving=raw)
+
+    def short_of_slots(self) -> bool:
+        slots = self.slots()
+        return slots.available_tokens < max(1, int(slots.total_tokens) // ROOM_SHARE)
 
     async def make_room(self, arriving: Any = None) -> None:
         """Close the oldest handshake, or else the youngest young link, of the place that holds the
@@ -114,7 +121,7 @@ class InboundRoom:
             await self._close_handshake(handshake)
             return
         youngest = [close for where, close in young if where == place][-1]
-        logger.debug("closing a young link from %s: %d slots free", place, self.free_slots())
+        logger.debug("closing a young link from %s: %d slots free", place, self.slots().available_tokens)
         await youngest()
 
     async def _close_handshake(self, raw: Any) -> None:
@@ -128,10 +135,10 @@ class InboundRoom:
 
 def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> InboundRoom:
     """Make `swarm` (0.8.1's Swarm) end each inbound connection's task when its link closes, with
-    at most HANDSHAKING of them in their handshake and ROOM slots kept free; `group_of(ip)` is the
+    at most HANDSHAKING of them in their handshake and one slot in ROOM_SHARE kept free; `group_of(ip)` is the
     network group of an address ("local" for our host and LAN). The room it returns is the node's
     one record of them (the connection manager names its young links to it)."""
-    room = InboundRoom(group_of, lambda: int(swarm._inbound_limiter.available_tokens))
+    room = InboundRoom(group_of, lambda: swarm._inbound_limiter)
     swarm._do_handle_inbound_connection = partial(
         _handle_until_closed, swarm, room, swarm._do_handle_inbound_connection
     )
@@ -169,4 +176,4 @@ async def _close_quietly(closer: Any) -> None:
         pass
 
 
-__all__ = ["HANDSHAKING", "ROOM", "InboundRoom", "YoungLink", "place_of", "release_slots_with_links"]
+__all__ = ["HANDSHAKING", "ROOM_SHARE", "InboundRoom", "YoungLink", "place_of", "release_slots_with_links"]

@@ -13,7 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.toolkit.hosts import network_group, new_noise_host
-from sapo.protocol.toolkit.inbound import ROOM, InboundRoom
+from sapo.protocol.toolkit.inbound import ROOM_SHARE, InboundRoom
 
 SLOTS = 3
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
@@ -101,7 +101,7 @@ class Connection:
 
 async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_place_not_a_newcomer():
     closed: list[str] = []
-    table = InboundRoom(network_group, free_slots=lambda: 250, most=3)
+    table = InboundRoom(network_group, slots=lambda: trio.CapacityLimiter(250), most=3)
     newcomer = Connection("newcomer", "11.81.0.7", closed)
     await table.admit(newcomer, table.place(newcomer))
     for i in range(5):  # one /16 keeps opening connections that say nothing
@@ -116,8 +116,8 @@ async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_plac
 
 async def test_a_node_short_of_slots_closes_what_has_not_proved_itself_from_the_most_crowded_place():
     closed: list[str] = []
-    free = [ROOM]
-    room = InboundRoom(network_group, free_slots=lambda: free[0])
+    slots = trio.CapacityLimiter(16 * ROOM_SHARE)  # one slot in ROOM_SHARE kept free: 16
+    room = InboundRoom(network_group, slots=lambda: slots)
 
     def young(name: str, place: str):
         async def close():
@@ -133,10 +133,13 @@ async def test_a_node_short_of_slots_closes_what_has_not_proved_itself_from_the_
         young("lan", "192.168.1.5"),
         young("crowd-newest", "11.82.0.0/16"),
     ]
+    held = [object() for _ in range(slots.total_tokens - 16)]
+    for holder in held:
+        slots.acquire_on_behalf_of_nowait(holder)
     newcomer = Connection("newcomer", "11.150.0.1", closed)
     await room.admit(newcomer, room.place(newcomer))
-    assert closed == []  # ROOM slots free: nothing to make room for
-    free[0] = ROOM - 1
+    assert closed == []  # 16 slots free: nothing to make room for
+    slots.acquire_on_behalf_of_nowait(newcomer)  # the library takes its slot before the handshake
     await room.admit(newcomer, room.place(newcomer))
     assert closed == ["crowd-newest"]  # the youngest of the place holding the most
     silent = [Connection(f"silent{i}", f"11.90.{i}.1", closed) for i in range(4)]
