@@ -5,14 +5,14 @@ The connection manager counts a link against its watermarks only once it has las
 and closes young links from one /16 only past YOUNG_PER_GROUP while the node is over `high`. A
 stranger with addresses in about 20 /16s that remakes 8 links from each before they are counted
 stays under both, and holds about 160 of the library's 250 inbound slots; with HANDSHAKING and
-`high`, that was all of them. Now a connection that arrives while fewer than one slot in 16 is free (ROOM_SHARE)
-closes one that has not proved itself, from the place that holds the most
+`high`, that was all of them. Now a connection that arrives while fewer than one slot in 16 is
+free (ROOM_SHARE) closes one that has not proved itself, from the place that holds the most
 (protocol/toolkit/inbound.py, `make_room`).
 
 Real py-libp2p in a network namespace of the test's own (`unshare -n`, 11.0.0.0/8 on its
 loopback, so that the stranger's links come from public /16s): tests/hardening/many_groups.py,
 scaled down. With no room kept newcomers got in 1 of 8, and the stranger held 48 of 48
-slots; with it, 8 of 8, at most 33 held.
+slots; with it, 8 of 8.
 
 The same run found a second way in, now closed: the stranger's links that outlived their grace
 (a close that took a while) pushed the node over `high`, one in each of its 10 groups; the honest
