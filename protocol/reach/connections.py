@@ -118,7 +118,7 @@ class ConnectionManager:
 
     def young_inbound(self) -> list[YoungLink]:
         """The links others opened to us that are not counted yet (`counted`) and not protected,
-        oldest first, each with its place (inbound.py's `place_of`) and a bounded close: what a
+        oldest first, each with its place (inbound.py's `place_of`), seconds lasted and a bounded close: what a
         connection arriving while the inbound slots run out may close (inbound.py's `make_room`)."""
         now = self.clock()
         young = sorted(
@@ -126,7 +126,11 @@ class ConnectionManager:
             key=lambda link: -link.age,
         )
         return [
-            (place_of(link.ip, network_group) if link.ip is not None else "unknown", partial(self._close, link.peer))
+            (
+                place_of(link.ip, network_group) if link.ip is not None else "unknown",
+                link.age,
+                partial(self._close, link.peer),
+            )
             for link in young
         ]
 

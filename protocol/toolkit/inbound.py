@@ -40,6 +40,7 @@ young links (`InboundRoom.young_links`); an honest swarm, whose links last, neve
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -56,8 +57,9 @@ HANDSHAKING = 64
 # connection that has not proved itself yet is closed.
 ROOM = 16
 
-# A young link, as the connection manager names one: its place, and how to close it.
-YoungLink = tuple[str, Callable[[], Awaitable[object]]]
+# A young link, as the connection manager names one: its place, seconds it has lasted, and how to
+# close it.
+YoungLink = tuple[str, float, Callable[[], Awaitable[object]]]
 
 
 def place_of(ip: str, group_of: Callable[[str], str]) -> str:
@@ -77,6 +79,7 @@ class InboundRoom:
         self.free_slots = free_slots
         self.most = most
         self.pending: dict[Any, str] = {}
+        self.started: dict[Any, float] = {}  # when each handshake began (time.monotonic)
         self.young_links: Callable[[], list[YoungLink]] = list
 
     def place(self, stream: Any) -> str:
@@ -90,6 +93,7 @@ class InboundRoom:
         """Count `raw` in. Past `most` handshakes, close the oldest handshake of the place with the
         most; with fewer than ROOM slots free, close one that has not proved itself (`make_room`)."""
         self.pending[raw] = place
+        self.started[raw] = time.monotonic()
         if len(self.pending) > self.most:
             crowd = Counter(self.pending.values())
             most = max(crowd.values())
@@ -100,30 +104,41 @@ class InboundRoom:
 
     async def make_room(self, arriving: Any = None) -> None:
         """Close the oldest handshake, or else the youngest young link, of the place that holds the
-        most of both together (never the `arriving` connection itself: it came to a node with
-        room for it; nothing, if nothing else has yet to prove itself)."""
+        most of both together, and between places holding as many, the one whose latest arrival is
+        the most recent (Bitcoin Core's rule, as the trim's): a stranger that spreads its links one
+        or two a place and keeps remaking them ties with honest newcomers, whose links have waited
+        longer; taking the tied place of the *oldest* arrival closed every one of them (h-atk6).
+        Never the `arriving` connection itself: it came to a node with room for it; nothing, if
+        nothing else has yet to prove itself."""
         young = self.young_links()
+        now = time.monotonic()
         others = {raw: where for raw, where in self.pending.items() if raw is not arriving}
-        crowd = Counter(others.values()) + Counter(where for where, _ in young)
+        crowd = Counter(others.values()) + Counter(where for where, _, _ in young)
         if not crowd:
             return
-        most = max(crowd.values())
-        place = next(where for where, count in crowd.items() if count == most)
+        latest: dict[str, float] = {}  # seconds since each place's latest arrival
+        for raw, where in others.items():
+            latest[where] = min(latest.get(where, float("inf")), now - self.started.get(raw, now))
+        for where, lasted, _ in young:
+            latest[where] = min(latest.get(where, float("inf")), lasted)
+        place = max(crowd, key=lambda where: (crowd[where], -latest[where]))
         handshake = next((raw for raw, where in others.items() if where == place), None)
         if handshake is not None:
             await self._close_handshake(handshake)
             return
-        youngest = [close for where, close in young if where == place][-1]
+        youngest = [close for where, _, close in young if where == place][-1]
         logger.debug("closing a young link from %s: %d slots free", place, self.free_slots())
         await youngest()
 
     async def _close_handshake(self, raw: Any) -> None:
         place = self.pending.pop(raw)
+        self.started.pop(raw, None)
         logger.debug("closing a handshake from %s: %d in handshake", place, len(self.pending) + 1)
         await _close_quietly(raw)  # its upgrade fails and gives its slot back
 
     def done(self, raw: Any) -> None:
         self.pending.pop(raw, None)
+        self.started.pop(raw, None)
 
 
 def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> InboundRoom:

@@ -119,19 +119,13 @@ async def test_a_node_short_of_slots_closes_what_has_not_proved_itself_from_the_
     free = [ROOM]
     room = InboundRoom(network_group, free_slots=lambda: free[0])
 
-    def young(name: str, place: str):
-        async def close():
-            closed.append(name)
-
-        return (place, close)
-
     # young links, oldest first: one /16 holds three, two others one each
     room.young_links = lambda: [
-        young("crowd-old", "11.82.0.0/16"),
-        young("honest", "11.120.0.0/16"),
-        young("crowd-young", "11.82.0.0/16"),
-        young("lan", "192.168.1.5"),
-        young("crowd-newest", "11.82.0.0/16"),
+        young("crowd-old", "11.82.0.0/16", 20.0, closed),
+        young("honest", "11.120.0.0/16", 15.0, closed),
+        young("crowd-young", "11.82.0.0/16", 10.0, closed),
+        young("lan", "192.168.1.5", 5.0, closed),
+        young("crowd-newest", "11.82.0.0/16", 1.0, closed),
     ]
     newcomer = Connection("newcomer", "11.150.0.1", closed)
     await room.admit(newcomer, room.place(newcomer))
@@ -144,3 +138,36 @@ async def test_a_node_short_of_slots_closes_what_has_not_proved_itself_from_the_
         room.pending[connection] = room.place(connection)
     await room.make_room()
     assert closed[-1] == "silent0"  # its oldest handshake, not anyone's link
+
+
+def young(name: str, place: str, lasted: float, closed: list[str]):
+    """A young link as the connection manager names one, whose close is noted in `closed`."""
+
+    async def close():
+        closed.append(name)
+
+    return (place, lasted, close)
+
+
+async def test_between_places_holding_as_many_the_latest_arrival_makes_room_not_the_newcomer_who_waited():
+    # h-atk6: a stranger keeps remaking one link in each of many /16s (each place holds one, as a
+    # lone honest newcomer's does); the newcomer has waited longest. Taking the tied place of the
+    # oldest arrival closed the newcomer at every arrival; the latest arrival goes first (Bitcoin
+    # Core's rule, as the trim's), so the stranger's youngest is closed
+    closed: list[str] = []
+    room = InboundRoom(network_group, free_slots=lambda: ROOM - 1)
+    links = [young("newcomer", "11.150.0.0/16", 20.0, closed)]
+    links += [young(f"stranger{i}", f"11.{20 + i}.0.0/16", 9.0 - i, closed) for i in range(9)]
+    room.young_links = lambda: links
+    arriving = Connection("stranger-again", "11.40.0.1", closed)
+    await room.admit(arriving, room.place(arriving))
+    assert closed == ["stranger8"]  # the youngest link of the tied places, lasted 1 s
+    started = room.started[arriving]
+    room.done(arriving)  # its handshake ended
+    # a handshake that has been under way longer than the stranger's youngest link ties too, and stays
+    slow = Connection("slow-handshake", "11.151.0.9", closed)
+    room.pending[slow] = room.place(slow)
+    room.started[slow] = started - 5.0
+    links.pop()
+    await room.make_room()
+    assert closed == ["stranger8", "stranger7"]
