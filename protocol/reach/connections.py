@@ -15,10 +15,10 @@ How (go-libp2p's connection manager, and Bitcoin Core's inbound eviction, in sma
   other peers). While young and lasted links together are over `high`, young links others
   opened from one network group past YOUNG_PER_GROUP are closed at once, so remaking links
   cannot hold many places either (`crowded_out`).
-- Links others opened to us go first, and each one is the youngest of the network group (IPv4
-  /16, IPv6 /32, or "local") that holds the most of the candidates, so that what stays is spread
-  over as many groups as there were: a block of addresses that opened many links loses them
-  first, and of groups holding as many, the links that have lasted longest stay.
+- Links others opened to us go first, but never the longest-lasting of them, up to half of
+  `low`; each one closed is the youngest of the network group (IPv4 /16, IPv6 /32, or "local")
+  that holds the most of the candidates, so that what stays is spread over as many groups as
+  there were: a block of addresses that opened many links loses them first.
 - The other half is the keeper's: once a node has joined, it no longer dials a seed back
   (dialing.py, `BootstrapKeeper`), so a seed that trimmed its link is not dialled again.
 
@@ -30,6 +30,7 @@ for good, so it would close nothing; it also knows nothing of network groups or 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,12 @@ MAX_CLOSED_PER_CHECK = 32
 # LAN: a local swarm is all of it) has no cap.
 YOUNG_PER_GROUP = 8
 CLOSE_TIMEOUT_SECONDS = 2.0
+# The links others opened to us that have lasted longest, up to this share of `low`, are never
+# trimmed (Bitcoin Core protects the longest-connected the same way): a stranger whose links came
+# later cannot trim them by making the node's groups all hold as many.
+LASTED_KEPT_SHARE = 0.5
+# How old a list of young links may be when a link arriving at a full node reads it.
+YOUNG_FRESH_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,8 @@ class ConnectionManager:
         self.protected = protected
         self.count = count
         self.clock = clock
+        self._young: tuple[float, list[YoungLink]] | None = None  # (trio time, list): young_inbound's
+        self._closed_since: set[ID] = set()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         room = self.host.inbound_room
@@ -118,19 +127,29 @@ class ConnectionManager:
 
     def young_inbound(self) -> list[YoungLink]:
         """The links others opened to us that are not counted yet (`counted`) and not protected,
-        oldest first, each with its place (inbound.py's `place_of`) and a bounded close: what a
-        connection arriving while the inbound slots run out may close (inbound.py's `make_room`)."""
-        now = self.clock()
-        young = sorted(
-            (link for link in self._links(now) if link.theirs and not counted(link.links, now)),
-            key=lambda link: -link.age,
-        )
-        return [
-            (place_of(link.ip, network_group) if link.ip is not None else "unknown", partial(self._close, link.peer))
-            for link in young
-        ]
+        each with its place (inbound.py's `place_of`), seconds lasted and a bounded close: what a
+        link arriving while the inbound slots run out may close (inbound.py's `make_room`). Walking
+        every link costs about 50 µs a peer (12 ms at 245 links, h-atk6), so a list at most
+        YOUNG_FRESH_SECONDS old serves, less the peers closed since."""
+        now = trio.current_time()
+        if self._young is None or now - self._young[0] > YOUNG_FRESH_SECONDS:
+            wall = self.clock()
+            young = [
+                YoungLink(
+                    place_of(link.ip, network_group) if link.ip is not None else "unknown",
+                    link.age,
+                    link.peer,
+                    partial(self._close, link.peer),
+                )
+                for link in self._links(wall)
+                if link.theirs and not counted(link.links, wall)
+            ]
+            self._young = (now, young)
+            self._closed_since.clear()
+        return [link for link in self._young[1] if link.peer not in self._closed_since]
 
     async def _close(self, peer: ID) -> bool:
+        self._closed_since.add(peer)
         with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
             await cut_connections(self.host, peer)  # not the polite close: see cut_connections
             return True
@@ -173,8 +192,9 @@ class ConnectionManager:
         if lasted <= self.high:
             return crowding, []
         need = min(lasted - self.low, MAX_CLOSED_PER_CHECK)
-        over = _from_the_largest_groups(inbound, need) + _from_the_largest_groups(
-            outbound, need - min(need, len(inbound))
+        closable = _past_the_longest_lasting(inbound, int(self.low * LASTED_KEPT_SHARE))
+        over = _from_the_largest_groups(closable, need) + _from_the_largest_groups(
+            outbound, need - min(need, len(closable))
         )
         return crowding, over
 
@@ -244,12 +264,17 @@ def dialled_beside(host: Any, bootstrap_ids: set[ID]) -> int:
     return sum(peer not in bootstrap_ids for peer in dialled_peers(host))
 
 
+def _past_the_longest_lasting(candidates: list[tuple[ID, str, float]], kept: int) -> list[tuple[ID, str, float]]:
+    """`candidates` (peer, network group, seconds lasted) less the `kept` that have lasted longest."""
+    return sorted(candidates, key=lambda candidate: -candidate[2])[kept:]
+
+
 def _from_the_largest_groups(candidates: list[tuple[ID, str, float]], need: int) -> list[ID]:
     """`need` of `candidates` (peer, network group, seconds its link has lasted), each the youngest
-    of the network group holding the most; between groups holding as many, the one whose
-    youngest is youngest (Bitcoin Core's inbound eviction). So the links that have lasted longest
-    are the last to go: links a stranger made in many groups once honest ones were up (each group
-    holding as many as an honest one) are closed before the honest ones, not at random among them."""
+    of the network group holding the most, and between groups holding as many, one at random.
+    Not the youngest among them: a stranger that made one link in each of many groups before
+    honest peers came would then keep them all for good (h-atk6, trim pinning); the links that
+    have lasted longest are kept apart instead, up to a share of `low` (LASTED_KEPT_SHARE)."""
     pools: dict[str, list[tuple[float, ID]]] = {}
     for peer, group, age in candidates:
         pools.setdefault(group, []).append((age, peer))
@@ -257,7 +282,8 @@ def _from_the_largest_groups(candidates: list[tuple[ID, str, float]], need: int)
         members.sort(key=lambda member: -member[0])  # oldest first: the youngest is popped
     chosen: list[ID] = []
     while len(chosen) < need and pools:
-        group = max(pools, key=lambda g: (len(pools[g]), -pools[g][-1][0]))
+        largest = max(len(members) for members in pools.values())
+        group = random.choice([g for g, members in pools.items() if len(members) == largest])
         chosen.append(pools[group].pop()[1])
         if not pools[group]:
             del pools[group]

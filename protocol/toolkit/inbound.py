@@ -30,9 +30,10 @@ And the slots that stay are not all a stranger's to take: links younger than the
 manager's grace are not counted against its watermarks (a newcomer must have time to prove
 useful), so a stranger with addresses in about 20 /16s, remaking 8 links from each before they
 are counted, could hold every slot that handshakes and counted links leave (h-atk5's finding 3).
-So a connection that arrives while fewer than one slot in ROOM_SHARE is free (15 of 250) closes one that has not proved
-itself yet, as Bitcoin Core's inbound eviction does: from the place with the most handshakes and
-young links together, its oldest handshake, or else its youngest link
+So a link that finishes its handshake while fewer than one slot in ROOM_SHARE is free (15 of
+250) closes one that has not proved itself yet, as Bitcoin Core's inbound eviction does: from
+the place with the most handshakes and young links together (between places holding as many,
+the one whose latest arrival is the most recent), its oldest handshake, or else its youngest link
 (tests/hardening/test_attack5_young_links_from_many_groups.py). The connection manager names the
 young links (`InboundRoom.young_links`); an honest swarm, whose links last, never gets there.
 """
@@ -40,8 +41,10 @@ young links (`InboundRoom.young_links`); an honest swarm, whose links last, neve
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -57,8 +60,15 @@ HANDSHAKING = 64
 # fewer free when a connection arrives, and one connection that has not proved itself is closed.
 ROOM_SHARE = 16
 
-# A young link, as the connection manager names one: its place, and how to close it.
-YoungLink = tuple[str, Callable[[], Awaitable[object]]]
+
+@dataclass(frozen=True)
+class YoungLink:
+    """A link the connection manager does not count yet, as it names one to the room."""
+
+    place: str  # `place_of` its peer's address
+    lasted: float  # seconds
+    peer: Any  # its peer's id
+    close: Callable[[], Awaitable[object]]  # bounded
 
 
 def place_of(ip: str, group_of: Callable[[str], str]) -> str:
@@ -80,6 +90,7 @@ class InboundRoom:
         self.slots = slots  # the library's limiter of inbound slots (tests cut it to a few)
         self.most = most
         self.pending: dict[Any, str] = {}
+        self.started: dict[Any, float] = {}  # when each handshake began (time.monotonic)
         self.young_links: Callable[[], list[YoungLink]] = list
 
     def place(self, stream: Any) -> str:
@@ -90,47 +101,64 @@ class InboundRoom:
         return place_of(ip, self.group_of)
 
     async def admit(self, raw: Any, place: str) -> None:
-        """Count `raw` in. Past `most` handshakes, close the oldest handshake of the place with the
-        most; with fewer than `room` slots free, close one that has not proved itself (`make_room`)."""
+        """Count `raw` in; past `most` handshakes, close the oldest handshake of the place with the
+        most."""
         self.pending[raw] = place
+        self.started[raw] = time.monotonic()
         if len(self.pending) > self.most:
             crowd = Counter(self.pending.values())
             most = max(crowd.values())
             oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
             await self._close_handshake(oldest)
-        elif self.short_of_slots():
-            await self.make_room(arriving=raw)
+
+    async def arrived(self, peer: Any) -> None:
+        """A link from `peer` finished its handshake: with fewer than one slot in ROOM_SHARE free,
+        close one that has not proved itself (`make_room`). Only after the handshake, so that room
+        costs the arriving side a key and a Noise handshake, not a bare TCP connect (h-atk6)."""
+        if self.short_of_slots():
+            await self.make_room(arrived=peer)
 
     def short_of_slots(self) -> bool:
         slots = self.slots()
         return slots.available_tokens < max(1, int(slots.total_tokens) // ROOM_SHARE)
 
-    async def make_room(self, arriving: Any = None) -> None:
+    async def make_room(self, arrived: Any = None) -> None:
         """Close the oldest handshake, or else the youngest young link, of the place that holds the
-        most of both together (never the `arriving` connection itself: it came to a node with
-        room for it; nothing, if nothing else has yet to prove itself)."""
-        young = self.young_links()
-        others = {raw: where for raw, where in self.pending.items() if raw is not arriving}
-        crowd = Counter(others.values()) + Counter(where for where, _ in young)
+        most of both together, and between places holding as many, the one whose latest arrival is
+        the most recent (Bitcoin Core's rule, as the trim's): a stranger that spreads its links one
+        or two a place and keeps remaking them ties with honest newcomers, whose links have waited
+        longer; taking the tied place of the *oldest* arrival closed every one of them (h-atk6).
+        Never the link of the peer that `arrived` itself: it came to a node with room for it;
+        nothing, if nothing else has yet to prove itself."""
+        young = [link for link in self.young_links() if link.peer != arrived]
+        now = time.monotonic()
+        others = dict(self.pending)
+        crowd = Counter(others.values()) + Counter(link.place for link in young)
         if not crowd:
             return
-        most = max(crowd.values())
-        place = next(where for where, count in crowd.items() if count == most)
+        latest: dict[str, float] = {}  # seconds since each place's latest arrival
+        for raw, where in others.items():
+            latest[where] = min(latest.get(where, float("inf")), now - self.started.get(raw, now))
+        for link in young:
+            latest[link.place] = min(latest.get(link.place, float("inf")), link.lasted)
+        place = max(crowd, key=lambda where: (crowd[where], -latest[where]))
         handshake = next((raw for raw, where in others.items() if where == place), None)
         if handshake is not None:
             await self._close_handshake(handshake)
             return
-        youngest = [close for where, close in young if where == place][-1]
+        youngest = min((link for link in young if link.place == place), key=lambda link: link.lasted)
         logger.debug("closing a young link from %s: %d slots free", place, self.slots().available_tokens)
-        await youngest()
+        await youngest.close()
 
     async def _close_handshake(self, raw: Any) -> None:
         place = self.pending.pop(raw)
+        self.started.pop(raw, None)
         logger.debug("closing a handshake from %s: %d in handshake", place, len(self.pending) + 1)
         await _close_quietly(raw)  # its upgrade fails and gives its slot back
 
     def done(self, raw: Any) -> None:
         self.pending.pop(raw, None)
+        self.started.pop(raw, None)
 
 
 def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> InboundRoom:
@@ -165,6 +193,7 @@ async def _handle_until_closed(
         return
     finally:
         room.done(raw)
+    await room.arrived(muxed.peer_id)
     # the link is registered; this task (and its slot) lasts exactly as long as the link does
     await muxed.event_closed.wait()
 

@@ -14,11 +14,11 @@ loopback, so that the stranger's links come from public /16s): tests/hardening/m
 scaled down. With no room kept newcomers got in 1 of 8, and the stranger held 48 of 48
 slots; with it, 8 of 8.
 
-The same run found a second way in, now closed: the stranger's links that outlived their grace
-(a close that took a while) pushed the node over `high`, one in each of its 10 groups; the honest
-links, in groups of their own, held as many per group, and the trim took among equals at random,
-so all 4 honest links went (0-1 of 4 kept). A trim now takes the youngest link among groups
-holding as many (Bitcoin Core's rule), and the honest links, up before the attack, stay.
+The same run found a second way in: the stranger's links that outlived their grace pushed the
+node over `high`, one in each of its 10 groups; the honest links, in groups of their own, held as
+many per group, and the trim took among equals at random, so all 4 honest links went (0-1 of 4
+kept). The longest-lasting links, up to half of `low`, are now never trimmed (Bitcoin Core
+protects the longest-connected), and the honest links, up before the attack, stay.
 """
 
 from __future__ import annotations
