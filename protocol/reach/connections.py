@@ -16,9 +16,9 @@ How (go-libp2p's connection manager, and Bitcoin Core's inbound eviction, in sma
   opened from one network group past YOUNG_PER_GROUP are closed at once, so remaking links
   cannot hold many places either (`crowded_out`).
 - Links others opened to us go first, but never the longest-lasting of them, up to half of
-  `low`; each one closed is the youngest of the network group (IPv4 /16, IPv6 /32, or "local")
-  that holds the most of the candidates, so that what stays is spread over as many groups as
-  there were: a block of addresses that opened many links loses them first.
+  `low`; each one closed is taken from the network group (IPv4 /16, IPv6 /32, or "local") that
+  holds the most of the candidates, so that what stays is spread over as many groups as there
+  were: a block of addresses that opened many links loses them first.
 - The other half is the keeper's: once a node has joined, it no longer dials a seed back
   (dialing.py, `BootstrapKeeper`), so a seed that trimmed its link is not dialled again.
 
@@ -270,22 +270,23 @@ def _past_the_longest_lasting(candidates: list[tuple[ID, str, float]], kept: int
 
 
 def _from_the_largest_groups(candidates: list[tuple[ID, str, float]], need: int) -> list[ID]:
-    """`need` of `candidates` (peer, network group, seconds its link has lasted), each the youngest
-    of the network group holding the most, and between groups holding as many, one at random.
-    Not the youngest among them: a stranger that made one link in each of many groups before
-    honest peers came would then keep them all for good (h-atk6, trim pinning); the links that
-    have lasted longest are kept apart instead, up to a share of `low` (LASTED_KEPT_SHARE)."""
-    pools: dict[str, list[tuple[float, ID]]] = {}
-    for peer, group, age in candidates:
-        pools.setdefault(group, []).append((age, peer))
-    for members in pools.values():
-        members.sort(key=lambda member: -member[0])  # oldest first: the youngest is popped
+    """`need` of `candidates` (peer, network group, seconds lasted), each taken at random from the
+    network group holding the most (between groups holding as many, one at random). Not the
+    youngest first: a seed would then keep the nodes that joined long ago and bounce each
+    newcomer before it has joined (tests/protocol/test_connections.py), and a stranger that made
+    one link in each of many groups before honest peers came would keep them all (h-atk6's
+    trim_pinning.py); the longest-lasting links are kept apart instead, up to a share of `low`
+    (LASTED_KEPT_SHARE)."""
+    pools: dict[str, list[ID]] = {}
+    for peer, group, _ in candidates:
+        pools.setdefault(group, []).append(peer)
     chosen: list[ID] = []
     while len(chosen) < need and pools:
         largest = max(len(members) for members in pools.values())
         group = random.choice([g for g, members in pools.items() if len(members) == largest])
-        chosen.append(pools[group].pop()[1])
-        if not pools[group]:
+        members = pools[group]
+        chosen.append(members.pop(random.randrange(len(members))))
+        if not members:
             del pools[group]
     return chosen
 

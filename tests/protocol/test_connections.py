@@ -33,7 +33,6 @@ def test_links_are_closed_from_the_most_crowded_network_group_first():
     assert len(chosen) == 9 and len(set(chosen)) == 9
     assert sum(p in {q for q, _, _ in crowd} for p in chosen) >= 8
     assert lone[0][0] not in chosen  # every group keeps a link while another has more than one
-    assert chosen[:3] == [crowd[9][0], crowd[8][0], crowd[7][0]]  # the youngest of the crowd first
     assert _from_the_largest_groups(crowd, 20) and len(_from_the_largest_groups(crowd, 20)) == 10
 
 
