@@ -15,9 +15,10 @@ How (go-libp2p's connection manager, and Bitcoin Core's inbound eviction, in sma
   other peers). While young and lasted links together are over `high`, young links others
   opened from one network group past YOUNG_PER_GROUP are closed at once, so remaking links
   cannot hold many places either (`crowded_out`).
-- Links others opened to us go first, and each one is taken from the network group (IPv4 /16,
-  IPv6 /32, or "local") that holds the most of the candidates, so that what stays is spread over
-  as many groups as there were: a block of addresses that opened many links loses them first.
+- Links others opened to us go first, but never the longest-lasting of them, up to half of
+  `low`; each one closed is taken from the network group (IPv4 /16, IPv6 /32, or "local") that
+  holds the most of the candidates, so that what stays is spread over as many groups as there
+  were: a block of addresses that opened many links loses them first.
 - The other half is the keeper's: once a node has joined, it no longer dials a seed back
   (dialing.py, `BootstrapKeeper`), so a seed that trimmed its link is not dialled again.
 
@@ -31,8 +32,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import trio
@@ -49,6 +51,7 @@ from sapo.protocol.toolkit.hosts import (
     network_group,
     open_peers,
 )
+from sapo.protocol.toolkit.inbound import YoungLink, place_of
 
 logger = logging.getLogger("sapo.gossip")
 
@@ -63,6 +66,23 @@ MAX_CLOSED_PER_CHECK = 32
 # LAN: a local swarm is all of it) has no cap.
 YOUNG_PER_GROUP = 8
 CLOSE_TIMEOUT_SECONDS = 2.0
+# The links others opened to us that have lasted longest, up to this share of `low`, are never
+# trimmed (Bitcoin Core protects the longest-connected the same way): a stranger whose links came
+# later cannot trim them by making the node's groups all hold as many.
+LASTED_KEPT_SHARE = 0.5
+# How old a list of young links may be when a link arriving at a full node reads it.
+YOUNG_FRESH_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class _Link:
+    """One peer's open links, as the manager sees them."""
+
+    peer: ID
+    links: list[Any]
+    ip: str | None  # of its direct link
+    theirs: bool  # every link is one the peer opened to us
+    age: float  # seconds its youngest link has lasted
 
 
 class ConnectionManager:
@@ -87,16 +107,65 @@ class ConnectionManager:
         self.protected = protected
         self.count = count
         self.clock = clock
+        self._young: tuple[float, list[YoungLink]] | None = None  # (trio time, list): young_inbound's
+        self._closed_since: set[ID] = set()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        room = self.host.inbound_room
+        room.young_links = self.young_inbound  # a connection arriving at a full node may close one
         task_status.started()
         next_check = trio.current_time()
-        while True:
-            # on a fixed beat, however long a trim took (`counted` looks one check ahead), but
-            # never a burst of checks to catch up after the loop fell behind
-            next_check = max(next_check + CHECK_SECONDS, trio.current_time())
-            await trio.sleep_until(next_check)
-            await self.trim()
+        try:
+            while True:
+                # on a fixed beat, however long a trim took (`counted` looks one check ahead), but
+                # never a burst of checks to catch up after the loop fell behind
+                next_check = max(next_check + CHECK_SECONDS, trio.current_time())
+                await trio.sleep_until(next_check)
+                await self.trim()
+        finally:
+            room.young_links = list
+
+    def young_inbound(self) -> list[YoungLink]:
+        """The links others opened to us that are not counted yet (`counted`) and not protected,
+        each with its place (inbound.py's `place_of`), seconds lasted and a bounded close: what a
+        link arriving while the inbound slots run out may close (inbound.py's `make_room`). Walking
+        every link costs about 50 µs a peer (12 ms at 245 links, h-atk6), so a list at most
+        YOUNG_FRESH_SECONDS old serves, less the peers closed since."""
+        now = trio.current_time()
+        if self._young is None or now - self._young[0] > YOUNG_FRESH_SECONDS:
+            wall = self.clock()
+            young = [
+                YoungLink(
+                    place_of(link.ip, network_group) if link.ip is not None else "unknown",
+                    link.age,
+                    link.peer,
+                    partial(self._close, link.peer),
+                )
+                for link in self._links(wall)
+                if link.theirs and not counted(link.links, wall)
+            ]
+            self._young = (now, young)
+            self._closed_since.clear()
+        return [link for link in self._young[1] if link.peer not in self._closed_since]
+
+    async def _close(self, peer: ID) -> bool:
+        self._closed_since.add(peer)
+        with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
+            await cut_connections(self.host, peer)  # not the polite close: see cut_connections
+            return True
+        return False
+
+    def _links(self, now: float) -> list[_Link]:
+        """Every open peer's direct links that the manager may close (not protected, not relayed)."""
+        found = []
+        for peer in open_peers(self.host):
+            links = [c for c in self.host.get_network().get_connections(peer) if not c.is_closed]
+            if not links or self.protected(peer) or any(is_relayed(c) for c in links):
+                continue
+            theirs = all(get_connection_direction(c) == Direction.INBOUND for c in links)
+            age = min(connection_age(c, now) for c in links)
+            found.append(_Link(peer, links, direct_ip(self.host, peer), theirs, age))
+        return found
 
     def surplus(self) -> tuple[list[ID], list[ID]]:
         """The peers to close now: (young links others opened past YOUNG_PER_GROUP from one
@@ -108,28 +177,24 @@ class ConnectionManager:
         the honest ones (an attack on the first version closed every honest link and the seed
         that way)."""
         now = self.clock()
-        inbound: list[tuple[ID, str]] = []
-        outbound: list[tuple[ID, str]] = []
+        inbound: list[tuple[ID, str, float]] = []
+        outbound: list[tuple[ID, str, float]] = []
         young: dict[str, list[ID]] = {}
-        for peer in open_peers(self.host):
-            links = [c for c in self.host.get_network().get_connections(peer) if not c.is_closed]
-            if not links or self.protected(peer) or any(is_relayed(c) for c in links):
+        for link in self._links(now):
+            group = network_group(link.ip) if link.ip is not None else "unknown"
+            if not counted(link.links, now):
+                if link.theirs:
+                    young.setdefault(group, []).append(link.peer)
                 continue
-            ip = direct_ip(self.host, peer)
-            group = network_group(ip) if ip is not None else "unknown"
-            theirs = all(get_connection_direction(c) == Direction.INBOUND for c in links)
-            if not counted(links, now):
-                if theirs:
-                    young.setdefault(group, []).append(peer)
-                continue
-            (inbound if theirs else outbound).append((peer, group))
+            (inbound if link.theirs else outbound).append((link.peer, group, link.age))
         lasted = len(inbound) + len(outbound)
         crowding = crowded_out(young, lasted, self.high)
         if lasted <= self.high:
             return crowding, []
         need = min(lasted - self.low, MAX_CLOSED_PER_CHECK)
-        over = _from_the_largest_groups(inbound, need) + _from_the_largest_groups(
-            outbound, need - min(need, len(inbound))
+        closable = _past_the_longest_lasting(inbound, int(self.low * LASTED_KEPT_SHARE))
+        over = _from_the_largest_groups(closable, need) + _from_the_largest_groups(
+            outbound, need - min(need, len(closable))
         )
         return crowding, over
 
@@ -142,9 +207,8 @@ class ConnectionManager:
 
         async def close(peer: ID) -> None:
             nonlocal closed
-            with trio.move_on_after(CLOSE_TIMEOUT_SECONDS):
-                await cut_connections(self.host, peer)  # not the polite close: see cut_connections
-                closed += 1
+            done = await self._close(peer)  # not `closed += await ...`: that reads `closed` before it waits
+            closed += done
 
         async with trio.open_nursery() as closing:  # at once: one slow peer must not hold the rest
             for peer in crowding + over:
@@ -200,21 +264,30 @@ def dialled_beside(host: Any, bootstrap_ids: set[ID]) -> int:
     return sum(peer not in bootstrap_ids for peer in dialled_peers(host))
 
 
-def _from_the_largest_groups(candidates: list[tuple[ID, str]], need: int) -> list[ID]:
-    """`need` of `candidates`, each taken at random from the network group holding the most."""
+def _past_the_longest_lasting(candidates: list[tuple[ID, str, float]], kept: int) -> list[tuple[ID, str, float]]:
+    """`candidates` (peer, network group, seconds lasted) less the `kept` that have lasted longest."""
+    return sorted(candidates, key=lambda candidate: -candidate[2])[kept:]
+
+
+def _from_the_largest_groups(candidates: list[tuple[ID, str, float]], need: int) -> list[ID]:
+    """`need` of `candidates` (peer, network group, seconds lasted), each taken at random from the
+    network group holding the most (between groups holding as many, one at random). Not the
+    youngest first: a seed would then keep the nodes that joined long ago and bounce each
+    newcomer before it has joined (tests/protocol/test_connections.py), and a stranger that made
+    one link in each of many groups before honest peers came would keep them all (h-atk6's
+    trim_pinning.py); the longest-lasting links are kept apart instead, up to a share of `low`
+    (LASTED_KEPT_SHARE)."""
     pools: dict[str, list[ID]] = {}
-    for peer, group in candidates:
+    for peer, group, _ in candidates:
         pools.setdefault(group, []).append(peer)
-    sizes = Counter({group: len(members) for group, members in pools.items()})
     chosen: list[ID] = []
-    while len(chosen) < need and sizes:
-        largest = max(sizes.values())
-        group = random.choice([g for g, n in sizes.items() if n == largest])
+    while len(chosen) < need and pools:
+        largest = max(len(members) for members in pools.values())
+        group = random.choice([g for g, members in pools.items() if len(members) == largest])
         members = pools[group]
         chosen.append(members.pop(random.randrange(len(members))))
-        sizes[group] -= 1
-        if not sizes[group]:
-            del sizes[group]
+        if not members:
+            del pools[group]
     return chosen
 
 

@@ -19,7 +19,8 @@ so it is replaced by one that does nothing: the bootstrap keeper and discovery d
 Each inbound connection gives its slot back when its link closes (inbound.py): 0.8.1 kept it
 until the node stopped, and refused every inbound connection after the 250th of its life. And
 connections in their handshake hold at most HANDSHAKING of the slots, so silent ones from one
-address cannot hold them all.
+address cannot hold them all; and ROOM slots are kept free, by closing what has not proved itself
+yet from the most crowded place (`host.inbound_room`).
 
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 
@@ -42,6 +43,7 @@ import trio
 from libp2p import new_swarm
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519
 from libp2p.host.basic_host import BasicHost
+from libp2p.io.exceptions import ConnectionClosedError
 from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.config import RetryConfig
 from libp2p.network.connection_pruner import get_connection_direction
@@ -55,7 +57,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from sapo.protocol.toolkit.agents import IDENTIFY, identify_as
-from sapo.protocol.toolkit.inbound import release_slots_with_links
+from sapo.protocol.toolkit.inbound import InboundRoom, release_slots_with_links
 from sapo.protocol.toolkit.release import agent_string
 
 logger = logging.getLogger("sapo.gossip")
@@ -82,18 +84,55 @@ def new_noise_host(
     )
     assert isinstance(swarm, Swarm)  # what new_swarm builds; typed as its interface
     swarm.auto_connector = _NoAutoConnect(swarm)
-    release_slots_with_links(swarm, network_group)  # 0.8.1 kept each inbound slot until the node stopped
-    host = _OwnKeysHost(key_pair, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
+    _end_links_on_reset(swarm.upgrader.muxer_multistream)
+    room = release_slots_with_links(swarm, network_group)  # 0.8.1 kept each inbound slot until the node stopped
+    host = _OwnKeysHost(key_pair, room, network=swarm, resource_manager=resource_manager, addrs_factory=addrs_factory)
     host.set_stream_handler(IDENTIFY, identify_as(host, agent_string()))  # "sapo/<version>", not py-libp2p's
     return host
+
+
+class _Yamux(Yamux):
+    """py-libp2p 0.8.1's yamux, ending its link once a write finds the connection closed.
+
+    Why: its read loop answers a peer's PINGs inline, and takes a write that finds the
+    connection reset (`ConnectionClosedError`) for a passing error: it logs it, sleeps 10 ms and
+    reads on, answering every PING still buffered. A link stuffed with PINGs whose peer then left
+    spent 100-130 s and about 8,000 logged errors that way, its inbound slot held throughout
+    (h-atk5's finding 4). A reset connection stays reset: marked as shutting down, the loop's
+    error path closes the link at once (tests/hardening/test_attack5_zombie_links.py).
+
+    0.8.1 builds every yamux link as `Yamux(...)` by name (muxer_multistream.py `new_conn`),
+    whatever class `muxer_opt` names, so `_end_links_on_reset` puts this class on each one: it
+    adds behaviour only, no state."""
+
+    async def _write_frame(self, data: bytes) -> None:
+        try:
+            await super()._write_frame(data)
+        except ConnectionClosedError:
+            self.event_shutting_down.set()
+            raise
+
+
+def _end_links_on_reset(multistream: Any) -> None:
+    """Make every yamux link `multistream` (0.8.1's MuxerMultistream) builds a `_Yamux`."""
+    library_new_conn = multistream.new_conn
+
+    async def new_conn(conn: Any, peer_id: ID) -> Any:
+        muxed = await library_new_conn(conn, peer_id)
+        if type(muxed) is Yamux:
+            muxed.__class__ = _Yamux
+        return muxed
+
+    multistream.new_conn = new_conn
 
 
 class _OwnKeysHost(BasicHost):
     """A BasicHost that answers its own keys from the key pair it was made with, not from the
     peerstore, which may have evicted them (see the module docstring)."""
 
-    def __init__(self, key_pair: Any, **kwargs: Any) -> None:
+    def __init__(self, key_pair: Any, inbound_room: InboundRoom, **kwargs: Any) -> None:
         self._key_pair = key_pair  # BasicHost's own __init__ asks for the keys already
+        self.inbound_room = inbound_room  # what holds its inbound slots (the connection manager reads it)
         super().__init__(**kwargs)
 
     def get_public_key(self) -> Any:

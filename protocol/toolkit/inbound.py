@@ -25,16 +25,30 @@ are in their handshake at once, and a new one past that closes the oldest of the
 /16, IPv6 /32, or the address itself on our host and LAN) that has the most in handshake: an
 honest handshake takes milliseconds, and an address that keeps opening connections only closes
 its own.
+
+And the slots that stay are not all a stranger's to take: links younger than the connection
+manager's grace are not counted against its watermarks (a newcomer must have time to prove
+useful), so a stranger with addresses in about 20 /16s, remaking 8 links from each before they
+are counted, could hold every slot that handshakes and counted links leave (h-atk5's finding 3).
+So a link that finishes its handshake while fewer than one slot in ROOM_SHARE is free (15 of
+250) closes one that has not proved itself yet, as Bitcoin Core's inbound eviction does: from
+the place with the most handshakes and young links together (between places holding as many,
+the one whose latest arrival is the most recent), its oldest handshake, or else its youngest link
+(tests/hardening/test_attack5_young_links_from_many_groups.py). The connection manager names the
+young links (`InboundRoom.young_links`); an honest swarm, whose links last, never gets there.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import trio
 from libp2p.abc import IMuxedConn
 from libp2p.network.connection.raw_connection import RawConnection
 
@@ -42,52 +56,125 @@ logger = logging.getLogger("sapo.gossip")
 
 # Inbound connections in their security and muxer handshake at once (of the library's 250 slots).
 HANDSHAKING = 64
+# One inbound slot in this many is kept free for whoever comes next (15 of the library's 250):
+# fewer free when a connection arrives, and one connection that has not proved itself is closed.
+ROOM_SHARE = 16
 
 
-class Handshakes:
-    """Inbound connections in their handshake, oldest first, each with the place it comes from."""
+@dataclass(frozen=True)
+class YoungLink:
+    """A link the connection manager does not count yet, as it names one to the room."""
 
-    def __init__(self, most: int, group_of: Callable[[str], str]) -> None:
-        self.most = most
+    place: str  # `place_of` its peer's address
+    lasted: float  # seconds
+    peer: Any  # its peer's id
+    close: Callable[[], Awaitable[object]]  # bounded
+
+
+def place_of(ip: str, group_of: Callable[[str], str]) -> str:
+    """Where an inbound connection comes from: its network group, or on our host and LAN (where
+    every address is in the one "local" group) the address itself."""
+    group = group_of(ip)
+    return ip if group == "local" else group
+
+
+class InboundRoom:
+    """The inbound slots that can be taken back: connections in their handshake, oldest first, each
+    with the place it comes from; and the young links the connection manager names
+    (`young_links`, none until it runs)."""
+
+    def __init__(
+        self, group_of: Callable[[str], str], slots: Callable[[], trio.CapacityLimiter], most: int = HANDSHAKING
+    ) -> None:
         self.group_of = group_of
+        self.slots = slots  # the library's limiter of inbound slots (tests cut it to a few)
+        self.most = most
         self.pending: dict[Any, str] = {}
+        self.started: dict[Any, float] = {}  # when each handshake began (time.monotonic)
+        self.young_links: Callable[[], list[YoungLink]] = list
 
     def place(self, stream: Any) -> str:
         try:
             ip = stream.get_remote_address()[0]
         except Exception:  # noqa: BLE001 - no address: one place for all such
             return "unknown"
-        group = self.group_of(ip)
-        return ip if group == "local" else group
+        return place_of(ip, self.group_of)
 
     async def admit(self, raw: Any, place: str) -> None:
-        """Count `raw` in; past `most`, close the oldest handshake of the most crowded place."""
+        """Count `raw` in; past `most` handshakes, close the oldest handshake of the place with the
+        most."""
         self.pending[raw] = place
-        if len(self.pending) <= self.most:
+        self.started[raw] = time.monotonic()
+        if len(self.pending) > self.most:
+            crowd = Counter(self.pending.values())
+            most = max(crowd.values())
+            oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
+            await self._close_handshake(oldest)
+
+    async def arrived(self, peer: Any) -> None:
+        """A link from `peer` finished its handshake: with fewer than one slot in ROOM_SHARE free,
+        close one that has not proved itself (`make_room`). Only after the handshake, so that room
+        costs the arriving side a key and a Noise handshake, not a bare TCP connect (h-atk6)."""
+        if self.short_of_slots():
+            await self.make_room(arrived=peer)
+
+    def short_of_slots(self) -> bool:
+        slots = self.slots()
+        return slots.available_tokens < max(1, int(slots.total_tokens) // ROOM_SHARE)
+
+    async def make_room(self, arrived: Any = None) -> None:
+        """Close the oldest handshake, or else the youngest young link, of the place that holds the
+        most of both together, and between places holding as many, the one whose latest arrival is
+        the most recent (Bitcoin Core's rule, as the trim's): a stranger that spreads its links one
+        or two a place and keeps remaking them ties with honest newcomers, whose links have waited
+        longer; taking the tied place of the *oldest* arrival closed every one of them (h-atk6).
+        Never the link of the peer that `arrived` itself: it came to a node with room for it;
+        nothing, if nothing else has yet to prove itself."""
+        young = [link for link in self.young_links() if link.peer != arrived]
+        now = time.monotonic()
+        others = dict(self.pending)
+        crowd = Counter(others.values()) + Counter(link.place for link in young)
+        if not crowd:
             return
-        crowd = Counter(self.pending.values())
-        most = max(crowd.values())
-        oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
-        del self.pending[oldest]
+        latest: dict[str, float] = {}  # seconds since each place's latest arrival
+        for raw, where in others.items():
+            latest[where] = min(latest.get(where, float("inf")), now - self.started.get(raw, now))
+        for link in young:
+            latest[link.place] = min(latest.get(link.place, float("inf")), link.lasted)
+        place = max(crowd, key=lambda where: (crowd[where], -latest[where]))
+        handshake = next((raw for raw, where in others.items() if where == place), None)
+        if handshake is not None:
+            await self._close_handshake(handshake)
+            return
+        youngest = min((link for link in young if link.place == place), key=lambda link: link.lasted)
+        logger.debug("closing a young link from %s: %d slots free", place, self.slots().available_tokens)
+        await youngest.close()
+
+    async def _close_handshake(self, raw: Any) -> None:
+        place = self.pending.pop(raw)
+        self.started.pop(raw, None)
         logger.debug("closing a handshake from %s: %d in handshake", place, len(self.pending) + 1)
-        await _close_quietly(oldest)  # its upgrade fails and gives its slot back
+        await _close_quietly(raw)  # its upgrade fails and gives its slot back
 
     def done(self, raw: Any) -> None:
         self.pending.pop(raw, None)
+        self.started.pop(raw, None)
 
 
-def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> None:
+def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> InboundRoom:
     """Make `swarm` (0.8.1's Swarm) end each inbound connection's task when its link closes, with
-    at most HANDSHAKING of them in their handshake; `group_of(ip)` is the network group of an
-    address ("local" for our host and LAN)."""
-    handshakes = Handshakes(HANDSHAKING, group_of)
+    at most HANDSHAKING of them in their handshake and one slot in ROOM_SHARE kept free; `group_of(ip)` is the
+    network group of an address ("local" for our host and LAN). The room it returns is the node's
+    one record of them (the connection manager names its young links to it)."""
+    room = InboundRoom(group_of, lambda: swarm._inbound_limiter)
     swarm._do_handle_inbound_connection = partial(
-        _handle_until_closed, swarm, handshakes, swarm._do_handle_inbound_connection
+        _handle_until_closed, swarm, room, swarm._do_handle_inbound_connection
     )
+    return room
 
 
 async def _handle_until_closed(
-    swarm: Any, handshakes: Handshakes, library_handler: Any, stream: Any, maddr: Any, failure_event: Any
+    swarm: Any, room: InboundRoom, library_handler: Any, stream: Any, maddr: Any, failure_event: Any
 ) -> None:
     if isinstance(stream, IMuxedConn):  # QUIC, WebTransport: not a transport of ours
         await library_handler(stream, maddr, failure_event)
@@ -97,7 +184,7 @@ async def _handle_until_closed(
         await _close_quietly(stream)
         return
     raw = RawConnection(stream, False)
-    await handshakes.admit(raw, handshakes.place(stream))
+    await room.admit(raw, room.place(stream))
     try:
         muxed = await swarm.upgrade_inbound_raw_conn(raw, maddr)
     except Exception as error:  # noqa: BLE001 - a stranger's failed handshake is routine, as in 0.8.1
@@ -105,7 +192,8 @@ async def _handle_until_closed(
         await _close_quietly(raw)
         return
     finally:
-        handshakes.done(raw)
+        room.done(raw)
+    await room.arrived(muxed.peer_id)
     # the link is registered; this task (and its slot) lasts exactly as long as the link does
     await muxed.event_closed.wait()
 
@@ -117,4 +205,4 @@ async def _close_quietly(closer: Any) -> None:
         pass
 
 
-__all__ = ["HANDSHAKING", "Handshakes", "release_slots_with_links"]
+__all__ = ["HANDSHAKING", "ROOM_SHARE", "InboundRoom", "YoungLink", "place_of", "release_slots_with_links"]

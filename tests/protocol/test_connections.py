@@ -13,6 +13,7 @@ from sapo.protocol.reach.connections import (
     GRACE_SECONDS,
     YOUNG_PER_GROUP,
     _from_the_largest_groups,
+    _past_the_longest_lasting,
     counted,
     crowded_out,
     past_grace,
@@ -25,14 +26,26 @@ def peer() -> ID:
 
 
 def test_links_are_closed_from_the_most_crowded_network_group_first():
-    crowd = [(peer(), "10.1") for _ in range(10)]
-    few = [(peer(), "10.2") for _ in range(2)]
-    lone = [(peer(), "10.3")]
+    crowd = [(peer(), "10.1", 100.0 - i) for i in range(10)]  # seconds lasted: the last is youngest
+    few = [(peer(), "10.2", 50.0 - i) for i in range(2)]
+    lone = [(peer(), "10.3", 40.0)]
     chosen = _from_the_largest_groups(crowd + few + lone, 9)
     assert len(chosen) == 9 and len(set(chosen)) == 9
-    assert sum(p in {q for q, _ in crowd} for p in chosen) >= 8
+    assert sum(p in {q for q, _, _ in crowd} for p in chosen) >= 8
     assert lone[0][0] not in chosen  # every group keeps a link while another has more than one
     assert _from_the_largest_groups(crowd, 20) and len(_from_the_largest_groups(crowd, 20)) == 10
+
+
+def test_the_longest_lasting_links_are_kept_and_ties_between_groups_go_at_random():
+    # honest links in groups of their own, up before a stranger made one link in each of many
+    # groups: the longest-lasting half of `low` is never trimmed, and the rest go from the largest
+    # groups, ties at random (youngest-first let a stranger that came first pin them all, h-atk6)
+    honest = [(peer(), f"11.{120 + i}", 600.0 - i) for i in range(4)]
+    stranger = [(peer(), f"11.{82 + i}", 40.0 - i) for i in range(10)]
+    closable = _past_the_longest_lasting(honest + stranger, kept=4)
+    assert {p for p, _, _ in closable} == {p for p, _, _ in stranger}
+    picks = {tuple(_from_the_largest_groups(stranger, 3)) for _ in range(20)}
+    assert len(picks) > 1  # not always the same three
 
 
 def test_young_links_from_a_busy_group_are_closed_only_while_the_node_is_over_its_watermark():

@@ -13,7 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.toolkit.hosts import network_group, new_noise_host
-from sapo.protocol.toolkit.inbound import Handshakes
+from sapo.protocol.toolkit.inbound import ROOM_SHARE, InboundRoom, YoungLink
 
 SLOTS = 3
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
@@ -101,7 +101,7 @@ class Connection:
 
 async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_place_not_a_newcomer():
     closed: list[str] = []
-    table = Handshakes(3, group_of=network_group)
+    table = InboundRoom(network_group, slots=lambda: trio.CapacityLimiter(250), most=3)
     newcomer = Connection("newcomer", "11.81.0.7", closed)
     await table.admit(newcomer, table.place(newcomer))
     for i in range(5):  # one /16 keeps opening connections that say nothing
@@ -112,3 +112,71 @@ async def test_a_full_handshake_table_closes_the_oldest_of_the_most_crowded_plac
     assert table.place(newcomer) == "11.81.0.0/16"
     table.done(newcomer)
     assert newcomer not in table.pending
+
+
+def short_of_slots(room_share: int = ROOM_SHARE) -> trio.CapacityLimiter:
+    """A limiter of 16 * ROOM_SHARE slots (16 kept free) with all but 15 held: short of slots."""
+    slots = trio.CapacityLimiter(16 * room_share)
+    for _ in range(int(slots.total_tokens) - 15):
+        slots.acquire_on_behalf_of_nowait(object())
+    return slots
+
+
+def young(name: str, place: str, lasted: float, closed: list[str]) -> YoungLink:
+    """A young link as the connection manager names one, whose close is noted in `closed`."""
+
+    async def close():
+        closed.append(name)
+
+    return YoungLink(place, lasted, name, close)
+
+
+async def test_a_link_arriving_at_a_node_short_of_slots_closes_what_has_not_proved_itself_from_the_most_crowded_place():
+    closed: list[str] = []
+    slots = trio.CapacityLimiter(16 * ROOM_SHARE)
+    room = InboundRoom(network_group, slots=lambda: slots)
+    links = [
+        young("crowd-old", "11.82.0.0/16", 20.0, closed),
+        young("honest", "11.120.0.0/16", 15.0, closed),
+        young("crowd-young", "11.82.0.0/16", 10.0, closed),
+        young("lan", "192.168.1.5", 5.0, closed),
+        young("crowd-newest", "11.82.0.0/16", 1.0, closed),
+        young("newcomer", "11.150.0.0/16", 0.0, closed),  # the link that just arrived
+    ]
+    room.young_links = lambda: links
+    await room.arrived("newcomer")
+    assert closed == []  # every slot free: nothing to make room for
+    room.slots = lambda: short_of_slots()
+    silent = Connection("silent", "11.82.0.9", closed)  # a bare TCP connect makes no room
+    await room.admit(silent, room.place(silent))
+    assert closed == []
+    room.done(silent)
+    await room.arrived("newcomer")
+    assert closed == ["crowd-newest"]  # the youngest of the place holding the most, never the newcomer
+    handshakes = [Connection(f"silent{i}", f"11.90.{i}.1", closed) for i in range(4)]
+    for connection in handshakes:  # handshakes count with young links: their place now holds the most
+        await room.admit(connection, room.place(connection))
+    await room.arrived("newcomer")
+    assert closed[-1] == "silent0"  # its oldest handshake, not anyone's link
+
+
+async def test_between_places_holding_as_many_the_latest_arrival_makes_room_not_the_newcomer_who_waited():
+    # h-atk6: a stranger keeps remaking one link in each of many /16s (each place holds one, as a
+    # lone honest newcomer's does); the newcomer has waited longest. Taking the tied place of the
+    # oldest arrival closed the newcomer at every arrival; the latest arrival goes first (Bitcoin
+    # Core's rule), so the stranger's youngest is closed
+    closed: list[str] = []
+    room = InboundRoom(network_group, slots=lambda: short_of_slots())
+    links = [young("newcomer", "11.150.0.0/16", 20.0, closed)]
+    links += [young(f"stranger{i}", f"11.{20 + i}.0.0/16", 9.0 - i, closed) for i in range(9)]
+    links.append(young("stranger-again", "11.40.0.0/16", 0.0, closed))  # the link that arrived
+    room.young_links = lambda: links
+    await room.arrived("stranger-again")
+    assert closed == ["stranger8"]  # the youngest link of the tied places, lasted 1 s
+    # a handshake that has been under way longer than the stranger's youngest link ties too, and stays
+    slow = Connection("slow-handshake", "11.151.0.9", closed)
+    await room.admit(slow, room.place(slow))
+    room.started[slow] -= 5.0
+    links.remove(links[-2])  # stranger8 is gone
+    await room.arrived("stranger-again")
+    assert closed == ["stranger8", "stranger7"]
