@@ -41,7 +41,7 @@ from sapo.training.learning.update import UpdateStats, grpo_update, make_optimiz
 from sapo.training.models.policy import Policy
 from sapo.training.problems.rewards import Verifier, has_answer_tag, is_correct, verifier_for
 from sapo.training.problems.rollouts import QuestionGroup
-from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
+from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, question_stream, reasoning_gym_version
 
 log = logging.getLogger("sapo.node")
 
@@ -205,7 +205,7 @@ class Node:
         drawn = self.settings.run.draw_questions or plan.local
         if plan.local > drawn:  # the settings refuse this; an adaptive balance must not reach it
             raise ValueError(f"round {plan.index} asks {plan.local} questions of the {drawn} it draws")
-        tasks = TaskSampler(self.task_specs, dataset_seed=self.settings.run.seed, rng_seed=0)
+        tasks = TaskSampler(self.task_specs, dataset_seed=question_stream(self.settings.run.seed), rng_seed=0)
         tasks.load_state_dict(cursor.model_dump())  # the stream's state is the cursor's, whatever the seed
         problems = tasks.sample(plan.local)
         tasks.skip(drawn - plan.local)

@@ -25,7 +25,7 @@ from sapo.node.study.settings import CLOCK_EPOCH, ExperimentSettings, MixConfig
 from sapo.training.completions.evaluation import heldout_problems
 from sapo.training.completions.scripted import ScriptedSolver
 from sapo.training.learning.checkpoints import PREFIX, Checkpoint, latest_checkpoint, remove_checkpoint
-from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, reasoning_gym_version
+from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, question_stream, reasoning_gym_version
 
 RUN_STATE = "run-state.json"  # in the run's dir: the round its checkpoint is at, and all but the nodes' own
 SIZE_CYCLE = ("tiny-micro", "tiny-small", "tiny")  # 0.13M, 0.45M, 1M: 8x apart, all CPU-friendly
@@ -316,7 +316,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
             ScriptedPeer(
                 k,
                 ScriptedSolver(study.solver_accuracy, seed=peer_seed),
-                TaskSampler(base.tasks.specs(), dataset_seed=peer_seed, rng_seed=peer_seed),
+                TaskSampler(base.tasks.specs(), dataset_seed=question_stream(peer_seed), rng_seed=peer_seed),
                 exchange,
                 base.training.generations,
                 config.local,

@@ -172,11 +172,26 @@ def default_task_specs(names: list[str] | tuple[str, ...] = PAPER_TASKS) -> list
     return [TaskSpec(name=n, config=dict(EASY_CONFIGS[n])) for n in names]
 
 
+# ReasoningGYM draws item `index` of a dataset seeded `seed` from Random(seed + index) (97 of its
+# datasets), so seeds 0, 1, 2 are one sequence shifted by one: nodes given neighbouring seeds (a
+# study's, `make run`'s) asked one another's questions, and three in four of a node's questions
+# had reached it from a peer first, answered (issue #42, bench/results/tiny-heterogeneous-standing).
+# Each seed's questions start this far along that sequence: the wire's index is below 2^31, so
+# no two streams ever meet, and seed < 2^32 keeps the start below the wire's 2^63.
+STREAM_STRIDE = 2**31
+
+
+def question_stream(seed: int) -> int:
+    """The dataset seed of the questions a node with `seed` asks: a stream no other seed's meets."""
+    return seed * STREAM_STRIDE
+
+
 class TaskSampler:
     """Draws problems for one node: a weighted task choice, then the next unseen index.
 
-    Each node owns a dataset seed, so two nodes ask different questions; the index advances
-    so a node does not repeat itself. Its state is two integers, saved with checkpoints.
+    Each node owns a dataset seed (`question_stream` of its own: neighbouring seeds would ask
+    one another's questions), so two nodes ask different questions; the index advances so a node
+    does not repeat itself. Its state is two integers, saved with checkpoints.
     """
 
     def __init__(self, tasks: list[TaskSpec], dataset_seed: int, rng_seed: int):
