@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.question_overlap import previewed_share, rows_of
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -362,3 +364,15 @@ def test_hostile_answers_benchmark_smoke():
     assert all("(1)" in row.split("|")[2] for row in rows)  # the key is right
     assert all("(0)" in cell for row in rows for cell in row.split("|")[3:9])  # every hostile answer is not
     assert "in a limited worker process" in done.stdout
+
+
+def test_question_overlap_counts_the_questions_peers_showed_first():
+    # issue #42: neighbouring seeds walked one ReasoningGYM sequence, so a node had been sent most
+    # of its own questions by a peer first; on streams of their own, none
+    results = Path(__file__).parents[2] / "bench" / "results" / "tiny-heterogeneous-streams"
+    clean = [r for r in rows_of(results) if r["config"] == "adaptive"]
+    unmatched = [r for r in rows_of(results / "diagnosis" / "unmatched") if r["config"] == "adaptive"]
+    total, previewed = previewed_share(clean, base_seed=0, stride=2**31)
+    assert total > 10_000 and previewed == 0
+    total, previewed = previewed_share(unmatched, base_seed=0, stride=1)
+    assert 0.7 < previewed / total < 0.8  # 75.5 %
