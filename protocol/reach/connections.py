@@ -79,10 +79,10 @@ class _Link:
     """One peer's open links, as the manager sees them."""
 
     peer: ID
-    links: list[Any]
     ip: str | None  # of its direct link
     theirs: bool  # every link is one the peer opened to us
     age: float  # seconds its youngest link has lasted
+    counted: bool  # towards the watermarks (`counted`)
 
 
 class ConnectionManager:
@@ -142,7 +142,7 @@ class ConnectionManager:
                     partial(self._close, link.peer),
                 )
                 for link in self._links(wall)
-                if link.theirs and not counted(link.links, wall)
+                if link.theirs and not link.counted
             ]
             self._young = (now, young)
             self._closed_since.clear()
@@ -156,7 +156,8 @@ class ConnectionManager:
         return False
 
     def _links(self, now: float) -> list[_Link]:
-        """Every open peer's direct links that the manager may close (not protected, not relayed)."""
+        """Every open peer's direct links that the manager may close (not protected, not relayed),
+        as they stand at `now`."""
         found = []
         for peer in open_peers(self.host):
             links = [c for c in self.host.get_network().get_connections(peer) if not c.is_closed]
@@ -164,7 +165,7 @@ class ConnectionManager:
                 continue
             theirs = all(get_connection_direction(c) == Direction.INBOUND for c in links)
             age = min(connection_age(c, now) for c in links)
-            found.append(_Link(peer, links, direct_ip(self.host, peer), theirs, age))
+            found.append(_Link(peer, direct_ip(self.host, peer), theirs, age, counted(links, now)))
         return found
 
     def surplus(self) -> tuple[list[ID], list[ID]]:
@@ -182,7 +183,7 @@ class ConnectionManager:
         young: dict[str, list[ID]] = {}
         for link in self._links(now):
             group = network_group(link.ip) if link.ip is not None else "unknown"
-            if not counted(link.links, now):
+            if not link.counted:
                 if link.theirs:
                     young.setdefault(group, []).append(link.peer)
                 continue

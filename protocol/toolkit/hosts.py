@@ -19,8 +19,8 @@ so it is replaced by one that does nothing: the bootstrap keeper and discovery d
 Each inbound connection gives its slot back when its link closes (inbound.py): 0.8.1 kept it
 until the node stopped, and refused every inbound connection after the 250th of its life. And
 connections in their handshake hold at most HANDSHAKING of the slots, so silent ones from one
-address cannot hold them all; and ROOM slots are kept free, by closing what has not proved itself
-yet from the most crowded place (`host.inbound_room`).
+address cannot hold them all; and one slot in 16 is kept free, by closing what has not proved
+itself yet from the most crowded place (`host.inbound_room`).
 
 Its identify answers say `sapo/<version>` (agents.py), so a peer can tell which release we run.
 

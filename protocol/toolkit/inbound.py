@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 from libp2p.abc import IMuxedConn
@@ -59,6 +59,13 @@ HANDSHAKING = 64
 # One inbound slot in this many is kept free for whoever comes next (15 of the library's 250):
 # fewer free when a connection arrives, and one connection that has not proved itself is closed.
 ROOM_SHARE = 16
+
+
+class Handshake(NamedTuple):
+    """An inbound connection in its handshake: the place it comes from, and when it began."""
+
+    place: str
+    began: float  # time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,7 @@ class InboundRoom:
         self.group_of = group_of
         self.slots = slots  # the library's limiter of inbound slots (tests cut it to a few)
         self.most = most
-        self.pending: dict[Any, str] = {}
-        self.started: dict[Any, float] = {}  # when each handshake began (time.monotonic)
+        self.pending: dict[Any, Handshake] = {}
         self.young_links: Callable[[], list[YoungLink]] = list
 
     def place(self, stream: Any) -> str:
@@ -103,12 +109,11 @@ class InboundRoom:
     async def admit(self, raw: Any, place: str) -> None:
         """Count `raw` in; past `most` handshakes, close the oldest handshake of the place with the
         most."""
-        self.pending[raw] = place
-        self.started[raw] = time.monotonic()
+        self.pending[raw] = Handshake(place, time.monotonic())
         if len(self.pending) > self.most:
-            crowd = Counter(self.pending.values())
+            crowd = Counter(handshake.place for handshake in self.pending.values())
             most = max(crowd.values())
-            oldest = next(other for other, where in self.pending.items() if crowd[where] == most)
+            oldest = next(other for other, handshake in self.pending.items() if crowd[handshake.place] == most)
             await self._close_handshake(oldest)
 
     async def arrived(self, peer: Any) -> None:
@@ -132,33 +137,30 @@ class InboundRoom:
         nothing, if nothing else has yet to prove itself."""
         young = [link for link in self.young_links() if link.peer != arrived]
         now = time.monotonic()
-        others = dict(self.pending)
-        crowd = Counter(others.values()) + Counter(link.place for link in young)
+        crowd = Counter(handshake.place for handshake in self.pending.values()) + Counter(link.place for link in young)
         if not crowd:
             return
         latest: dict[str, float] = {}  # seconds since each place's latest arrival
-        for raw, where in others.items():
-            latest[where] = min(latest.get(where, float("inf")), now - self.started.get(raw, now))
+        for pending in self.pending.values():
+            latest[pending.place] = min(latest.get(pending.place, float("inf")), now - pending.began)
         for link in young:
             latest[link.place] = min(latest.get(link.place, float("inf")), link.lasted)
         place = max(crowd, key=lambda where: (crowd[where], -latest[where]))
-        handshake = next((raw for raw, where in others.items() if where == place), None)
-        if handshake is not None:
-            await self._close_handshake(handshake)
+        oldest = next((raw for raw, pending in self.pending.items() if pending.place == place), None)
+        if oldest is not None:
+            await self._close_handshake(oldest)
             return
         youngest = min((link for link in young if link.place == place), key=lambda link: link.lasted)
         logger.debug("closing a young link from %s: %d slots free", place, self.slots().available_tokens)
         await youngest.close()
 
     async def _close_handshake(self, raw: Any) -> None:
-        place = self.pending.pop(raw)
-        self.started.pop(raw, None)
+        place = self.pending.pop(raw).place
         logger.debug("closing a handshake from %s: %d in handshake", place, len(self.pending) + 1)
         await _close_quietly(raw)  # its upgrade fails and gives its slot back
 
     def done(self, raw: Any) -> None:
         self.pending.pop(raw, None)
-        self.started.pop(raw, None)
 
 
 def release_slots_with_links(swarm: Any, group_of: Callable[[str], str]) -> InboundRoom:

@@ -176,7 +176,7 @@ async def test_between_places_holding_as_many_the_latest_arrival_makes_room_not_
     # a handshake that has been under way longer than the stranger's youngest link ties too, and stays
     slow = Connection("slow-handshake", "11.151.0.9", closed)
     await room.admit(slow, room.place(slow))
-    room.started[slow] -= 5.0
+    room.pending[slow] = room.pending[slow]._replace(began=room.pending[slow].began - 5.0)
     links.remove(links[-2])  # stranger8 is gone
     await room.arrived("stranger-again")
     assert closed == ["stranger8", "stranger7"]

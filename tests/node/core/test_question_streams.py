@@ -8,8 +8,9 @@ three in four of a node's questions had reached it from a peer first, answered, 
 cumulative accuracy then counted as learning (issue #42). Through the node's own `questions`,
 the one step the daemon and the study share."""
 
+from sapo.protocol.wire.messages import WireProblemSpec
 from sapo.sampling.balance import RoundPlan
-from sapo.training.problems.tasks import STREAM_STRIDE, question_stream
+from sapo.training.problems.tasks import ProblemSpec, question_stream
 from tests.support.tiny_nodes import tiny_node
 
 ASKED = 200
@@ -31,6 +32,9 @@ def test_nodes_with_neighbouring_seeds_do_not_ask_one_anothers_questions(tmp_pat
 
 def test_every_seed_s_stream_starts_past_any_other_s_last_question():
     # the wire's index is below 2^31 and a seed below 2^32: the streams never meet, and the
-    # largest start still fits the wire's dataset seed (below 2^63)
-    assert question_stream(1) - question_stream(0) == STREAM_STRIDE == 2**31
-    assert question_stream(2**32 - 1) + 2**31 - 1 < 2**63
+    # largest seed's last question still goes on the wire (its dataset seed below 2^63)
+    last_index = 2**31 - 1
+    for seed in (0, 1, 2**31, 2**32 - 2):
+        assert question_stream(seed) + last_index < question_stream(seed + 1)
+    spec = ProblemSpec(dataset="basic_arithmetic", config={}, seed=question_stream(2**32 - 1), index=last_index)
+    assert WireProblemSpec.from_spec(spec).to_spec() == spec
