@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--stride", type=int, default=2**31, help="a seed's stream start per unit of seed")
     parser.add_argument("--config", default="adaptive", help="the arm")
     args = parser.parse_args()
-    base_seed = json.loads((args.study / "study-settings.json").read_text())["node"]["seed"]
+    # a study's seeds count from --seed, or 0 where it was unset (node/study/nodes.py's base_seed)
+    base_seed = json.loads((args.study / "study-settings.json").read_text())["node"]["seed"] or 0
     rows = [row for row in rows_of(args.study) if row["config"] == args.config]
     total, previewed = previewed_share(rows, base_seed, args.stride)
     print(

@@ -94,7 +94,7 @@ def node_policy(args: argparse.Namespace):
     """The policy a node with these settings starts from: a tiny model warm-started (and cached)
     as node/core/loading.py does it, a pretrained one as it ships."""
     from sapo.node.core.loading import load_node_policy
-    from sapo.node.core.settings import NodeSettings
+    from sapo.node.core.settings import NodeSettings, RunSettings
     from sapo.training.config import ModelSettings
     from sapo.training.problems.task_settings import TaskSettings
     from sapo.training.problems.tasks import PAPER_TASKS
@@ -103,6 +103,7 @@ def node_policy(args: argparse.Namespace):
         model=ModelSettings(model=args.model, device="cpu", models_dir=args.models_dir),
         # the node's default tasks: its warm start covers all nine, whichever this run samples
         tasks=TaskSettings(tasks=list(PAPER_TASKS)),
+        run=RunSettings(seed=0),
     )
     return load_node_policy(settings, None), settings
 

@@ -55,7 +55,7 @@ def load_node_policy(
         m.model,
         device=m.device,
         lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank) if m.lora else None,
-        seed=settings.run.seed,
+        seed=settings.seed,
         models_dir=models_dir,
         prompt_style=m.prompt_style,
         one_shot=m.one_shot,

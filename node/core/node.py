@@ -106,6 +106,7 @@ class Node:
         `stop`: once it is set (on shutdown), generation, the longest step, stops at its next token.
         `fresh_completions_on_resume`: see `generation_seed`; False only where every peer resumes
         from the same round too (a study's run), which then goes on exactly as if never stopped."""
+        settings = settings.seeded_for(peer_id)  # unset: the node's own, from its identity
         self.settings = settings
         self.peer_id = peer_id
         # How this node scores its own completions (benchmarks substitute one that forces signal).
@@ -162,7 +163,7 @@ class Node:
     def start_state(self) -> NodeState:
         """Where this node's rounds start: its checkpoint's state (restoring the optimizer to that
         round), or round 0, its random streams seeded by --seed."""
-        first = NodeState(balance=self.balance.initial(), streams=RandomStreams.from_seed(self.settings.run.seed))
+        first = NodeState(balance=self.balance.initial(), streams=RandomStreams.from_seed(self.settings.seed))
         if self.resumed_from is None:
             return first
         trainer = self.resumed_from.trainer_state()
@@ -188,7 +189,7 @@ class Node:
         stream is restored), its completions do not. A study's run resumes all its nodes and
         their inboxes and memories together, from one round, which nothing else saw: there the
         nodes draw no nonce (`fresh_completions_on_resume=False`) and repeat the run exactly."""
-        seed = self.settings.run.seed * 1_000_003 + plan.index + offset
+        seed = self.settings.seed * 1_000_003 + plan.index + offset
         if self.resumed_from is None or not self.fresh_completions_on_resume:
             return seed
         return (seed + self._start_nonce) % 2**32  # the sampler keeps 32 bits of a seed
@@ -205,7 +206,7 @@ class Node:
         drawn = self.settings.run.draw_questions or plan.local
         if plan.local > drawn:  # the settings refuse this; an adaptive balance must not reach it
             raise ValueError(f"round {plan.index} asks {plan.local} questions of the {drawn} it draws")
-        tasks = TaskSampler(self.task_specs, dataset_seed=question_stream(self.settings.run.seed), rng_seed=0)
+        tasks = TaskSampler(self.task_specs, dataset_seed=question_stream(self.settings.seed), rng_seed=0)
         tasks.load_state_dict(cursor.model_dump())  # the stream's state is the cursor's, whatever the seed
         problems = tasks.sample(plan.local)
         tasks.skip(drawn - plan.local)
@@ -319,7 +320,7 @@ class Node:
             self.training.max_new_tokens,
             samples=self.settings.run.eval_samples,
             temperature=self.training.temperature,
-            seed=self.settings.run.seed * 100_003 + round_index,
+            seed=self.settings.seed * 100_003 + round_index,
         )
 
     def summarize(

@@ -16,6 +16,7 @@ about thirty lines; pydantic-settings is not a dependency.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 import typing
@@ -47,7 +48,13 @@ class RunSettings(BaseModel):
         default=10, ge=0, description="checkpoint every K rounds and on clean shutdown (0 = only on clean shutdown)"
     )
     keep_checkpoints: int = Field(default=3, ge=1, le=100, description="checkpoints kept on disk")
-    seed: int = Field(default=0, ge=0, lt=2**32, description="seed for sampling, tasks and model init")
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**32,
+        description="seed for sampling, tasks and model init (unset = derived from the node's identity, so that no "
+        "two nodes ask the same questions in the same order or sample alike)",
+    )
     generate_only: bool = Field(
         default=False, description="publish rollouts but never train (a non-training generator)"
     )
@@ -224,6 +231,22 @@ class NodeSettings(BaseModel):
             return NodeSettings(**merged)
         except ValidationError as exc:
             raise SettingsError("invalid settings:\n  " + "\n  ".join(explain(exc, field_at=1))) from None
+
+    def seeded_for(self, peer_id: str) -> NodeSettings:
+        """These settings with --seed resolved: as given, or (unset) derived from the node's
+        identity. Nodes left at one default seed would all walk one question stream in step and
+        sample alike: a peer's group would be one the node asks itself, or asked already."""
+        if self.run.seed is not None:
+            return self
+        seed = int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big")
+        return self.model_copy(update={"run": self.run.model_copy(update={"seed": seed})})
+
+    @property
+    def seed(self) -> int:
+        """--seed, once `seeded_for` has resolved it."""
+        if self.run.seed is None:
+            raise ValueError("--seed is unset until the node's identity resolves it (NodeSettings.seeded_for)")
+        return self.run.seed
 
     def flat(self) -> dict[str, Any]:
         """Field name -> value, JSON-ready; recorded in checkpoints and experiment outputs."""

@@ -54,6 +54,12 @@ def specialist_tasks(tasks: list[TaskSpec], nodes: int, index: int) -> list[Task
     return [t for i, t in enumerate(tasks) if i % shares == index % shares]
 
 
+def base_seed(base: NodeSettings) -> int:
+    """Where a study's node seeds count from: --seed, or 0. Not the identity's, as a daemon's is:
+    a study's run must repeat exactly, and each of its nodes is given a seed of its own."""
+    return base.run.seed if base.run.seed is not None else 0
+
+
 def node_settings(
     base: NodeSettings, study: ExperimentSettings, config: MixConfig, seed: int, index: int, run_dir: Path
 ) -> NodeSettings:
@@ -64,7 +70,7 @@ def node_settings(
         "model": node_model(base, study, index),
         "models_dir": base.model.models_dir or study.out / "models",
         "data_dir": run_dir / f"node-{index}",
-        "seed": base.run.seed + 1000 * seed + index,
+        "seed": base_seed(base) + 1000 * seed + index,
         "checkpoint_every": 0,
         "keep_checkpoints": 2,
         "swarm": "experiment",
@@ -308,7 +314,7 @@ def build_run(base: NodeSettings, study: ExperimentSettings, config: MixConfig, 
         learners.append(Learner(k, node, exchange, state, records, study.joins_at(k)))
     solvers = []
     for k in range(study.scripted_solvers):
-        peer_seed = base.run.seed + 1000 * seed + 500 + k
+        peer_seed = base_seed(base) + 1000 * seed + 500 + k
         exchange = hub.join(
             peer_id_for(seed, k, "solver"), every[0], memory=None, counters=NodeCounters(), model_id="scripted"
         )
@@ -341,7 +347,7 @@ def shared_base(every: list[NodeSettings], resumed: list[Checkpoint | None]):
         m.model,
         len(every),
         lora=LoraOptions(rank=m.lora_rank, alpha=2 * m.lora_rank),
-        seeds=[s.run.seed for s in every],
+        seeds=[s.seed for s in every],
         models_dir=m.models_dir or every[0].run.data_dir / "models",
         device=m.device,
         prompt_style=m.prompt_style,

@@ -37,7 +37,15 @@ import trio
 from sapo.node.core.metrics import METRICS_FILE, RoundRecord
 from sapo.node.core.round import RoundResult, run_round
 from sapo.node.core.settings import NodeSettings
-from sapo.node.study.nodes import RUN_STATE, Learner, StudyRun, build_run, read_run_state, remove_run_checkpoint
+from sapo.node.study.nodes import (
+    RUN_STATE,
+    Learner,
+    StudyRun,
+    base_seed,
+    build_run,
+    read_run_state,
+    remove_run_checkpoint,
+)
 from sapo.node.study.run_timing import RunTiming, SegmentClock
 from sapo.node.study.settings import ExperimentSettings, MixConfig
 
@@ -232,7 +240,7 @@ def run_over_libp2p(
     if not any(f.startswith("--models-dir") for f in flags):
         flags += ["--models-dir", str(base.model.models_dir or study.out / "models")]
     started = time.perf_counter()
-    failed = trio.run(run_swarm, study.nodes, run_dir, flags, base.run.seed + 1000 * seed, 30.0)
+    failed = trio.run(run_swarm, study.nodes, run_dir, flags, base_seed(base) + 1000 * seed, 30.0)
     if failed:
         raise RuntimeError(f"{config.name} seed {seed}: {failed} node(s) failed; see {run_dir}/node-*/node.log")
     with (run_dir / "raw.jsonl").open("w") as raw:

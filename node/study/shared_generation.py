@@ -53,7 +53,7 @@ class BatchedGeneration:
 def generate_round(asked: list[tuple[Node, RoundPlan, list[Problem]]]) -> list[GenerationResult]:
     """Every asking node's round, as one batch (in seed order, whatever order they asked in, so
     the batch is the same from run to run)."""
-    ordered = sorted(range(len(asked)), key=lambda i: asked[i][0].settings.run.seed)
+    ordered = sorted(range(len(asked)), key=lambda i: asked[i][0].settings.seed)
     settings = asked[0][0].training
     if any(
         n.training.generations != settings.generations

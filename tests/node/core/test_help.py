@@ -26,6 +26,7 @@ OTHER = {
     "models_dir": "models-here",
     "lr": "0.0003",
     "metrics_port": "9100",
+    "seed": "7",
     "micro_batch_size": "4",
     "draw_questions": "8",  # at least I + J (4 + 4 under the default adaptive balance)
     "warm_start_steps": "10",

@@ -38,3 +38,18 @@ def test_every_seed_s_stream_starts_past_any_other_s_last_question():
         assert question_stream(seed) + last_index < question_stream(seed + 1)
     spec = ProblemSpec(dataset="basic_arithmetic", config={}, seed=question_stream(2**32 - 1), index=last_index)
     assert WireProblemSpec.from_spec(spec).to_spec() == spec
+
+
+def test_nodes_left_at_the_default_seed_ask_questions_of_their_own_and_keep_them_across_restarts(tmp_path):
+    # Before, a node started without --seed was seed 0, as was every other: default nodes (a
+    # compose swarm's, everyone's `sapo-node start`) asked one stream in step and sampled alike.
+    alice = tiny_node(tmp_path / "a", peer_id="12D3KooWalice")
+    bob = tiny_node(tmp_path / "b", peer_id="12D3KooWbob")
+    assert alice.settings.seed != bob.settings.seed
+    same_place = sum(a == b for a, b in zip(asked(alice), asked(bob), strict=True))
+    print(f"questions in the same place: {same_place} of {ASKED}")  # 200 of 200 before
+    assert same_place <= ASKED // 20
+    # the identity outlives a restart, and so does the seed it gives; a seed that is given stays
+    again = tiny_node(tmp_path / "a-again", peer_id="12D3KooWalice")
+    assert again.settings.seed == alice.settings.seed and asked(again) == asked(alice)
+    assert tiny_node(tmp_path / "c", peer_id="12D3KooWbob", seed=0).settings.seed == 0

@@ -19,7 +19,7 @@ async def test_a_resumed_node_redoes_its_rounds_with_new_completions_and_is_char
     theirs, mine = member(hub, sender), member(hub, receiver)
     state = sender.start_state()
     plan = sender.plan(state)
-    assert sender.generation_seed(plan) == sender.settings.run.seed * 1_000_003 + plan.index  # never resumed: fixed
+    assert sender.generation_seed(plan) == sender.settings.seed * 1_000_003 + plan.index  # never resumed: fixed
     state = (await run_round(sender, state, theirs, trio.Lock())).state
     sender.checkpoint(state)
     await run_round(sender, state, theirs, trio.Lock())  # published, then the node stops before its next checkpoint
