@@ -26,11 +26,12 @@ def rows_of(run: Path, name: str) -> list[dict]:
     return []
 
 
-def windows(rows: list[dict], width: int, value) -> list[float]:
-    """Per window of `width` rounds, the pooled value over every honest node's rounds in it."""
+def windows(rows: list[dict], width: int, value, after: int = 0) -> list[float]:
+    """Per window of `width` rounds after round `after`, the pooled value over every honest
+    node's rounds in it."""
     last = max(r["round"] for r in rows)
     out = []
-    for start in range(0, last, width):
+    for start in range(after, last, width):
         inside = [r for r in rows if start < r["round"] <= start + width]
         out.append(value(inside))
     return out
@@ -78,9 +79,19 @@ def roc(probes: list[dict]) -> tuple[list[tuple[float, float, float]], float]:
     return points, wins / (len(attack) * len(honest))
 
 
+def j_filled(rows: list[dict]) -> float:
+    """External groups the honest nodes trained on, as a share of the J they planned."""
+    planned = sum(r["external_planned"] for r in rows)
+    return sum(r["external_groups"] for r in rows) / planned if planned else 0.0
+
+
 def summarize(run: Path, width: int) -> dict:
     command = json.loads((run / "command.json").read_text())
     rows, probes = rows_of(run, "rows"), rows_of(run, "probes")
+    clean_rounds = int(command.get("clean_rounds", 0))
+    # a patient attacker's rounds (all of them for one that attacks at once); with no attacker,
+    # the rounds an attacker would have attacked in, for the same comparison
+    attacking = [r for r in rows if r["round"] > clean_rounds]
     _, auc = roc(probes)
     honest = [p["score"] for p in probes if p["label"] == "honest"]
     attack = [p["score"] for p in probes if p["label"] == "attack"]
@@ -88,7 +99,7 @@ def summarize(run: Path, width: int) -> dict:
         "run": run.name,
         "attack": command["attack"],
         "defences": command["defences"],
-        "clean_rounds": int(command.get("clean_rounds", 0)),
+        "clean_rounds": clean_rounds,
         # the honest nodes' verifier, where the run names one (runs before --verifier: the node's)
         **({"verifier": command["verifier"]} if "verifier" in command else {}),
         "share": f"{command['attackers']}/{int(command['honest']) + int(command['attackers'])}",
@@ -100,6 +111,10 @@ def summarize(run: Path, width: int) -> dict:
             success([r for r in rows if r["node"] == n and r["round"] > max(r["round"] for r in rows) - width])
             for n in sorted({r["node"] for r in rows})
         ],
+        "attacking_rounds": len({r["round"] for r in attacking}),
+        "attacking_success": success(attacking),
+        "attacking_worst_window": max(windows(attacking, width, success, clean_rounds)) if attacking else 0.0,
+        "j_filled_attacking": j_filled(attacking),
         **operating_point(rows),
         "auc": auc,
         "honest_max": max(honest, default=float("nan")),
@@ -118,8 +133,9 @@ def table(summaries: list[dict], width: int) -> str:
     lines = [
         f"| run | attack | attackers | defences | rounds | success per {width} rounds | last {width} (each node) | "
         f"honest accuracy per {width} rounds | external groups a round (from attackers) | attackers' chosen groups "
-        "refused | honest chosen groups refused | ROC AUC (honest max / attack min score) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "refused | honest chosen groups refused | ROC AUC (honest max / attack min score) | attacking rounds: success "
+        f"(worst {width}) | J filled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
@@ -128,7 +144,9 @@ def table(summaries: list[dict], width: int) -> str:
             f"({' '.join(f'{v:.2f}' for v in s['final_by_node'])}) | "
             f"{' '.join(f'{v:.2f}' for v in s['accuracy'])} | {s['external_per_round']:.2f} ({s['attack_trained_per_round']:.2f}) | "
             f"{s['attack_refused']:.3f} of {s['attack_groups_chosen']} | {s['honest_refused']:.3f} of {s['honest_groups_chosen']} | "
-            f"{s['auc']:.3f} ({s['honest_max']:.1f} / {s['attack_min']:.1f}) |"
+            f"{s['auc']:.3f} ({s['honest_max']:.1f} / {s['attack_min']:.1f}) | "
+            f"{s['attacking_success']:.3f} ({s['attacking_worst_window']:.3f}) over {s['attacking_rounds']} | "
+            f"{s['j_filled_attacking']:.3f} |"
         )
     return "\n".join(lines)
 
