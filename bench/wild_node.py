@@ -75,6 +75,7 @@ class Life:
         self.counters = None
         self.net_counters: dict = {}
         self.memory: Any = None  # the node's NodeMemory, once it runs
+        self.net: Any = None  # its Network, once it runs
         self.tally: Tally | None = None  # with --standing: what reached its intake, per kind of author
         self.standing: dict | None = None  # with --standing: its snapshot at the end
         self.standing_over_time: list[dict] = []  # ...and its shares every `snapshot_s` before
@@ -180,7 +181,7 @@ async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
     life.joined_s = life.now_s()
     arrivals = ArrivalQueues(INCOMING_PLACES[settings.network.exchange])
     net = await nursery.start(partial(serve_network, settings.network, key_pair, arrivals))
-    life.net_counters = net.counters
+    life.net_counters, life.net = net.counters, net
     counters = life.counters = NodeCounters()
     intake = node_intake(
         settings,
@@ -222,8 +223,27 @@ async def watch_standing(life: Life) -> None:
     while True:
         await trio.sleep(life.plan["standing"]["snapshot_s"])
         inbox = life.memory.inbox
-        shares = snapshot(inbox.standing, inbox.peers(), life.plan["standing"]["roles"], life.peer_id)
-        life.standing_over_time.append({"t": life.now_s(), "table": shares["table"], "inbox": shares["inbox"]})
+        roles = life.plan["standing"]["roles"]
+        shares = snapshot(inbox.standing, inbox.peers(), roles, life.peer_id)
+        life.standing_over_time.append(
+            {
+                "t": life.now_s(),
+                "table": shares["table"],
+                "inbox": shares["inbox"],
+                "pushers": pushers_seen(life.net, roles),
+            }
+        )
+
+
+def pushers_seen(net, roles: dict[str, str]) -> list[int]:
+    """The pushers this node is connected to now, those it takes for older releases (their groups
+    on the topic come by right), and those its own groups go to (established older releases)."""
+    from libp2p.peer.id import ID
+
+    connected = [peer for peer in net.connected_peers() if roles.get(peer) == "pusher"]
+    older = [peer for peer in connected if net.older.is_older(ID.from_base58(peer))]
+    readers = [peer for peer in net.legacy_peers() if roles.get(peer) == "pusher"]
+    return [len(connected), len(older), len(readers)]
 
 
 async def rounds(life: Life, net, memory, exchange) -> None:
@@ -336,9 +356,23 @@ async def push(life: Life, net, settings, every: float) -> None:
     await trio.sleep(rng.random() * every)
     for r in range(1_000_000):
         groups, _ = make_groups(sampler, rng, 1, 0.0)
+        life.rounds.append([life.now_s(), *push_reach(net, settings.topic)])
         for frame in encoder.frames(groups, r).groups:
             life.pushed += bool(await net.publish(frame))
         await trio.sleep(every)
+
+
+def push_reach(net, topic: str) -> list[int]:
+    """Before a push: the peers we are connected to, those our pubsub has a stream with, those
+    of them subscribed to the topic, and those the router will send to (its queue not backed up)."""
+    from sapo.protocol.exchange.older_releases import MAX_QUEUED
+    from sapo.protocol.toolkit.hosts import open_peers
+
+    pubsub = net.pubsub
+    subscribed = pubsub.peer_topics.get(topic, set())
+    streams = [peer for peer in pubsub.peers if peer in subscribed]
+    sendable = [peer for peer in streams if len(pubsub.peer_queues.get(peer, ())) < MAX_QUEUED]
+    return [len(open_peers(net.host)), len(pubsub.peers), len(streams), len(sendable)]
 
 
 def clock_at(plan: dict, seconds: float) -> float:
