@@ -33,6 +33,8 @@ from bench.wild_link import LINK, NODE, CpuSampler, NodeMeter, install, meter_fo
 from bench.wild_standing import Tally
 
 COMPLETIONS = 8
+# A pusher drops a link this old to a peer it cannot push to (`redial_deaf`).
+DEAF_AFTER_S = 30.0
 
 
 def make_groups(sampler, rng: random.Random, count: int, flat_share: float) -> tuple[list, int]:
@@ -356,10 +358,31 @@ async def push(life: Life, net, settings, every: float) -> None:
     await trio.sleep(rng.random() * every)
     for r in range(1_000_000):
         groups, _ = make_groups(sampler, rng, 1, 0.0)
-        life.rounds.append([life.now_s(), *push_reach(net, settings.topic)])
+        dropped = await redial_deaf(net, settings.topic)
+        life.rounds.append([life.now_s(), *push_reach(net, settings.topic), dropped])
         for frame in encoder.frames(groups, r).groups:
             life.pushed += bool(await net.publish(frame))
         await trio.sleep(every)
+
+
+async def redial_deaf(net, topic: str) -> int:
+    """Drop the links, older than DEAF_AFTER_S, to peers we cannot push to (no pubsub stream of
+    ours, or no subscription of theirs heard): py-libp2p opens a peer's pubsub stream once, when
+    the link comes, and on a loaded machine that open times out and is never tried again while
+    the link lasts. The keeper dials each dropped peer again. How many were dropped."""
+    from sapo.protocol.toolkit.hosts import connected_seconds, open_peers
+
+    pubsub = net.pubsub
+    subscribed = pubsub.peer_topics.get(topic, set())
+    deaf = [
+        peer
+        for peer in open_peers(net.host)
+        if not (peer in pubsub.peers and peer in subscribed) and connected_seconds(net.host, peer) >= DEAF_AFTER_S
+    ]
+    for peer in deaf:
+        with trio.move_on_after(10):
+            await net.host.disconnect(peer)
+    return len(deaf)
 
 
 def push_reach(net, topic: str) -> list[int]:
