@@ -41,6 +41,7 @@ def report_standing(header: dict, rows: list[dict]) -> int:
     print_over_time(honest)
     print_standing(honest)
     print_activity(honest, pushers, late)
+    print_reach(honest, pushers)
     print_rounds(honest)
     return 0
 
@@ -153,6 +154,51 @@ def print_activity(honest: list[dict], pushers: list[dict], late: list[dict]) ->
     joined = [r["joined_s"] for r in late if r.get("joined_s") is not None]
     if joined:
         print(f"late keys: {len(joined)} joined, at {min(joined) / 60:.1f}-{max(joined) / 60:.1f} min")
+
+
+def print_reach(honest: list[dict], pushers: list[dict]) -> None:
+    """How far the pushes could go, by 10 minutes: each pusher's links to honest nodes, the peers it
+    had a pubsub stream to, subscribed, and could send to, and the deaf links it dropped
+    (bench/wild_node.py's `push_reach`, `redial_deaf`); and each honest node's pushers connected,
+    taken for older releases, and reading its own groups. Rows from before these were kept have none."""
+    windows: dict[int, list[list]] = {}
+    for r in pushers:
+        for record in r["rounds"]:
+            windows.setdefault(int(record[0] // 600), []).append(record[1:])
+    if windows:
+        table = [["minutes", "pushes", "links", "pubsub peers", "subscribed", "sendable", "deaf links dropped (sum)"]]
+        for w in sorted(windows):
+            recs = windows[w]
+            means = [f"{statistics.fmean(rec[k] for rec in recs):.1f}" for k in range(4)]
+            dropped = sum(rec[4] for rec in recs if len(rec) > 4)
+            table.append([f"{10 * w}-{10 * w + 10}", str(len(recs)), *means, str(dropped)])
+        print(
+            f"\neach push's reach (mean over the pushes in each window; {len(honest)} honest nodes; links: to anyone):"
+        )
+        print_rows(table)
+    snaps: dict[int, list[list]] = {}
+    for r in honest:
+        for k, snap in enumerate(r.get("standing_over_time", [])):
+            if "pushers" in snap:
+                snaps.setdefault(k, []).append([snap["t"], *snap["pushers"]])
+    if snaps:
+        table = [
+            [
+                "minute (mean)",
+                "pushers connected (mean)",
+                "taken for older releases",
+                "reading its groups",
+                "min connected",
+            ]
+        ]
+        for k in sorted(snaps):
+            recs = snaps[k]
+            table.append(
+                [f"{statistics.fmean(x[0] for x in recs) / 60:.1f}", *(f"{statistics.fmean(x[i] for x in recs):.1f}" for i in (1, 2, 3)),
+                 str(min(x[1] for x in recs))]
+            )  # fmt: skip
+        print("\nthe pushers each honest node saw:")
+        print_rows(table)
 
 
 def print_rounds(honest: list[dict]) -> None:
