@@ -14,6 +14,9 @@ how bytes and CPU are given to each node, and how latency is emulated (this kern
     nice -n 5 .venv/bin/python -m bench.wild --smoke          # 10 nodes, 2 processes, ~3 min
     nice -n 5 .venv/bin/python -m bench.wild                  # 64 nodes, 4 processes, 20 min
     nice -n 5 .venv/bin/python -m bench.wild --stranger       # 16 nodes; a gossip-only stranger joins
+    nice -n 5 .venv/bin/python -m bench.wild --standing --out bench/results/standing-swarm
+                                  # 32 honest nodes, 20 pushers, 20 late keys, one hour (bench/wild_standing.py)
+    .venv/bin/python -m bench.wild --standing --smoke --out /tmp/standing  # 4 + 2 + 2 keys, ~1 min
     .venv/bin/python -m bench.wild --report [--run ID]         # the tables from the rows alone
     .venv/bin/python -m bench.wild --cleanup                   # namespaces a killed run left behind
 
@@ -34,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import wild_net
+from bench import wild_net, wild_standing
 from bench.ns_runs import provenance, row_lines, run_in_namespaces, say
 
 OUT = Path(__file__).resolve().parent / "results" / "wild"
@@ -73,11 +76,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="10 nodes, 2 processes, 3 minutes")
     p.add_argument("--stranger", action="store_true", help="16 nodes, no churn; a gossip-only stranger joins")
     p.add_argument("--window-seconds", type=float, default=300.0, help="--stranger: each measured window")
+    p.add_argument("--standing", action="store_true", help="honest nodes, pushers and late keys; standing at the end")
+    p.add_argument("--pushers", type=int, default=20, help="--standing: gossip-only keys pushing from the start")
+    p.add_argument("--push-seconds", type=float, default=60.0, help="--standing: between a pusher's groups")
+    p.add_argument("--late", type=int, default=20, help="--standing: fetching keys joining near the end")
+    p.add_argument("--late-minutes", type=float, default=9.0, help="--standing: they join this long before the end")
+    p.add_argument("--standing-minutes", type=float, default=60.0, help="--standing: the run's length")
+    p.add_argument("--ramp-seconds", type=float, default=None, help="the nodes' standing ramp (default: theirs)")
     p.add_argument("--report", action="store_true", help="only the tables, from OUT's rows")
     p.add_argument("--run", default=None, help="--report: this run (default: the newest)")
     p.add_argument("--cleanup", action="store_true", help=f"delete namespaces named {wild_net.PREFIX}*")
     args = p.parse_args(argv)
-    if args.smoke:
+    if args.standing:
+        wild_standing.set_args(args)
+    elif args.smoke:
         args.nodes, args.processes, args.seeds, args.minutes = 10, 2, 2, 3.0
         args.churn_seconds, args.warmup_seconds, args.start_delay = 45.0, 40.0, 30.0
     if args.stranger:
@@ -111,7 +123,7 @@ def plan_run(args: argparse.Namespace, tmp: Path) -> dict:
 
     def new_life(index: int, process: int, start: float, newcomer: bool) -> dict:
         name = f"n{index}"
-        ip = new_address(process, index % args.groups)
+        ip = new_address(process, index % args.groups)  # with --standing, a /16 a key
         return {
             "id": name, "process": process, "ip": ip, "key": str(tmp / "keys" / name), "peer_id": identity(tmp / "keys", name),
             "seed": index < args.seeds and not newcomer, "newcomer": newcomer, "round_s": round(args.round_seconds * pace(rng, args.pace_spread), 2),
@@ -124,6 +136,8 @@ def plan_run(args: argparse.Namespace, tmp: Path) -> dict:
         for i in range(args.nodes)
     ]
     end = args.minutes * 60
+    if args.standing:
+        lives += wild_standing.attacker_lives(args, new_life, len(lives))
     churned = max(1, round(args.nodes * args.churn_share)) if args.churn_share > 0 else 0
     t = args.churn_seconds
     while churned and t < end - 30:
@@ -142,7 +156,10 @@ def plan_run(args: argparse.Namespace, tmp: Path) -> dict:
         "churn_seconds": args.churn_seconds, "churn_share": args.churn_share, "nodes": args.nodes,
         "processes": args.processes, "groups": args.groups, "end_s": end, "warmup_s": args.warmup_seconds,
         "seeds": seeds, "lives": lives, "stranger": None, "rows": str(tmp / "rows-{process}.jsonl"),
+        "ramp_s": args.ramp_seconds,
     }  # fmt: skip
+    if args.standing:
+        plan |= wild_standing.plan_fields(args, lives)
     if args.stranger:
         a0 = args.warmup_seconds
         b0 = a0 + args.window_seconds + STRANGER_SETTLE_S

@@ -25,12 +25,16 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from bench.wild_link import LINK, NODE, CpuSampler, NodeMeter, install, meter_for, timed_in_thread
+from bench.wild_standing import Tally
 
 COMPLETIONS = 8
+# A pusher drops a link this old to a peer it cannot push to (`redial_deaf`).
+DEAF_AFTER_S = 30.0
 
 
 def make_groups(sampler, rng: random.Random, count: int, flat_share: float) -> tuple[list, int]:
@@ -68,9 +72,15 @@ class Life:
         self.first_accepted_s: float | None = None
         self.flat_shared = 0
         self.shared = 0
+        self.pushed = 0  # --standing's pushers: groups put on the topic
         self.peer_id = ""
         self.counters = None
         self.net_counters: dict = {}
+        self.memory: Any = None  # the node's NodeMemory, once it runs
+        self.net: Any = None  # its Network, once it runs
+        self.tally: Tally | None = None  # with --standing: what reached its intake, per kind of author
+        self.standing: dict | None = None  # with --standing: its snapshot at the end
+        self.standing_over_time: list[dict] = []  # ...and its shares every `snapshot_s` before
 
     def now_s(self) -> float:
         return round(time.time() - self.plan["t0"], 3)
@@ -81,26 +91,40 @@ class Life:
             "kind": "node",
             "run": self.plan["run"],
             **{k: self.spec[k] for k in ("id", "process", "ip", "seed", "newcomer", "round_s", "start_s", "stop_s")},
+            "role": self.spec.get("role", "honest"),
             "peer_id": self.peer_id,
             "joined_s": self.joined_s,
             "first_accepted_s": self.first_accepted_s,
             "shared": self.shared,
             "flat_shared": self.flat_shared,
+            "pushed": self.pushed,
             # [t, accepted so far, fresh groups in the inbox, taken, links, cpu s, bytes in, bytes out]
             "rounds": self.rounds,
             "intake": None
             if c is None
             else {"received": c.received, "accepted": c.accepted, "rejected": dict(c.rejected)},
             "network": {
-                k: v for k, v in self.net_counters.items() if k.startswith(("fetch", "discovery", "serve", "links"))
+                k: v
+                for k, v in self.net_counters.items()
+                if self.tally is not None or k.startswith(("fetch", "discovery", "serve", "links"))
             },
             "meter": self.meter.snapshot(),
+            **(
+                {}
+                if self.tally is None
+                else {
+                    "by_author_kind": self.tally.to_json(),
+                    "standing": self.standing,
+                    "standing_over_time": self.standing_over_time,
+                }
+            ),
         }
 
 
 def node_settings(spec: dict, plan: dict):
     from sapo.node.core.settings import NodeSettings
     from sapo.protocol.settings import NetworkSettings
+    from sapo.sampling.trust import TrustSettings
 
     seeds = [address for address in plan["seeds"] if f"/ip4/{spec['ip']}/" not in address]
     network = NetworkSettings(
@@ -113,14 +137,21 @@ def node_settings(spec: dict, plan: dict):
         connections_high=plan.get("connections_high", 96),
         exchange="fetch",
     )
-    return NodeSettings(network=network)
+    ramp = plan.get("ramp_s")  # None: the node's own
+    return NodeSettings(
+        network=network, trust=TrustSettings() if ramp is None else TrustSettings(standing_ramp_seconds=ramp)
+    )
 
 
 async def live(spec: dict, plan: dict, lives: list[Life]) -> None:
-    """Run one node from `start_s` to `stop_s` (None: the end of the run) of the plan's clock."""
+    """Run one node from `start_s` to `stop_s` (None: the end of the run) of the plan's clock;
+    with --standing, then weigh its authors (bench/wild_standing.py)."""
+    from bench.wild_standing import snapshot
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 
     life = Life(spec, plan)
+    if plan.get("standing"):
+        life.tally = Tally(plan["standing"]["roles"])
     lives.append(life)
     NODE.set(life.meter)  # this task's context, and so every task and thread it starts
     key_pair = load_or_create_identity(Path(spec["key"]))
@@ -130,6 +161,9 @@ async def live(spec: dict, plan: dict, lives: list[Life]) -> None:
     with trio.move_on_at(clock_at(plan, stop)):
         async with trio.open_nursery() as nursery:
             await run_node(nursery, life, key_pair)
+    if life.tally is not None and life.memory is not None:
+        inbox = life.memory.inbox
+        life.standing = snapshot(inbox.standing, inbox.peers(), plan["standing"]["roles"], life.peer_id)
 
 
 async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
@@ -149,7 +183,7 @@ async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
     life.joined_s = life.now_s()
     arrivals = ArrivalQueues(INCOMING_PLACES[settings.network.exchange])
     net = await nursery.start(partial(serve_network, settings.network, key_pair, arrivals))
-    life.net_counters = net.counters
+    life.net_counters, life.net = net.counters, net
     counters = life.counters = NodeCounters()
     intake = node_intake(
         settings,
@@ -158,24 +192,60 @@ async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
         rg_version=reasoning_gym_version(),
         verifier=verifier_for(settings.training.reward),
     )
-    memory = NodeMemory(node_inbox(settings), intake, counters)
+    memory = life.memory = NodeMemory(node_inbox(settings), intake, counters)
+    if life.tally is not None:
+        intake.accept = life.tally.wrap_accept(intake.accept)
     # the intake's checks and the inbox's writes run in worker threads: their CPU is this node's
     intake.accept = timed_in_thread(life.meter, intake.accept)
     store = timed_in_thread(life.meter, memory.store)
 
-    def stored(group, *args, **kwargs):
+    def stored(group, now, provenance, *args, **kwargs):
         if life.first_accepted_s is None:
             life.first_accepted_s = life.now_s()
-        store(group, *args, **kwargs)
+        if life.tally is not None:
+            life.tally.stored(group.origin, provenance)
+        store(group, now, provenance, *args, **kwargs)
 
     memory.store = stored
     encoder = group_encoder(settings, life.peer_id, reasoning_gym_version(), model_id="bench")
     exchange = GossipExchange(net, encoder, memory, want=plan["want"])
     nursery.start_soon(exchange.receive, arrivals)
+    if life.tally is not None:
+        nursery.start_soon(watch_standing, life)
     loading = await nursery.start(fetch_until_training, net, plan["want"])
     await trio.sleep(plan["load_s"] + (0 if spec["newcomer"] else spec["phase"] * spec["round_s"]))
     loading.cancel()
     await rounds(life, net, memory, exchange)
+
+
+async def watch_standing(life: Life) -> None:
+    """--standing: the honest share of this node's weight every `snapshot_s`, how it got there."""
+    from bench.wild_standing import snapshot
+
+    while True:
+        await trio.sleep(life.plan["standing"]["snapshot_s"])
+        inbox = life.memory.inbox
+        roles = life.plan["standing"]["roles"]
+        shares = snapshot(inbox.standing, inbox.peers(), roles, life.peer_id)
+        life.standing_over_time.append(
+            {
+                "t": life.now_s(),
+                "table": shares["table"],
+                "inbox": shares["inbox"],
+                "pushers": pushers_seen(life.net, roles),
+            }
+        )
+
+
+def pushers_seen(net, roles: dict[str, str]) -> list[int]:
+    """The pushers this node is connected to now, those it takes for older releases (their groups
+    on the topic come by right), and those its own groups go to (established older releases)."""
+    from libp2p.peer.id import ID
+
+    connected = [peer for peer in net.connected_peers() if roles.get(peer) == "pusher"]
+    older = [peer for peer in connected if net.older.is_older(ID.from_base58(peer))]
+    readers = [peer for peer in net.legacy_peers() if roles.get(peer) == "pusher"]
+    return [len(connected), len(older), len(readers)]
 
 
 async def rounds(life: Life, net, memory, exchange) -> None:
@@ -225,13 +295,30 @@ def lasted_links(host, now: float) -> int:
 async def stranger(spec: dict, plan: dict, lives: list[Life]) -> None:
     """A gossip-only peer (identify lists the topic, not /sapo/groups/1) that keeps a link to
     every node and publishes nothing: what issue #41's downgrade needs of a stranger."""
+    life = Life({**spec, "seed": False, "newcomer": False, "round_s": None, "stop_s": None}, plan)
+    lives.append(life)
+    await gossip_only(life, spec["peers"], push_s=None)
+
+
+async def pusher(spec: dict, plan: dict, lives: list[Life]) -> None:
+    """--standing's pusher: a gossip-only peer like the stranger, linked to every honest node,
+    that puts one valid group of its own on the topic every `push_s` (bench/wild_standing.py)."""
+    life = Life(spec, plan)
+    lives.append(life)
+    honest = [f"/ip4/{x['ip']}/tcp/{plan['port']}/p2p/{x['peer_id']}" for x in plan["lives"] if "role" not in x]
+    await gossip_only(life, honest, push_s=plan["standing"]["push_s"])
+
+
+async def gossip_only(life: Life, peers: list[str], push_s: float | None) -> None:
+    """Pose as a release before 0.4.0 from `start_s` to the end of the run: serve gossip only,
+    keep a link to each of `peers`, count what arrives in `shared`; every `push_s` (if given)
+    publish a group of our own."""
     from sapo.protocol.network import serve_network
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
     from sapo.protocol.settings import NetworkSettings
     from sapo.protocol.wire.group_wire import PROTOCOL_ID
 
-    life = Life({**spec, "seed": False, "newcomer": False, "round_s": None, "stop_s": None}, plan)
-    lives.append(life)
+    spec, plan = life.spec, life.plan
     NODE.set(life.meter)
     key_pair = load_or_create_identity(Path(spec["key"]))
     life.peer_id = peer_id_of(key_pair)
@@ -245,10 +332,70 @@ async def stranger(spec: dict, plan: dict, lives: list[Life]) -> None:
             net = await nursery.start(partial(serve_network, settings, key_pair, send))
             net.host.remove_stream_handler(PROTOCOL_ID)  # before any link: identify never lists it
             life.joined_s = life.now_s()
-            for address in spec["peers"]:
+            life.net_counters = net.counters
+            for address in peers:
                 nursery.start_soon(net.keeper.keep, address)
+            if push_s is not None:
+                nursery.start_soon(push, life, net, settings, push_s)
             async for _arrival in receive:
                 life.shared += 1  # groups the nodes put on the topic for it (and each other)
+
+
+async def push(life: Life, net, settings, every: float) -> None:
+    """One fresh valid group (never flat) on the rollouts topic every `every` seconds, sent to every
+    peer subscribed to the topic, not only to our mesh: the router's path for older releases
+    (protocol/exchange/older_releases.py) with every subscriber a reader."""
+    from sapo.node.core.exchange import group_encoder
+    from sapo.node.core.settings import NodeSettings
+    from sapo.training.problems.tasks import TaskSampler, default_task_specs, reasoning_gym_version
+
+    net.pubsub.router.readers = lambda: list(net.pubsub.peers)
+    index = int(life.spec["id"][1:])
+    seed = life.plan["seed"] * 100_000 + index
+    sampler = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=seed, rng_seed=0)
+    rng = random.Random(seed)
+    encoder = group_encoder(NodeSettings(network=settings), life.peer_id, reasoning_gym_version(), model_id="bench")
+    await trio.sleep(rng.random() * every)
+    for r in range(1_000_000):
+        groups, _ = make_groups(sampler, rng, 1, 0.0)
+        dropped = await redial_deaf(net, settings.topic)
+        life.rounds.append([life.now_s(), *push_reach(net, settings.topic), dropped])
+        for frame in encoder.frames(groups, r).groups:
+            life.pushed += bool(await net.publish(frame))
+        await trio.sleep(every)
+
+
+async def redial_deaf(net, topic: str) -> int:
+    """Drop the links, older than DEAF_AFTER_S, to peers we cannot push to (no pubsub stream of
+    ours, or no subscription of theirs heard): py-libp2p opens a peer's pubsub stream once, when
+    the link comes, and on a loaded machine that open times out and is never tried again while
+    the link lasts. The keeper dials each dropped peer again. How many were dropped."""
+    from sapo.protocol.toolkit.hosts import connected_seconds, open_peers
+
+    pubsub = net.pubsub
+    subscribed = pubsub.peer_topics.get(topic, set())
+    deaf = [
+        peer
+        for peer in open_peers(net.host)
+        if not (peer in pubsub.peers and peer in subscribed) and connected_seconds(net.host, peer) >= DEAF_AFTER_S
+    ]
+    for peer in deaf:
+        with trio.move_on_after(10):
+            await net.host.disconnect(peer)
+    return len(deaf)
+
+
+def push_reach(net, topic: str) -> list[int]:
+    """Before a push: the peers we are connected to, those our pubsub has a stream with, those
+    of them subscribed to the topic, and those the router will send to (its queue not backed up)."""
+    from sapo.protocol.exchange.older_releases import MAX_QUEUED
+    from sapo.protocol.toolkit.hosts import open_peers
+
+    pubsub = net.pubsub
+    subscribed = pubsub.peer_topics.get(topic, set())
+    streams = [peer for peer in pubsub.peers if peer in subscribed]
+    sendable = [peer for peer in streams if len(pubsub.peer_queues.get(peer, ())) < MAX_QUEUED]
+    return [len(open_peers(net.host)), len(pubsub.peers), len(streams), len(sendable)]
 
 
 def clock_at(plan: dict, seconds: float) -> float:
@@ -265,7 +412,7 @@ async def run_process(plan: dict, process: int) -> list[dict]:
     async with trio.open_nursery() as nursery:
         for spec in plan["lives"]:
             if spec["process"] == process:
-                nursery.start_soon(live, spec, plan, lives)
+                nursery.start_soon(pusher if spec.get("role") == "pusher" else live, spec, plan, lives)
         spec = plan.get("stranger")
         if spec and spec["process"] == process:
             nursery.start_soon(stranger, spec, plan, lives)

@@ -297,6 +297,10 @@ def report_stranger(header: dict, rows: list[dict]) -> int:
 
 def report(out: Path, run: str | None = None) -> int:
     header, rows = load(out, run)
+    if header["plan"].get("standing"):
+        from bench.wild_standing_report import report_standing
+
+        return report_standing(header, rows)
     if header["plan"].get("windows"):
         return report_stranger(header, rows)
     return report_wild(header, rows)

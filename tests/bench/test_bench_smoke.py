@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.question_overlap import previewed_share, rows_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -376,3 +378,24 @@ def test_question_overlap_counts_the_questions_peers_showed_first():
     assert total > 10_000 and previewed == 0
     total, previewed = previewed_share(unmatched, base_seed=0, stride=1)
     assert 0.7 < previewed / total < 0.8  # 75.5 %
+
+
+def test_standing_swarm_smoke(tmp_path):
+    # A real swarm in network namespaces (bench/wild.py --standing): 4 honest fetching nodes,
+    # 2 keys posing as older releases that push on the topic, 2 late keys; 36 s with a 10 s ramp.
+    from bench import wild_net
+
+    problem = wild_net.available()
+    if problem:
+        pytest.skip(f"needs network namespaces: {problem}")
+    done = run_script("wild", "--standing", "--out", str(tmp_path), timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    honest = [r for r in rows if r["kind"] == "node" and r["role"] == "honest"]
+    assert len(honest) == 4 and all(r["standing"] for r in honest), done.stdout
+    # the attack happened: pushers published, and their groups reached an honest node's intake
+    assert sum(r["pushed"] for r in rows if r.get("role") == "pusher") > 0
+    assert sum(sum(r["by_author_kind"].get("pusher", {}).values()) for r in honest) > 0, done.stdout
+    assert all(r["standing"]["table"]["both"]["honest_share"] is not None for r in honest)
+    assert "honest authors' share of each honest node's weight" in done.stdout
+    assert "what reached the 4 honest nodes' intake" in done.stdout
