@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from bench.wild_link import LINK, NODE, CpuSampler, NodeMeter, install, meter_for, timed_in_thread
-from bench.wild_standing import Tally
+from bench.wild_standing import Tally, snapshot
 
 COMPLETIONS = 8
 # A pusher drops a link this old to a peer it cannot push to (`redial_deaf`).
@@ -84,6 +84,11 @@ class Life:
 
     def now_s(self) -> float:
         return round(time.time() - self.plan["t0"], 3)
+
+    def weigh(self) -> dict:
+        """--standing: the honest share of this node's weight now (bench/wild_standing.py)."""
+        inbox = self.memory.inbox
+        return snapshot(inbox.standing, inbox.peers(), self.plan["standing"]["roles"], self.peer_id)
 
     def row(self) -> dict:
         c = self.counters
@@ -146,7 +151,6 @@ def node_settings(spec: dict, plan: dict):
 async def live(spec: dict, plan: dict, lives: list[Life]) -> None:
     """Run one node from `start_s` to `stop_s` (None: the end of the run) of the plan's clock;
     with --standing, then weigh its authors (bench/wild_standing.py)."""
-    from bench.wild_standing import snapshot
     from sapo.protocol.peers.identity import load_or_create_identity, peer_id_of
 
     life = Life(spec, plan)
@@ -162,8 +166,7 @@ async def live(spec: dict, plan: dict, lives: list[Life]) -> None:
         async with trio.open_nursery() as nursery:
             await run_node(nursery, life, key_pair)
     if life.tally is not None and life.memory is not None:
-        inbox = life.memory.inbox
-        life.standing = snapshot(inbox.standing, inbox.peers(), plan["standing"]["roles"], life.peer_id)
+        life.standing = life.weigh()
 
 
 async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
@@ -220,19 +223,15 @@ async def run_node(nursery: trio.Nursery, life: Life, key_pair) -> None:
 
 async def watch_standing(life: Life) -> None:
     """--standing: the honest share of this node's weight every `snapshot_s`, how it got there."""
-    from bench.wild_standing import snapshot
-
     while True:
         await trio.sleep(life.plan["standing"]["snapshot_s"])
-        inbox = life.memory.inbox
-        roles = life.plan["standing"]["roles"]
-        shares = snapshot(inbox.standing, inbox.peers(), roles, life.peer_id)
+        shares = life.weigh()
         life.standing_over_time.append(
             {
                 "t": life.now_s(),
                 "table": shares["table"],
                 "inbox": shares["inbox"],
-                "pushers": pushers_seen(life.net, roles),
+                "pushers": pushers_seen(life.net, life.plan["standing"]["roles"]),
             }
         )
 
