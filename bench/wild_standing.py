@@ -26,7 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 ROLES = ("honest", "pusher", "late")
-# A SmolLM2 round's length (bench/results/smollm2*): slower rounds than make run's 10 s, as the
+# A SmolLM2 round's length (bench/results/smollm2-study): slower rounds than make run's 10 s, as the
 # swarm this standing is for runs, and less CPU for this 2-core machine.
 ROUND_SECONDS = 23.0
 # Between the snapshots of each node's shares during the run (the rows' `standing_over_time`).
