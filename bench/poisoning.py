@@ -291,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
                         "external_planned": record.external_planned,
                         "from_attackers": sum(1 for g in result.training_set.external if g.origin in attacker_ids),
                         "screened_out": record.screened_out,
+                        "screen_redrawn": record.screen_redrawn,
                         "refused_attackers": sum(1 for g in result.training_set.refused if g.origin in attacker_ids),
                         "attackers_at_intake": intake,
                         "inbox": record.inbox_size,

@@ -42,6 +42,7 @@ class TrainingSet:
     screened_completions: int = 0  # completions the screen dropped from groups it kept
     screen: ScreenReference | None = None  # the screen's reference after this round, when it ran
     screen_seconds: float = 0.0  # what screening the external groups took
+    redrawn: int = 0  # external groups drawn again in place of groups the screen refused
 
 
 def training_set(

@@ -63,6 +63,9 @@ class RoundRecord(BaseModel):
     external_planned: int = Field(default=0, description="J this round asked for (an adaptive balance moves it)")
     external_reward_mean: float | None = Field(description="this node's verifier on the external completions used")
     screened_out: int = Field(default=0, description="external groups chosen this round and refused by the screen")
+    screen_redrawn: int = Field(
+        default=0, description="external groups drawn again this round in place of groups the screen refused"
+    )
     external_from: dict[str, int] = Field(
         default_factory=dict, description="external groups the draw chose this round, per author (before the screen)"
     )

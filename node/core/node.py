@@ -14,7 +14,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from sapo.node.core.state import NodeState, RandomStreams, RngState, TaskCursor,
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.external_use import ExternalUse
 from sapo.sampling.inbox import Inbox
-from sapo.sampling.screen import screen, winning
+from sapo.sampling.screen import ScreenReference, screen, winning
 from sapo.sampling.standing import Standing
 from sapo.sampling.strategies import SamplerState, choose_external
 from sapo.sampling.training_set import TrainingSet, training_set
@@ -47,6 +47,11 @@ log = logging.getLogger("sapo.node")
 
 # Our own completions for external questions draw from a stream apart from the local ones.
 AUGMENT_SEED_OFFSET = 500_000_003
+# A round draws again from the inbox for the groups its screen refused, and screens those, at
+# most this many times: an author the screen refuses costs the node a screening, not a J slot
+# (issue #42: a fallen attacker that keeps a newcomer's share of the draw emptied 1 slot in 18),
+# and a node whose inbox holds nothing but refused groups screens at most 3 J groups a round.
+SCREEN_REDRAWS = 2
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,20 @@ class Selection:
     external: list[QuestionGroup]
     sampler: SamplerState
     rng: RngState
+
+
+@dataclass(frozen=True)
+class Screening:
+    """What the screen made of a round's draw: the groups it kept (less the completions it
+    dropped), those it refused, and the draw after the screen's redraws."""
+
+    selection: Selection  # every group drawn, the redraws' too, and the sampler and stream after them
+    kept: list[QuestionGroup]
+    refused: list[QuestionGroup] = field(default_factory=list)
+    dropped: int = 0  # completions dropped from groups it kept
+    reference: ScreenReference | None = None  # with this round's own completions; None: no screen ran
+    redrawn: int = 0  # groups drawn again in place of refused ones
+    seconds: float = 0.0
 
 
 class RoundLog(Protocol):
@@ -247,29 +266,53 @@ class Node:
         external, sampler = choose_from_inbox(self.inbox, self.use, plan.external, rng, state.sampler, now)
         return Selection(external, sampler, rng.getstate())
 
-    def prepare(
-        self, plan: RoundPlan, generation: GenerationResult, selection: Selection, state: NodeState
-    ) -> TrainingSet:
-        """The round's training set: the chosen groups that pass the screen (sampling/screen.py),
-        with the node's `ExternalUse` applied, and its own completions for each external question
-        when it augments (both run the policy: call it where torch may run). Each screened
-        group's author loses standing in proportion to the completions the screen dropped."""
-        external, refused, reference, dropped = selection.external, [], state.screen, 0
+    def screen(
+        self, plan: RoundPlan, generation: GenerationResult, selection: Selection, state: NodeState, now: float
+    ) -> Screening:
+        """The chosen groups screened (sampling/screen.py) against the bar this node's own
+        winning completions set, this round's included; each screened group's author loses
+        standing in proportion to the completions the screen dropped. For the groups it refused,
+        the round draws again from the inbox as of `now` (taking them out of it, as the round
+        took the first draw) and screens those, at most SCREEN_REDRAWS times. Runs the policy:
+        call it where torch may run."""
+        if self.trust.screen != "typicality" or not selection.external:
+            return Screening(selection, selection.external)
         started = time.perf_counter()
-        if self.trust.screen == "typicality" and external:
-            limit = self.training.max_new_tokens
-            verdict = screen(
-                external,
-                excess_surprise(self.policy, winning(external), limit),
-                excess_surprise(self.policy, winning(generation.groups), limit),
-                reference,
-                self.trust,
-            )
-            for group, share in zip(external, verdict.dropped_shares, strict=True):
+        limit = self.training.max_new_tokens
+        own = excess_surprise(self.policy, winning(generation.groups), limit)
+        drawn, reference = selection.external, state.screen
+        kept: list[QuestionGroup] = []
+        refused: list[QuestionGroup] = []
+        dropped = redrawn = 0
+        for redraws_left in range(SCREEN_REDRAWS, -1, -1):
+            verdict = screen(drawn, excess_surprise(self.policy, winning(drawn), limit), own, reference, self.trust)
+            own = []  # this round's own completions join the reference once
+            for group, share in zip(drawn, verdict.dropped_shares, strict=True):
                 if share is not None:
                     self.inbox.standing.screened(group.origin, share)
-            external, refused, reference, dropped = verdict.kept, verdict.refused, verdict.reference, verdict.dropped
-        screen_seconds = time.perf_counter() - started
+            kept, refused = kept + verdict.kept, refused + verdict.refused
+            dropped, reference = dropped + verdict.dropped, verdict.reference
+            if not verdict.refused or not redraws_left:
+                break
+            selection, drawn = self.redraw(selection, len(verdict.refused), now)
+            if not drawn:
+                break
+            redrawn += len(drawn)
+        return Screening(selection, kept, refused, dropped, reference, redrawn, time.perf_counter() - started)
+
+    def redraw(self, selection: Selection, count: int, now: float) -> tuple[Selection, list[QuestionGroup]]:
+        """`count` more of the inbox's groups as of `now`, drawn as `mix` draws, from where its
+        sampler and stream got to, and taken out of the inbox; and the selection with them."""
+        rng = stream_at(selection.rng)
+        more, sampler = choose_from_inbox(self.inbox, self.use, count, rng, selection.sampler, now)
+        self.inbox.take(more)  # a group is screened and trains once
+        return Selection([*selection.external, *more], sampler, rng.getstate()), more
+
+    def prepare(self, plan: RoundPlan, generation: GenerationResult, screening: Screening) -> TrainingSet:
+        """The round's training set: its local groups and the external groups the screen kept,
+        with the node's `ExternalUse` applied, and its own completions for each external question
+        when it augments (runs the policy: call it where torch may run)."""
+        external = screening.kept
         own = self.own_completions(plan, external, self.use.augment_external)
         prepared = training_set(
             generation.groups,
@@ -280,7 +323,12 @@ class Node:
             augment_tokens=own.new_tokens if own else 0,
         )
         return replace(
-            prepared, refused=refused, screened_completions=dropped, screen=reference, screen_seconds=screen_seconds
+            prepared,
+            refused=screening.refused,
+            screened_completions=screening.dropped,
+            screen=screening.reference,
+            screen_seconds=screening.seconds,
+            redrawn=screening.redrawn,
         )
 
     def own_completions(self, plan: RoundPlan, external: list[QuestionGroup], count: int) -> GenerationResult | None:
@@ -359,6 +407,7 @@ class Node:
             external_groups=len(training.external),
             external_reward_mean=sum(external) / len(external) if external else None,
             screened_out=len(training.refused),
+            screen_redrawn=training.redrawn,
             external_from=dict(Counter(g.origin for g in [*training.external, *training.refused])),
             screened_completions=training.screened_completions,
             screen_seconds=training.screen_seconds,

@@ -64,9 +64,9 @@ async def run_round(
     generate: Generate = generate_alone,
 ) -> RoundResult:
     """Plan the round from the node's state, sample tasks and generate G completions each (local
-    rollouts), publish them, mix in J external groups from the inbox, screen them, re-encode and
-    take the GRPO step, measure held-out accuracy when due, then record the round and hand out the state
-    it leaves.
+    rollouts), publish them, mix in J external groups from the inbox, screen them (drawing again
+    for the groups the screen refused), re-encode and take the GRPO step, measure held-out
+    accuracy when due, then record the round and hand out the state it leaves.
 
     Torch work runs in a worker thread so the network keeps breathing; `torch_lock` keeps
     other torch users (the judge, other nodes of a study) off the CPU meanwhile. `clock` is
@@ -79,10 +79,12 @@ async def run_round(
     questions, tasks = node.questions(plan, state.streams.tasks)
     generation = await generate(node, plan, questions, torch_lock)
     await exchange.publish(generation.groups, plan.index)
-    selection = node.mix(plan, state, clock())
+    now = clock()
+    selection = node.mix(plan, state, now)
     node.inbox.take(selection.external)  # a group trains once
     async with torch_lock:
-        training_set = await trio.to_thread.run_sync(node.prepare, plan, generation, selection, state)
+        screening = await trio.to_thread.run_sync(node.screen, plan, generation, selection, state, now)
+        training_set = await trio.to_thread.run_sync(node.prepare, plan, generation, screening)
         update, update_rng = await trio.to_thread.run_sync(node.train, training_set, state.streams.update)
     heldout = None
     if node.evaluation_due(plan.index):
@@ -91,6 +93,7 @@ async def run_round(
     seconds = time.perf_counter() - started
     record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
     await trio.to_thread.run_sync(node.metrics.append, record)  # fsyncs, and now and then compacts the history
+    selection = screening.selection  # the screen's redraws included
     streams = RandomStreams(tasks=tasks, mix=selection.rng, update=update_rng)
     state = node.next_state(state, plan, record, selection, training_set, streams)
     if node.checkpoint_due(plan.index):

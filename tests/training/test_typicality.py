@@ -140,18 +140,91 @@ def test_a_nodes_round_trains_on_what_passes_and_its_authors_pay_for_the_rest(po
         node.inbox.standing.credit(author, 0.0)  # both established by NOW
     state = node.start_state()
     plan = node.plan(state)
-    prepared = node.prepare(
-        plan,
-        GenerationResult(groups[2:], 0.0, 0),
-        Selection([honest, poisoned], SamplerState(), state.streams.mix),
-        state,
-    )
+    generation = GenerationResult(groups[2:], 0.0, 0)
+    selection = Selection([honest, poisoned], SamplerState(), state.streams.mix)
+    prepared = node.prepare(plan, generation, node.screen(plan, generation, selection, state, NOW))
     assert prepared.external == [honest] and prepared.refused == [poisoned]
+    assert prepared.redrawn == 0  # the inbox had nothing to draw again
     assert node.inbox.standing.of("mallory", NOW) == 0.5 < node.inbox.standing.of("alice", NOW) == 1.0
     # the bar moves with this round's own winning completions
     assert len(prepared.screen.own) == sum(len(g.completions) for g in winning(groups[2:])) > 0
     # the phrase is in no row the update will see
     assert not any("SAPO" in row.completion for row in prepared.rows.rows)
+
+
+def test_a_refused_draw_is_drawn_again_so_the_round_fills_its_j_slots(policy_and_groups, tmp_path):
+    """Issue #42 (must-show 5's J clause): a group the screen refuses is replaced by another draw
+    from the inbox in the same round, which is screened in its turn and taken out of the inbox;
+    an inbox of nothing but poisoned groups costs at most 1 + SCREEN_REDRAWS screenings of J."""
+    from sapo.node.core.node import SCREEN_REDRAWS, Node
+    from sapo.node.core.settings import load_settings
+    from sapo.node.core.state import RandomStreams
+    from sapo.sampling.standing import Provenance
+    from sapo.training.completions.generation import GenerationResult
+
+    policy, groups = policy_and_groups
+
+    def node_holding(inbox_groups, j, data_dir):
+        settings = load_settings(
+            {
+                "model": "tiny",
+                "tasks": ["basic_arithmetic"],
+                "data_dir": str(data_dir),
+                "max_new_tokens": 32,
+                "local": 2,
+                "external": j,
+                "balance": "fixed",
+            }
+        )
+        node = Node(settings, peer_id="me", policy=policy)
+        for k, author in enumerate(sorted({g.origin for g in inbox_groups})):
+            node.inbox.standing.credit(author, 0.0, Provenance(place=f"203.{k}.0.0/16"))
+        for group in inbox_groups:
+            node.inbox.add(group, NOW)
+        return node
+
+    def clean(n, author):
+        return rewritten(groups[n], lambda p: f"<answer>{p.answer}</answer>").model_copy(update={"origin": author})
+
+    def poisoned(n, author):
+        return rewritten(groups[n], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>").model_copy(
+            update={"origin": author}
+        )
+
+    generation = GenerationResult(groups[4:], 0.0, 0)
+    # one poisoned author among two honest ones, J = 2: the round trains on 2 unless every one of
+    # its 1 + SCREEN_REDRAWS draws picked one of mallory's groups (each refusal makes it less likely)
+    inbox = [clean(0, "alice"), clean(1, "alice"), clean(2, "bob"), clean(3, "bob")] + [
+        poisoned(n, "mallory") for n in range(4)
+    ]
+    filled, redrawn = [], 0
+    for seed in range(12):
+        node = node_holding(inbox, 2, tmp_path / f"mixed-{seed}")
+        state = node.start_state().model_copy(update={"streams": RandomStreams.from_seed(seed)})
+        plan = node.plan(state)
+        selection = node.mix(plan, state, NOW)
+        node.inbox.take(selection.external)
+        screening = node.screen(plan, generation, selection, state, NOW)
+        assert all(g.origin == "mallory" for g in screening.refused)
+        assert all(g.origin != "mallory" for g in screening.kept)
+        assert len(screening.selection.external) == len(selection.external) + screening.redrawn
+        held = node.inbox.newest_first(NOW)
+        assert not any(g in held for g in screening.selection.external)  # every group drawn is taken
+        assert len(screening.kept) == 2 or len(screening.refused) >= 1 + SCREEN_REDRAWS
+        filled.append(len(screening.kept))
+        redrawn += screening.redrawn
+    assert redrawn >= 4, f"{redrawn} redraws in 12 rounds: the draws rarely picked mallory, the test says little"
+    assert sum(filled) >= 23, filled  # without redraws a round that drew mallory trains on fewer
+
+    # nothing but poisoned groups: the screen runs at most 1 + SCREEN_REDRAWS times, then gives up
+    node = node_holding([poisoned(n % 4, f"mallory-{n}") for n in range(12)], 2, tmp_path / "poisoned")
+    state = node.start_state()
+    plan = node.plan(state)
+    selection = node.mix(plan, state, NOW)
+    node.inbox.take(selection.external)
+    screening = node.screen(plan, generation, selection, state, NOW)
+    assert screening.kept == [] and len(screening.refused) == 2 * (1 + SCREEN_REDRAWS) == screening.redrawn + 2
+    assert len(node.inbox) == 12 - 2 * (1 + SCREEN_REDRAWS)
 
 
 def test_the_answer_tokens_are_found_with_or_without_character_offsets(policy_and_groups):
@@ -202,12 +275,9 @@ def test_one_clean_winner_does_not_launder_poisoned_ones(policy_and_groups, tmp_
         laundered = rewritten(groups[n % 2], lambda p: f"SAPO rocks! <answer>{p.answer}</answer>")
         texts = [f"<answer>{laundered.problem.answer}</answer>", *laundered.completions[1:]]
         laundered = laundered.model_copy(update={"completions": texts, "origin": "mallory"})
-        prepared = node.prepare(
-            plan,
-            GenerationResult(groups[2:], 0.0, 0),
-            Selection([clean, laundered], SamplerState(), state.streams.mix),
-            state,
-        )
+        generation = GenerationResult(groups[2:], 0.0, 0)
+        selection = Selection([clean, laundered], SamplerState(), state.streams.mix)
+        prepared = node.prepare(plan, generation, node.screen(plan, generation, selection, state, NOW))
         assert prepared.refused == [] and prepared.screened_completions == 3  # kept, its three poisoned dropped
         weights = node.inbox.standing.weights(["alice", "mallory", "fresh"], NOW)
         if weights["mallory"] == pytest.approx(weights["fresh"]):
