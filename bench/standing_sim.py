@@ -14,7 +14,8 @@ an hour. The attackers, every key in a /16 of its own (the worst case for places
   their pushes are refused before any check today (`unasked`) and earn nothing; main's rule
   counted them as main at 896c779 took them. "pushers, as older releases": the same keys
   claiming to be releases before 0.4.0, whose groups come on the topic by right and reach the
-  intake (posing takes a connection of 30 s per key); they earn by time like anyone.
+  intake (posing takes a connection of 30 s per key); they earn by time like anyone, and this
+  release places them all in one place, the older releases' (main: each in its /16).
 - late: 20 keys in the draw like everyone else, arriving within the last 10 minutes.
 - patient: 200 keys posing as older releases push a group a minute for 10 minutes, from 20 to
   10 minutes before the end (they wait out the ramp together), then stop.
@@ -38,13 +39,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.text_table import print_rows
-from sapo.sampling.standing import Provenance, Standing
+from sapo.sampling.standing import OLDER_RELEASES_PLACE, Provenance, Standing
 
 HONEST = 256
 ROUND_SECONDS = 26.0
 HOUR = 3600.0
 DRAWS = 2
 SCENARIOS = ("pushers", "pushers, as older releases", "late", "patient")
+POSING_AS_OLDER = ("pushers, as older releases", "patient")  # their groups come on the topic by right
 FIELDS = ["scenario", "rule", "seed", "honest_share", "honest_weight", "attacker_weight", "honest_full"]
 
 
@@ -109,9 +111,13 @@ def events(scenario: str, rng: random.Random) -> tuple[list[tuple[float, str, bo
 def run(scenario: str, rule: str, seed: int) -> dict:
     stream, attackers = events(scenario, random.Random(seed))
     standing = MainRule() if rule == "before" else Standing()
+    # this release places every key posing as an older release in one place (node/core/exchange.py's
+    # `provenance`); main placed each by its /16
+    older = set(attackers) if rule == "after" and scenario in POSING_AS_OLDER else set()
     for t, author, asked in stream:
+        place = OLDER_RELEASES_PLACE if author in older else f"/16 of {author}"
         # main credited every group the intake took: for a 0.4.0 key's push, as main at 896c779 did
-        standing.credit(author, t, Provenance(asked or rule == "before", place=f"/16 of {author}"))
+        standing.credit(author, t, Provenance(asked or rule == "before", place=place))
     honest = [f"honest-{k}" for k in range(HONEST)]
     weights = standing.weights(honest + attackers, HOUR)
     honest_weight = sum(weights[a] for a in honest)

@@ -9,7 +9,8 @@ and a public swarm's for honest nodes):
   the topic, not `/sapo/groups/1`, as `--stranger`'s peer) that keep a link to every honest node
   and put one valid group of their own a minute on the rollouts topic, sent to every node
   subscribed to it, not only to their mesh: the strongest pusher the node allows, whose own
-  groups the node takes by right (protocol/network.py's `gossips_by_right`) and credits as asked;
+  groups the node takes by right (protocol/network.py's `by_right` says "older") and credits as
+  asked, every such key in one place (sampling/standing.py's `OLDER_RELEASES_PLACE`);
 - **late**: fetching nodes like the honest ones, joining within the last `late_minutes`.
 
 At the end of the hour each honest node weighs, from its own inbox's `Standing`, every author its

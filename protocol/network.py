@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import multiaddr
 import trio
@@ -225,15 +225,16 @@ class Network:
         group, or its relay's for a relayed peer); None if not known."""
         return peer_place(self.host, peer)
 
-    def gossips_by_right(self, peer: str) -> bool:
-        """Whether `peer`'s own groups come to us on the rollouts topic by right: anyone's with
-        exchange="gossip", else an older release's, which cannot serve them (older_releases.py)."""
+    def by_right(self, peer: str) -> Literal["gossip", "older"] | None:
+        """Why `peer`'s own groups come to us on the rollouts topic by right: "gossip", anyone's
+        with exchange="gossip"; "older", an older release's in fetch mode, which cannot serve them
+        (older_releases.py); None: they do not (in fetch mode a group is asked for)."""
         if self.settings.exchange == "gossip":
-            return True
+            return "gossip"
         try:
-            return self.older.is_older(ID.from_base58(peer))
+            return "older" if self.older.is_older(ID.from_base58(peer)) else None
         except Exception:  # noqa: BLE001 - gossip only hands out ids libp2p decoded
-            return False
+            return None
 
 
 def advertised_addrs(host: Any, relay: RelayService, nat: ReachabilityService) -> list[multiaddr.Multiaddr]:

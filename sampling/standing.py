@@ -24,14 +24,25 @@ Weights (what the inbox's eviction and the external draw use):
 - an author with standing s has weight s, plus its part of the newcomers' budget;
 - every author below full standing shares one budget, `newcomer_share` (in units of one
   established author): n fresh keys together weigh as much as one, whatever n is;
-- **recently established authors** (clock full for less than one more ramp) together weigh at
-  most `RECENT_SHARE` of the authors established before them, or one established author if there
-  are none: many patient keys that arrive together and wait out the ramp still cannot take over;
+- **recent authors**, every author whose clock started within the last two ramps (ramping, or
+  established for less than one more ramp), together weigh at most `RECENT_SHARE` of the authors
+  established before them, or one established author if there are none: many keys that arrive
+  together, whether they ramp now or wait out the ramp, cannot take over. A lone honest newcomer
+  is not slowed: it weighs less than one established author, within the cap;
 - **every author has a place**, the network group its connection comes from (`Provenance.place`:
   its IP's /16 or /32, or its relay's for a relayed author), and authors with none known share
   one "unknown" place. A place weighs what its best author weighs, shared among its authors in
   proportion to their own weights, so keys minted on one machine, one provider's block or behind
-  one relay add nothing to each other, and an honest author keeps its weight beside them.
+  one relay add nothing to each other, and an honest author keeps its weight beside them. The
+  recent cap weighs authors after their places, so keys that share a place count once among the
+  authors established before a cohort.
+- **older releases share one place** (`OLDER_RELEASES_PLACE`), in fetch mode: a group an older
+  release puts on the topic is taken by right (it cannot be fetched), and anyone can claim to be
+  one (identify that leaves out `/sapo/groups/1`), so all the keys that do weigh together what
+  their best author weighs: one established author at most. The cost falls on honest older releases during an
+  upgrade: together they weigh one established author until each is upgraded and fetched, when
+  its own network group places it again. That is the price of taking unasked groups at all; a
+  swarm mid-upgrade still trains on them, a little less.
 
 So when every author is new (a swarm starting together) all weigh alike; a Sybil that adds keys
 only splits the newcomers' budget finer.
@@ -50,7 +61,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sapo.sampling.standing_table import Record, StandingTable
@@ -67,19 +78,26 @@ IDLE_SECONDS = 7 * 86400.0
 # of its standing, regained over its next groups (0.2 -> 0.04 after 7 clean ones).
 SCREEN_WEIGHT = 0.2
 DROP_LIMIT = 0.4
-# What the authors whose standing became full within the last ramp may weigh together, as a share of
-# the authors established before them: at most 1/5 of the established weight in the draw.
-RECENT_SHARE = 0.25
+# What the authors whose clocks started within the last two ramps may weigh together, as a share of
+# the authors established before them. 0.2 holds such a cohort, however many keys it has, to
+# 1/6 of the draw (0.2 / 1.2): against it honest authors keep 83 %, above issue #42's 80 % with
+# room for the older releases' place (one author) and the newcomers' budget (0.1) beside it
+# (31 honest authors: 31 / (31 + 1 + 0.2 x 32 + 0.1) = 80.5 %).
+RECENT_SHARE = 0.2
 MAX_AUTHORS = 4096
 UNKNOWN_PLACE = "unknown"  # every author whose network group is not known: one place
+# Every author whose groups came on the topic as an older release's (fetch mode): one place, as
+# anyone can claim to be one (node/core/exchange.py's `provenance`).
+OLDER_RELEASES_PLACE = "older releases"
 
 
 @dataclass(frozen=True)
 class Provenance:
     """How a group reached this node, as standing weighs it: whether this node asked for it (a
     group fetched from its author, an older release's own group on the topic, every group with
-    `--exchange gossip` or from a study's hub), and where its author's connection comes from
-    (its network group, a relayed author's relay's, or None: not known)."""
+    `--exchange gossip` or from a study's hub), and where its author is placed: its connection's
+    network group, a relayed author's relay's, OLDER_RELEASES_PLACE for an older release's group
+    on the topic in fetch mode, or None (not known)."""
 
     asked: bool = True
     place: str | None = None
@@ -144,41 +162,46 @@ class Standing:
         return clock * max(0.0, 1.0 - record.dropped / DROP_LIMIT)
 
     def _recent(self, record: Record | None, now: float) -> bool | None:
-        """Whether an author's clock ran its ramp within the last ramp (True), before that
-        (False), or has not yet (None)."""
-        if record is None or now - record.since < self.ramp_seconds:
+        """Whether an author's clock started within the last two ramps (True: it ramps, or became
+        established within the last ramp), before that (False: established before them), or it
+        has no clock running (None: never credited, or silent for IDLE_SECONDS)."""
+        if record is None or now - record.last > IDLE_SECONDS:
             return None
         return now - record.since < 2 * self.ramp_seconds
 
     def weights(self, held: Mapping[str, int] | Iterable[str], now: float) -> dict[str, float]:
         """Each author's weight at `now` among the authors of `held` (author -> groups it holds,
-        or one author per group): its standing, plus its share of the newcomers' budget, the
-        recently established held to their share, within its place; with standing off, the
-        groups it holds."""
+        or one author per group): its standing, plus its share of the newcomers' budget, within
+        its place, the recent authors held to their share; with standing off, the groups it
+        holds."""
         counts = Counter(held) if not isinstance(held, Mapping) else held
         if not self.earned:
             return {author: float(count) for author, count in counts.items()}
-        with self._lock:
-            known = {a: self._table.get(a) for a in counts}
+        with self._lock:  # copies: credits from the network's thread may change a record meanwhile
+            known = {a: replace(r) if (r := self._table.get(a)) is not None else None for a in counts}
+        alone = self._alone(known, now)
+        placed = _within_places(alone, {a: r.place if r is not None else None for a, r in known.items()})
+        return self._recent_capped(placed, {a: self._recent(r, now) for a, r in known.items()})
+
+    def _alone(self, known: Mapping[str, Record | None], now: float) -> dict[str, float]:
+        """Each author's standing, plus for those below full standing an equal part of the
+        newcomers' budget."""
         standing = {a: self._standing(r, now) for a, r in known.items()}
         newcomers = sum(1 for s in standing.values() if s < 1.0)
-        alone = {a: s + (self.newcomer_share * (1.0 - s) / newcomers if s < 1.0 else 0.0) for a, s in standing.items()}
-        recent = {a: self._recent(r, now) for a, r in known.items()}
-        before = sum(alone[a] for a, is_recent in recent.items() if is_recent is False)
-        arrived = sum(alone[a] for a, is_recent in recent.items() if is_recent)
+        share = self.newcomer_share / newcomers if newcomers else 0.0
+        return {a: s + (share * (1.0 - s) if s < 1.0 else 0.0) for a, s in standing.items()}
+
+    def _recent_capped(self, weights: dict[str, float], recent: Mapping[str, bool | None]) -> dict[str, float]:
+        """`weights`, the recent authors scaled down together to at most RECENT_SHARE of the
+        authors established before them (or one established author). Weighed after the places,
+        so keys that share one (the older releases', a machine's) count once in "before"; scaling
+        a place's recent authors down never makes it weigh more than its best author."""
+        before = sum(weights[a] for a, is_recent in recent.items() if is_recent is False)
+        arrived = sum(weights[a] for a, is_recent in recent.items() if is_recent)
         cap = max(1.0, RECENT_SHARE * before)
-        if arrived > cap:
-            alone |= {a: alone[a] * cap / arrived for a, is_recent in recent.items() if is_recent}
-        places: dict[str, list[str]] = {}
-        for author, record in known.items():
-            place = record.place if record is not None and record.place is not None else UNKNOWN_PLACE
-            places.setdefault(place, []).append(author)
-        weights: dict[str, float] = {}
-        for members in places.values():
-            total = sum(alone[a] for a in members)
-            best = max(alone[a] for a in members)
-            weights |= {a: best * alone[a] / total if total > 0 else 0.0 for a in members}
-        return weights
+        if arrived <= cap:
+            return weights
+        return weights | {a: weights[a] * cap / arrived for a, is_recent in recent.items() if is_recent}
 
     def draw_weights(self, authors: Iterable[str], now: float) -> dict[str, float] | None:
         """What the external draw weighs each author by at `now` (sampling/strategies.py); None
@@ -215,6 +238,20 @@ class Standing:
             established = [(row[0], Record(*row[1:])) for row in saved["established"]]
         with self._lock:
             self._table.load(newcomers, established)
+
+
+def _within_places(alone: Mapping[str, float], places: Mapping[str, str | None]) -> dict[str, float]:
+    """A place weighs what its best author weighs alone, shared among its authors in proportion to
+    their own weights; authors with no place known share UNKNOWN_PLACE."""
+    members: dict[str, list[str]] = {}
+    for author, place in places.items():
+        members.setdefault(place if place is not None else UNKNOWN_PLACE, []).append(author)
+    weights: dict[str, float] = {}
+    for authors in members.values():
+        total = sum(alone[a] for a in authors)
+        best = max(alone[a] for a in authors)
+        weights |= {a: best * alone[a] / total if total > 0 else 0.0 for a in authors}
+    return weights
 
 
 def _row(author: str, record: Record) -> list:

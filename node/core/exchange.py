@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -25,7 +25,7 @@ from sapo.protocol.wire.messages import (
     SharedLogprobs,
     to_wire,
 )
-from sapo.sampling.standing import Provenance
+from sapo.sampling.standing import OLDER_RELEASES_PLACE, Provenance
 from sapo.training.problems.rollouts import QuestionGroup
 
 log = logging.getLogger("sapo.exchange")
@@ -140,8 +140,8 @@ def group_encoder(
 class GossipPort(Protocol):
     """What the exchange needs of the network (protocol/network.py's `Network`): share our groups,
     ask for others' (and say which of those it could not use), publish log-probs, who is
-    connected, whether an author is banned, where an author's connection comes from, whether its
-    groups come on the topic by right, and what the intake accepted."""
+    connected, whether an author is banned, where an author's connection comes from, why its
+    groups come on the topic by right, if they do, and what the intake accepted."""
 
     async def share(self, frame: bytes, round_index: int) -> bool: ...
 
@@ -159,7 +159,7 @@ class GossipPort(Protocol):
 
     def network_group_of(self, peer: str) -> str | None: ...
 
-    def gossips_by_right(self, peer: str) -> bool: ...
+    def by_right(self, peer: str) -> Literal["gossip", "older"] | None: ...
 
     def accepted(self, arrival: Arrival) -> None: ...
 
@@ -232,14 +232,18 @@ class GossipExchange:
                 await trio.to_thread.run_sync(self._store, verdict.group, arrival.received_at, source, limiter=limiter)
 
     def provenance(self, arrival: Arrival) -> Provenance:
-        """Whether this node asked for an accepted group: one it fetched from its author, or one
-        on the topic from an author whose groups come there by right (an older release, which
-        cannot be fetched, or anyone with --exchange gossip; in fetch mode the topic refuses any
-        other author's before its signature is checked, pubsub_guards.py's `unasked`, and this
-        says so again). The sender is the group's author on both routes: the intake refuses a
-        group whose origin is not its signer or the peer asked (`sender_mismatch`)."""
-        asked = arrival.route == "fetch" or self.network.gossips_by_right(arrival.sender)
-        return Provenance(asked, self.network.network_group_of(arrival.sender))
+        """Whether this node asked for an accepted group, and where its author is placed. Asked:
+        one it fetched from its author, or one on the topic from an author whose groups come
+        there by right (an older release, which cannot be fetched, or anyone with --exchange
+        gossip; in fetch mode the topic refuses any other author's before its signature is
+        checked, pubsub_guards.py's `unasked`, and this says so again). Placed: in the network
+        group its connection comes from, but an older release's group on the topic in
+        OLDER_RELEASES_PLACE, one place for every key that claims to be one (sampling/standing.py).
+        The sender is the group's author on both routes: the intake refuses a group whose origin
+        is not its signer or the peer asked (`sender_mismatch`)."""
+        right = None if arrival.route == "fetch" else self.network.by_right(arrival.sender)
+        place = OLDER_RELEASES_PLACE if right == "older" else self.network.network_group_of(arrival.sender)
+        return Provenance(arrival.route == "fetch" or right is not None, place)
 
     def _store(self, group: QuestionGroup, now: float, provenance: Provenance) -> None:
         try:

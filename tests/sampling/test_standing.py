@@ -21,6 +21,7 @@ from sapo.sampling.standing import (
     DROP_LIMIT,
     IDLE_SECONDS,
     MAX_AUTHORS,
+    OLDER_RELEASES_PLACE,
     PUSHED,
     RECENT_SHARE,
     SCREEN_WEIGHT,
@@ -77,7 +78,7 @@ def test_fresh_keys_cannot_push_out_established_groups_or_take_the_training():
         for peer in HONEST + FRESH
     }
     # four honest authors, one group every 30 s each for 25 minutes: 200 groups, full standing
-    # (established for longer than one more ramp: not among the recently established)
+    # (clocks started more than two ramps ago: not among the recent authors)
     honest = groups(200, seed=1)
     for i, group in enumerate(honest):
         clock.now = T0 + 30 * (i // 4)
@@ -208,6 +209,86 @@ def test_many_keys_established_together_hold_a_bounded_share():
     # one more ramp later they are established like anyone
     later = standing.weights(["old0", "patient0"], now + 600)
     assert later["old0"] == later["patient0"] == 1.0
+
+
+ESTABLISHED = [f"honest-{k}" for k in range(31)]  # issue #42's real run: 32 nodes, 31 authors each
+
+
+def established_swarm(now: float) -> Standing:
+    """31 authors, each in a /16 of its own, whose clocks started an hour before `now`."""
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    for k, author in enumerate(ESTABLISHED):
+        standing.credit(author, now - 3600, Provenance(place=f"203.{k}.0.0/16"))
+    return standing
+
+
+def honest_share(weights: dict[str, float]) -> float:
+    return sum(w for a, w in weights.items() if a in ESTABLISHED) / sum(weights.values())
+
+
+def test_keys_posing_as_older_releases_weigh_one_author_together():
+    """Issue #42's must-show 1 against 20 pushers: keys that pose as older releases are credited
+    from their first push, by right (the exchange places them in OLDER_RELEASES_PLACE), and stand
+    at 1.0 as honest authors do; together they weigh what one of them weighs."""
+    now = T0 + 3600
+    standing = established_swarm(now)
+    pushers = [f"pusher-{k}" for k in range(20)]
+    for author in pushers:
+        for minute in range(60):  # a group a minute on the topic
+            standing.credit(author, T0 + 60 * minute, Provenance(place=OLDER_RELEASES_PLACE))
+    assert all(standing.of(author, now) == 1.0 for author in pushers)
+    weights = standing.weights(ESTABLISHED + pushers, now)
+    assert sum(weights[a] for a in pushers) == pytest.approx(1.0)
+    assert honest_share(weights) >= 0.8  # 31 / 32
+    assert all(weights[a] == 1.0 for a in ESTABLISHED)
+
+
+def test_keys_that_arrived_within_the_last_ten_minutes_hold_at_most_a_sixth():
+    """Issue #42's must-show 1 against 20 late keys: their clocks started 0-10 minutes ago (they
+    stand at 0-1), and together they weigh at most RECENT_SHARE of the 31 established authors; so
+    do the same keys 10-20 minutes on, established but recent. Beside the pushers' one place
+    honest authors still hold 80 %."""
+    now = T0 + 3600
+    standing = established_swarm(now)
+    late = [f"late-{k}" for k in range(20)]
+    for k, author in enumerate(late):
+        standing.credit(author, now - 600 * k / 20, Provenance(place=f"198.{k}.0.0/16"))
+    assert 0.0 < standing.of(late[10], now) < 1.0
+    weights = standing.weights(ESTABLISHED + late, now)
+    assert sum(weights[a] for a in late) == pytest.approx(RECENT_SHARE * 31)
+    assert honest_share(weights) >= 0.8  # 1 / 1.2
+    later = standing.weights(ESTABLISHED + late, now + 600)  # all 20 at full standing, for one more ramp
+    assert min(standing.of(a, now + 600) for a in late) == 1.0
+    assert honest_share(later) >= 0.8
+    for k in range(3):  # and the pushers, each in the older releases' one place
+        standing.credit(f"pusher-{k}", T0, Provenance(place=OLDER_RELEASES_PLACE))
+    both = standing.weights([*ESTABLISHED, *late, "pusher-0", "pusher-1", "pusher-2"], now)
+    assert honest_share(both) >= 0.8  # 31 / (31 + 1 + 0.2 x 32)
+
+
+def test_a_lone_honest_newcomer_is_not_slowed_by_the_recent_cap():
+    """One author that joins an established swarm weighs its standing plus the newcomers' budget
+    (it is the only author below full standing), all through its ramp and the one after."""
+    now = T0 + 3600
+    standing = established_swarm(now)
+    standing.credit("newcomer", now, Provenance(place="192.0.0.0/16"))
+    for seconds in (0, 60, 300, 599, 600, 900, 1199):
+        s = standing.of("newcomer", now + seconds)
+        weights = standing.weights([*ESTABLISHED, "newcomer"], now + seconds)
+        assert weights["newcomer"] == pytest.approx(s + (0.1 * (1 - s) if s < 1 else 0.0))
+    assert s == 1.0
+
+
+def test_a_swarm_that_starts_together_weighs_its_authors_alike():
+    """Every author's clock starts at once: all are recent together for two ramps, the cap
+    scales them alike, and a draw over them stays uniform, before, during and after."""
+    standing = Standing(ramp_seconds=600, newcomer_share=0.1)
+    authors = [f"a{k}" for k in range(12)]
+    for k, author in enumerate(authors):
+        standing.credit(author, T0, Provenance(place=f"10.{k}.0.0/16"))
+    for seconds in (0, 2, 300, 700, 1100, 1300, 3600):
+        weights = standing.weights(authors, T0 + seconds)
+        assert len(set(weights.values())) == 1, (seconds, weights)
 
 
 def test_fresh_keys_leave_an_established_authors_standing_unchanged():

@@ -1,7 +1,8 @@
 """Keys behind one network address group share one standing: over real libp2p on loopback, the
 exchange places an accepted group's author by its direct connection ("local" for every
 unroutable address, as reachability counts them) or, reached only through a relay, by its relay's,
-and the standing weighs it with its neighbours."""
+and the standing weighs it with its neighbours. In fetch mode an older release's group on the
+topic places its author with every other older release's, wherever it connects from."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from sapo.node.core.memory import NodeMemory
 from sapo.node.core.node import node_inbox
 from sapo.node.core.settings import load_settings
 from sapo.protocol.exchange.arrivals import Arrival
-from sapo.sampling.standing import Provenance
+from sapo.protocol.wire.group_wire import PROTOCOL_ID
+from sapo.sampling.standing import OLDER_RELEASES_PLACE, Provenance
 from sapo.training.problems.rewards import score_group
 from sapo.training.problems.tasks import reasoning_gym_version
 from tests.support.gossip import SWARM, TOPIC, receive_all, start_node, wait_for_mesh
@@ -105,5 +107,56 @@ async def test_only_a_group_the_node_asked_for_earns_its_author_standing():
             pushed = exchanges[fetching].provenance(Arrival.gossiped(author, b"", 0.0, TOPIC))
             gossiped = exchanges[gossiping].provenance(Arrival.gossiped(author, b"", 0.0, TOPIC))
             assert fetched.asked and not pushed.asked and gossiped.asked
-            assert fetched.place == pushed.place == "local"
+            assert fetched.place == pushed.place == gossiped.place == "local"
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_older_releases_group_on_the_topic_is_placed_with_every_older_release():
+    """A fetching node takes an older release's own group on the topic by right (it cannot be
+    fetched), and it earns; but anyone can claim to be an older release (identify without
+    `/sapo/groups/1`), so its author is placed in OLDER_RELEASES_PLACE, not in its network group:
+    every key that claims it weighs one author's worth together. Its group fetched (once it has
+    upgraded) places it by its connection again. The older release here is a gossiping network
+    whose `/sapo/groups/1` handler is removed (tests/protocol/test_older_releases.py)."""
+    settings = load_settings({"model": "tiny", "tasks": ["basic_arithmetic"], "swarm": SWARM})
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            old = await start_node(nursery, exchange="gossip")
+            old.service.host.remove_stream_handler(PROTOCOL_ID)
+            node = await start_node(nursery, peers=[old.addr], exchange="fetch")
+            author = old.service.peer_id
+            await wait_until(lambda: node.service.by_right(author) == "older", 10)
+            await wait_for_mesh([node, old])
+            inbox, counters = node_inbox(settings), NodeCounters()
+            intake = node_intake(
+                settings,
+                counters,
+                peer_id=node.service.peer_id,
+                rg_version=reasoning_gym_version(),
+                verifier=score_group,
+            )
+            exchange = GossipExchange(
+                node.service,
+                GroupEncoder(
+                    peer_id=node.service.peer_id, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version()
+                ),
+                NodeMemory(inbox, intake, counters),
+            )
+            encoder = GroupEncoder(peer_id=author, swarm=SWARM, model_id="m", rg_version=reasoning_gym_version())
+            assert await old.service.publish(encoder.frame(honest_group(0), 1))
+            [message] = await receive_all(node, 1)
+            assert (message.route, message.sender) == ("gossip", author)
+            send, receive = trio.open_memory_channel(1)
+            await send.send(message)
+            await send.aclose()
+            await exchange.receive(receive)
+            assert len(inbox) == 1 and counters.accepted == 1
+            [[credited, now, _last, _groups, _dropped, place]] = inbox.standing.to_json()["newcomers"]
+            assert (credited, place) == (author, OLDER_RELEASES_PLACE)
+            assert node.service.network_group_of(author) == "local"  # where it connects from, unused
+            # a second key claiming the same shares the place: the two weigh one author's worth
+            inbox.standing.credit("another-older", now, Provenance(place=OLDER_RELEASES_PLACE))
+            weights = inbox.standing.weights([author, "another-older"], now + 3600)
+            assert weights[author] + weights["another-older"] == pytest.approx(1.0)
+            assert exchange.provenance(Arrival.fetched(author, b"", 0.0)).place == "local"
             nursery.cancel_scope.cancel()
