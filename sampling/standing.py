@@ -28,7 +28,9 @@ Weights (what the inbox's eviction and the external draw use):
   established for less than one more ramp), together weigh at most `RECENT_SHARE` of the authors
   established before them, or one established author if there are none: many keys that arrive
   together, whether they ramp now or wait out the ramp, cannot take over. A lone honest newcomer
-  is not slowed: it weighs less than one established author, within the cap;
+  is not slowed: it weighs less than one established author, within the cap. An author that
+  moves to another place counts as recent for a ramp, its standing kept, so keys aged together
+  in a shared place (the older releases', one /16) arrive as a cohort when they leave it;
 - **every author has a place**, the network group its connection comes from (`Provenance.place`:
   its IP's /16 or /32, or its relay's for a relayed author), and authors with none known share
   one "unknown" place. A place weighs what its best author weighs, shared among its authors in
@@ -61,7 +63,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from sapo.sampling.standing_table import Record, StandingTable
@@ -82,7 +84,9 @@ DROP_LIMIT = 0.4
 # the authors established before them. 0.2 holds such a cohort, however many keys it has, to
 # 1/6 of the draw (0.2 / 1.2): against it honest authors keep 83 %, above issue #42's 80 % with
 # room for the older releases' place (one author) and the newcomers' budget (0.1) beside it
-# (31 honest authors: 31 / (31 + 1 + 0.2 x 32 + 0.1) = 80.5 %).
+# (31 honest authors: 31 / (31 + 1 + 0.2 x 32 + 0.1) = 80.5 %). The cap is never below one
+# established author, so where those established before weigh less than 5 (a small swarm, or an
+# inbox that holds few authors) a cohort of any size weighs one: 1 / (h + 1) against h authors.
 RECENT_SHARE = 0.2
 MAX_AUTHORS = 4096
 UNKNOWN_PLACE = "unknown"  # every author whose network group is not known: one place
@@ -135,7 +139,13 @@ class Standing:
             return
         with self._lock:
             record = self._table.credited(author, now)
-            if provenance.place is not None:  # a place once known stays until another is seen
+            if provenance.place is not None and provenance.place != record.place:
+                # A place once known stays until another is seen. A move counts the author among
+                # the recent ones for a ramp (its standing kept): keys aged together in a shared
+                # place (the older releases', one /16, none known) that move to places of their
+                # own arrive as a cohort, and the recent cap weighs them as one.
+                if record.place is not None or record.groups > 1:
+                    record.since = max(record.since, now - self.ramp_seconds)
                 record.place = provenance.place
 
     def screened(self, author: str, dropped_share: float) -> None:
@@ -177,16 +187,16 @@ class Standing:
         counts = Counter(held) if not isinstance(held, Mapping) else held
         if not self.earned:
             return {author: float(count) for author, count in counts.items()}
-        with self._lock:  # copies: credits from the network's thread may change a record meanwhile
-            known = {a: replace(r) if (r := self._table.get(a)) is not None else None for a in counts}
-        alone = self._alone(known, now)
-        placed = _within_places(alone, {a: r.place if r is not None else None for a, r in known.items()})
-        return self._recent_capped(placed, {a: self._recent(r, now) for a, r in known.items()})
+        with self._lock:  # read at once: credits from the network's thread may change a record meanwhile
+            known = {a: self._table.get(a) for a in counts}
+            standing = {a: self._standing(r, now) for a, r in known.items()}
+            recent = {a: self._recent(r, now) for a, r in known.items()}
+            places = {a: r.place if r is not None else None for a, r in known.items()}
+        return self._recent_capped(_within_places(self._alone(standing), places), recent)
 
-    def _alone(self, known: Mapping[str, Record | None], now: float) -> dict[str, float]:
+    def _alone(self, standing: Mapping[str, float]) -> dict[str, float]:
         """Each author's standing, plus for those below full standing an equal part of the
         newcomers' budget."""
-        standing = {a: self._standing(r, now) for a, r in known.items()}
         newcomers = sum(1 for s in standing.values() if s < 1.0)
         share = self.newcomer_share / newcomers if newcomers else 0.0
         return {a: s + (share * (1.0 - s) if s < 1.0 else 0.0) for a, s in standing.items()}
