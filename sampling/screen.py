@@ -83,15 +83,18 @@ class ScreenVerdict:
     dropped_shares: list[float | None] = field(default_factory=list)
 
 
-def judged(group: QuestionGroup) -> list[int]:
-    """The completions of a peer's group that would train: those above the group's mean reward."""
-    mean = sum(group.rewards) / len(group.rewards) if group.rewards else 0.0
+def judged(group: QuestionGroup, augmented: bool = False) -> list[int]:
+    """The completions of a peer's group that would train: those above the group's mean reward;
+    or, where this node adds its own completions to the group (`augmented`, --augment-external),
+    every one with a reward, since against this node's own failures any of them can win (an
+    all-right group has none above its own mean)."""
+    mean = sum(group.rewards) / len(group.rewards) if group.rewards and not augmented else 0.0
     return [i for i, r in enumerate(group.rewards) if r > mean]
 
 
-def winning(groups: list[QuestionGroup]) -> list[QuestionGroup]:
+def winning(groups: list[QuestionGroup], augmented: bool = False) -> list[QuestionGroup]:
     """Each group with only its judged completions: this node's own of the kind the screen judges."""
-    picked = [(g, judged(g)) for g in groups]
+    picked = [(g, judged(g, augmented)) for g in groups]
     return [
         g.model_copy(
             update={
@@ -130,6 +133,7 @@ def screen(
     own_excess: list[list[list[float]]],
     reference: ScreenReference,
     trust: TrustSettings,
+    augmented: bool = False,
 ) -> ScreenVerdict:
     """Screen the external groups by their judged completions (`judged_excess`: the excess
     surprise of each group's `judged` completions, in order; `winning` of the groups measures
@@ -140,7 +144,7 @@ def screen(
     bar = reference.bar(trust.screen_margin)
     kept, refused, scores, dropped, shares = [], [], [], 0, []
     for group, excess in zip(external, judged_excess, strict=True):
-        winners = judged(group)
+        winners = judged(group, augmented)
         worst = [worst_stretch(z, window) for z in excess]
         scores += worst
         over = [i for i, score in zip(winners, worst, strict=True) if score > bar]

@@ -13,7 +13,6 @@ import random
 import secrets
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,7 +38,7 @@ from sapo.training.learning.checkpoints import Checkpoint, latest_checkpoint, sa
 from sapo.training.learning.typicality import excess_surprise
 from sapo.training.learning.update import UpdateStats, grpo_update, make_optimizer
 from sapo.training.models.policy import Policy
-from sapo.training.problems.rewards import Verifier, has_answer_tag, is_correct, verifier_for
+from sapo.training.problems.rewards import Verifier, verifier_for
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import Problem, TaskSampler, TaskSpec, question_stream, reasoning_gym_version
 
@@ -51,6 +50,9 @@ AUGMENT_SEED_OFFSET = 500_000_003
 # most this many times: an author the screen refuses costs the node a screening, not a J slot
 # (issue #42: a fallen attacker that keeps a newcomer's share of the draw emptied 1 slot in 18),
 # and a node whose inbox holds nothing but refused groups screens at most 3 J groups a round.
+# A round draws again only while its screening has measured fewer tokens than 3 J groups of
+# this node's own G could hold: a peer's group may carry 64 long winners, and its refusal must
+# not buy the same again twice.
 SCREEN_REDRAWS = 2
 
 
@@ -273,8 +275,10 @@ class Node:
         winning completions set, this round's included; each screened group's author loses
         standing in proportion to the completions the screen dropped. For the groups it refused,
         the round draws again from the inbox as of `now` (taking them out of it, as the round
-        took the first draw) and screens those, at most SCREEN_REDRAWS times. Runs the policy:
-        call it where torch may run."""
+        took the first draw) and screens those, at most SCREEN_REDRAWS times and only while the
+        round has measured fewer tokens than (1 + SCREEN_REDRAWS) J groups of its own size could
+        hold. A node that adds its own completions to peers' groups judges every completion with
+        a reward (sampling/screen.py's `judged`). Runs the policy: call it where torch may run."""
         if self.trust.screen != "typicality" or not selection.external:
             return Screening(selection, selection.external)
         started = time.perf_counter()
@@ -283,16 +287,20 @@ class Node:
         drawn, reference = selection.external, state.screen
         kept: list[QuestionGroup] = []
         refused: list[QuestionGroup] = []
-        dropped = redrawn = 0
+        dropped = redrawn = measured = 0
+        budget = (1 + SCREEN_REDRAWS) * plan.external * self.training.generations * limit
+        augmented = self.use.augment_external > 0  # our own completions will join each group
         for redraws_left in range(SCREEN_REDRAWS, -1, -1):
-            verdict = screen(drawn, excess_surprise(self.policy, winning(drawn), limit), own, reference, self.trust)
+            excess = excess_surprise(self.policy, winning(drawn, augmented), limit)
+            measured += sum(len(row) for rows in excess for row in rows)
+            verdict = screen(drawn, excess, own, reference, self.trust, augmented)
             own = []  # this round's own completions join the reference once
             for group, share in zip(drawn, verdict.dropped_shares, strict=True):
                 if share is not None:
                     self.inbox.standing.screened(group.origin, share)
             kept, refused = kept + verdict.kept, refused + verdict.refused
             dropped, reference = dropped + verdict.dropped, verdict.reference
-            if not verdict.refused or not redraws_left:
+            if not verdict.refused or not redraws_left or measured >= budget:
                 break
             selection, drawn = self.redraw(selection, len(verdict.refused), now)
             if not drawn:
@@ -369,65 +377,6 @@ class Node:
             samples=self.settings.run.eval_samples,
             temperature=self.training.temperature,
             seed=self.settings.seed * 100_003 + round_index,
-        )
-
-    def summarize(
-        self,
-        state: NodeState,
-        plan: RoundPlan,
-        generation: GenerationResult,
-        training: TrainingSet,
-        update: UpdateStats | None,
-        round_seconds: float,
-        peers: list[str],
-        heldout: HeldOutScores | None = None,
-    ) -> RoundRecord:
-        """What the round did, as one metrics record; changes nothing."""
-        rewards = [r for g in generation.groups for r in g.rewards]
-        completions = [c for g in generation.groups for c in g.completions]
-        reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
-        by_task: dict[str, list[float]] = {}
-        for g in generation.groups:
-            by_task.setdefault(g.problem.spec.dataset, []).extend(g.rewards)
-        external = [r for g in training.external for r in g.rewards]
-        trained = update is not None and not update.skipped
-        return RoundRecord(
-            round=plan.index,
-            time=time.time(),
-            reward_mean=reward_mean,
-            cumulative_reward=state.cumulative_reward + reward_mean,
-            format_rate=sum(map(has_answer_tag, completions)) / len(completions) if completions else 0.0,
-            accuracy=sum(map(is_correct, rewards)) / len(rewards) if rewards else 0.0,
-            heldout=heldout.greedy if heldout else None,
-            heldout_sampled=heldout.sampled if heldout else None,
-            per_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
-            asked=[f"{g.problem.spec.dataset}#{g.problem.spec.index}" for g in generation.groups],
-            local_groups=len(training.local),
-            external_planned=plan.external,
-            external_groups=len(training.external),
-            external_reward_mean=sum(external) / len(external) if external else None,
-            screened_out=len(training.refused),
-            screen_redrawn=training.redrawn,
-            external_from=dict(Counter(g.origin for g in [*training.external, *training.refused])),
-            screened_completions=training.screened_completions,
-            screen_seconds=training.screen_seconds,
-            inbox_size=len(self.inbox),
-            received=self.counters.received,
-            accepted=self.counters.accepted,
-            rejected=self.counters.all_rejections(),
-            transport=dict(self.counters.transport),
-            accepted_from=dict(self.counters.accepted_from),
-            published=self.counters.published,
-            peers=peers,
-            generate_seconds=generation.seconds,
-            train_seconds=update.seconds if update else 0.0,
-            round_seconds=round_seconds,
-            generated_tokens=generation.new_tokens,
-            augment_tokens=training.augment_tokens,
-            update_tokens=update.tokens if update else 0,
-            tokens_per_second=generation.new_tokens / generation.seconds if generation.seconds > 0 else 0.0,
-            loss=update.loss if update is not None and trained else None,
-            clip_fraction=update.clip_fraction if update is not None and trained else None,
         )
 
     def next_state(

@@ -4,6 +4,7 @@ harness and the benchmarks."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,8 +16,10 @@ from sapo.node.core.node import Node
 from sapo.node.core.state import NodeState, RandomStreams
 from sapo.sampling.balance import RoundPlan
 from sapo.sampling.training_set import TrainingSet
+from sapo.training.completions.evaluation import HeldOutScores
 from sapo.training.completions.generation import GenerationResult
 from sapo.training.learning.update import UpdateStats
+from sapo.training.problems.rewards import has_answer_tag, is_correct
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import Problem
 
@@ -91,7 +94,7 @@ async def run_round(
         async with torch_lock:
             heldout = await trio.to_thread.run_sync(node.evaluate, plan.index)
     seconds = time.perf_counter() - started
-    record = node.summarize(state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
+    record = summarize(node, state, plan, generation, training_set, update, seconds, exchange.peers(), heldout)
     await trio.to_thread.run_sync(node.metrics.append, record)  # fsyncs, and now and then compacts the history
     selection = screening.selection  # the screen's redraws included
     streams = RandomStreams(tasks=tasks, mix=selection.rng, update=update_rng)
@@ -100,3 +103,63 @@ async def run_round(
         async with torch_lock:
             await trio.to_thread.run_sync(node.checkpoint, state)
     return RoundResult(plan, generation, training_set, update, record, state)
+
+
+def summarize(
+    node: Node,
+    state: NodeState,
+    plan: RoundPlan,
+    generation: GenerationResult,
+    training: TrainingSet,
+    update: UpdateStats | None,
+    round_seconds: float,
+    peers: list[str],
+    heldout: HeldOutScores | None = None,
+) -> RoundRecord:
+    """What `node`'s round did, as one metrics record; changes nothing."""
+    rewards = [r for g in generation.groups for r in g.rewards]
+    completions = [c for g in generation.groups for c in g.completions]
+    reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
+    by_task: dict[str, list[float]] = {}
+    for g in generation.groups:
+        by_task.setdefault(g.problem.spec.dataset, []).extend(g.rewards)
+    external = [r for g in training.external for r in g.rewards]
+    trained = update is not None and not update.skipped
+    return RoundRecord(
+        round=plan.index,
+        time=time.time(),
+        reward_mean=reward_mean,
+        cumulative_reward=state.cumulative_reward + reward_mean,
+        format_rate=sum(map(has_answer_tag, completions)) / len(completions) if completions else 0.0,
+        accuracy=sum(map(is_correct, rewards)) / len(rewards) if rewards else 0.0,
+        heldout=heldout.greedy if heldout else None,
+        heldout_sampled=heldout.sampled if heldout else None,
+        per_task={k: sum(v) / len(v) for k, v in sorted(by_task.items())},
+        asked=[f"{g.problem.spec.dataset}#{g.problem.spec.index}" for g in generation.groups],
+        local_groups=len(training.local),
+        external_planned=plan.external,
+        external_groups=len(training.external),
+        external_reward_mean=sum(external) / len(external) if external else None,
+        screened_out=len(training.refused),
+        screen_redrawn=training.redrawn,
+        external_from=dict(Counter(g.origin for g in [*training.external, *training.refused])),
+        screened_completions=training.screened_completions,
+        screen_seconds=training.screen_seconds,
+        inbox_size=len(node.inbox),
+        received=node.counters.received,
+        accepted=node.counters.accepted,
+        rejected=node.counters.all_rejections(),
+        transport=dict(node.counters.transport),
+        accepted_from=dict(node.counters.accepted_from),
+        published=node.counters.published,
+        peers=peers,
+        generate_seconds=generation.seconds,
+        train_seconds=update.seconds if update else 0.0,
+        round_seconds=round_seconds,
+        generated_tokens=generation.new_tokens,
+        augment_tokens=training.augment_tokens,
+        update_tokens=update.tokens if update else 0,
+        tokens_per_second=generation.new_tokens / generation.seconds if generation.seconds > 0 else 0.0,
+        loss=update.loss if update is not None and trained else None,
+        clip_fraction=update.clip_fraction if update is not None and trained else None,
+    )
