@@ -40,6 +40,7 @@ from sapo.protocol.peers.peer_policy import PeerPolicy
 from sapo.protocol.peers.peer_protocols import PeerProtocols, quiet_refusals
 from sapo.protocol.reach.connections import ConnectionManager, dialled_beside, has_joined, must_stay
 from sapo.protocol.reach.dialing import BootstrapKeeper, Dialer
+from sapo.protocol.reach.pubsub_streams import PubsubStreams
 from sapo.protocol.reach.reachability import Reachability, ReachabilityService
 from sapo.protocol.reach.relay import RelayService, Reservations
 from sapo.protocol.reach.relayed_links import RelayedLinks
@@ -415,6 +416,7 @@ async def _start(nursery: trio.Nursery, network: Network, bans: trio.MemoryRecei
         await nursery.start(network.discovery.run)
     await nursery.start(network.agents.run)
     await nursery.start(network.links.run)
+    await nursery.start(PubsubStreams(network.host, network.pubsub, network.gate).run)  # where its first open failed
     if settings.exchange == "fetch":
         await nursery.start(network.fetcher.run)
 

@@ -1,0 +1,115 @@
+"""Our pubsub stream opened again on a link where its first open failed (protocol/reach/pubsub_streams.py).
+
+The first test is the bug and the fix on real nodes: in a network namespace of its own, each of
+two runs links two networks and stalls the link for 12 s the moment it comes (nftables drops its
+packets; tests/support/stalled_pubsub_open.py), so both pubsub opens time out. Without the
+module (py-libp2p 0.8.1 alone) the peer never enters `pubsub.peers` while the link lasts, and
+nothing published reaches it; with it, it does at the loop's first pass past MIN_LINK_SECONDS.
+The two runs go side by side: about 35 s.
+
+The second one checks on a real link, on 127.0.0.1, whom the loop holds and how often it tries:
+never a blacklisted peer, a peer whose open failed not again before its wait is over, and it then
+again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from sapo.protocol.reach import pubsub_streams
+from tests.support.gossip import start_node
+from tests.support.stalled_pubsub_open import STALL_SECONDS
+
+RUN_TIMEOUT_SECONDS = 90
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
+
+
+@pytest.fixture
+def namespaces():
+    """Two network namespaces with only their loopback up: one for each run."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nft") is None:
+        pytest.skip("stalling a link needs root, iproute2's `ip` and nftables' `nft`")
+    names = [f"pst{os.getpid() % 100000}-{mode}" for mode in ("on", "off")]
+    created: list[str] = []
+    try:
+        for name in names:
+            result = ip("netns", "add", name, check=False)
+            if result.returncode != 0:
+                pytest.skip(f"`ip netns add` is not permitted here: {result.stderr.strip()}")
+            created.append(name)
+            ip("-n", name, "link", "set", "lo", "up")
+        yield names
+    finally:
+        for name in created:
+            ip("netns", "del", name, check=False)
+
+
+def test_a_link_stalled_as_it_came_is_deaf_for_good_without_the_loop_and_heard_with_it(namespaces):
+    runs = {
+        mode: subprocess.Popen(
+            ["ip", "netns", "exec", space, sys.executable, "-m", "tests.support.stalled_pubsub_open", mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for mode, space in zip(("on", "off"), namespaces)
+    }
+    results = {}
+    for mode, run in runs.items():
+        out, err = run.communicate(timeout=RUN_TIMEOUT_SECONDS)
+        assert run.returncode == 0, f"the {mode} run failed:\n{err[-3000:]}"
+        results[mode] = json.loads(out.strip().splitlines()[-1])
+    on, off = results["on"], results["off"]
+    assert not off["at_stall_end"] and not on["at_stall_end"], results  # the first open failed in both
+    assert off["linked_throughout"] and on["linked_throughout"], results  # and the link lasted
+    assert off["joined_after_s"] is None and not off["received"], results  # deaf for good, alone
+    bound = pubsub_streams.MIN_LINK_SECONDS + pubsub_streams.CHECK_SECONDS + 2.0
+    assert on["joined_after_s"] is not None and STALL_SECONDS <= on["joined_after_s"] <= bound, results
+    assert on["received"], results
+    assert on["counters"] == {"pubsub_streams_reopened": 1}, results
+
+
+async def test_the_loop_holds_no_blacklisted_peer_and_waits_after_a_failed_try(monkeypatch):
+    monkeypatch.setattr(pubsub_streams, "MIN_LINK_SECONDS", 0.0)
+    monkeypatch.setattr(pubsub_streams, "FIRST_WAIT_SECONDS", 1.0)
+    monkeypatch.setattr(pubsub_streams, "CHECK_SECONDS", 3600.0)  # the test makes each pass
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            b = await start_node(nursery)
+            a = await start_node(nursery, peers=[b.addr])
+            b_id, pubsub = b.service.my_id, a.service.pubsub
+            streams = pubsub_streams.PubsubStreams(a.service.host, pubsub, a.service.gate)  # its passes, one by one
+            protocol = streams.protocol
+            await pubsub.wait_for_peer(b_id, timeout=10)
+            while b_id not in a.service.host._identified_peers:  # identify lists gossip for b
+                await trio.sleep(0.05)
+
+            pubsub.add_to_blacklist(b_id)  # tears our stream down; the link stays
+            while b_id in pubsub.peers:
+                await trio.sleep(0.05)
+            assert await streams.reopen() == 0
+            assert b_id not in pubsub.peers and not a.counters.get("pubsub_streams_reopen_failed")
+
+            # b refuses our stream now (identify, from before, still lists it): one failed try
+            pubsub.remove_from_blacklist(b_id)
+            b.service.host.remove_stream_handler(protocol)
+            assert await streams.reopen() == 0
+            assert a.counters.get("pubsub_streams_reopen_failed") == 1
+            assert await streams.reopen() == 0  # its wait is not over: not tried
+            assert a.counters.get("pubsub_streams_reopen_failed") == 1
+
+            b.service.host.set_stream_handler(protocol, b.service.pubsub.stream_handler)
+            await trio.sleep(1.1)
+            assert await streams.reopen() == 1
+            assert b_id in pubsub.peers and a.counters.get("pubsub_streams_reopened") == 1
+            assert streams.deaf() == [] and len(streams._tries) == 0  # nothing kept once it opened
+            nursery.cancel_scope.cancel()
