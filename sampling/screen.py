@@ -11,7 +11,9 @@ same kind: the 99th percentile of that statistic over its last REFERENCE_SIZE wi
 model is held to the same bar.
 
 Only completions that would train are judged (those above their group's mean reward: the
-default trains a peer's completion only when its advantage is positive). One over the bar is
+default trains a peer's completion only when its advantage is positive), at most the node's own G
+of them a group; a group's winners past those are dropped unmeasured, so a peer's group costs
+what one of the node's own would to screen. One over the bar is
 dropped from its group; a group whose every judged completion is over it is refused whole. Every
 judged group's dropped share (`ScreenVerdict.dropped_shares`) goes against its author's standing
 (standing.py), so one clean winner cannot launder the rest, and probing the bar costs the
@@ -83,7 +85,7 @@ class ScreenVerdict:
     dropped_shares: list[float | None] = field(default_factory=list)
 
 
-def judged(group: QuestionGroup, augmented: bool = False) -> list[int]:
+def winners(group: QuestionGroup, augmented: bool = False) -> list[int]:
     """The completions of a peer's group that would train: those above the group's mean reward;
     or, where this node adds its own completions to the group (`augmented`, --augment-external),
     every one with a reward, since against this node's own failures any of them can win (an
@@ -92,9 +94,16 @@ def judged(group: QuestionGroup, augmented: bool = False) -> list[int]:
     return [i for i, r in enumerate(group.rewards) if r > mean]
 
 
-def winning(groups: list[QuestionGroup], augmented: bool = False) -> list[QuestionGroup]:
+def judged(group: QuestionGroup, augmented: bool = False, most: int | None = None) -> list[int]:
+    """The winners the screen measures: the first `most` of them (all, if None). A peer's group
+    may hold 64 completions, 63 of them long winners, about 200 times what an honest group of 8
+    costs to screen (tests/screen_attacks/); the rest of its winners are dropped unmeasured."""
+    return winners(group, augmented)[:most]
+
+
+def winning(groups: list[QuestionGroup], augmented: bool = False, most: int | None = None) -> list[QuestionGroup]:
     """Each group with only its judged completions: this node's own of the kind the screen judges."""
-    picked = [(g, judged(g, augmented)) for g in groups]
+    picked = [(g, judged(g, augmented, most)) for g in groups]
     return [
         g.model_copy(
             update={
@@ -134,6 +143,7 @@ def screen(
     reference: ScreenReference,
     trust: TrustSettings,
     augmented: bool = False,
+    most: int | None = None,
 ) -> ScreenVerdict:
     """Screen the external groups by their judged completions (`judged_excess`: the excess
     surprise of each group's `judged` completions, in order; `winning` of the groups measures
@@ -144,14 +154,15 @@ def screen(
     bar = reference.bar(trust.screen_margin)
     kept, refused, scores, dropped, shares = [], [], [], 0, []
     for group, excess in zip(external, judged_excess, strict=True):
-        winners = judged(group, augmented)
+        measured = judged(group, augmented, most)
+        unmeasured = winners(group, augmented)[len(measured) :]  # past `most`: never trained
         worst = [worst_stretch(z, window) for z in excess]
         scores += worst
-        over = [i for i, score in zip(winners, worst, strict=True) if score > bar]
-        shares.append(len(over) / len(winners) if winners else None)
-        if over and len(over) == len(winners):
+        over = [i for i, score in zip(measured, worst, strict=True) if score > bar]
+        shares.append(len(over) / len(measured) if measured else None)
+        if over and len(over) == len(measured):
             refused.append(group)
         else:
-            kept.append(without(group, over))
+            kept.append(without(group, over + unmeasured))
             dropped += len(over)
     return ScreenVerdict(kept, refused, reference, bar, scores, dropped, shares)

@@ -277,8 +277,9 @@ class Node:
         the round draws again from the inbox as of `now` (taking them out of it, as the round
         took the first draw) and screens those, at most SCREEN_REDRAWS times and only while the
         round has measured fewer tokens than (1 + SCREEN_REDRAWS) J groups of its own size could
-        hold. A node that adds its own completions to peers' groups judges every completion with
-        a reward (sampling/screen.py's `judged`). Runs the policy: call it where torch may run."""
+        hold. It measures at most G winners of a group (its own G; the rest are dropped), and a
+        node that adds its own completions to peers' groups judges every completion with a
+        reward (sampling/screen.py's `judged`). Runs the policy: call it where torch may run."""
         if self.trust.screen != "typicality" or not selection.external:
             return Screening(selection, selection.external)
         started = time.perf_counter()
@@ -290,10 +291,11 @@ class Node:
         dropped = redrawn = measured = 0
         budget = (1 + SCREEN_REDRAWS) * plan.external * self.training.generations * limit
         augmented = self.use.augment_external > 0  # our own completions will join each group
+        most = self.training.generations  # winners measured a group: what our own group holds
         for redraws_left in range(SCREEN_REDRAWS, -1, -1):
-            excess = excess_surprise(self.policy, winning(drawn, augmented), limit)
+            excess = excess_surprise(self.policy, winning(drawn, augmented, most), limit)
             measured += sum(len(row) for rows in excess for row in rows)
-            verdict = screen(drawn, excess, own, reference, self.trust, augmented)
+            verdict = screen(drawn, excess, own, reference, self.trust, augmented, most)
             own = []  # this round's own completions join the reference once
             for group, share in zip(drawn, verdict.dropped_shares, strict=True):
                 if share is not None:
