@@ -51,7 +51,8 @@ class GuardedPubsub(Pubsub):
       the receiver sees garbage. One lock per stream serialises whole RPC frames.
     - `notify_subscriptions`: deliver straight to the network instead of through libp2p's
       32-slot subscription channel, which drops silently when full.
-    - `_handle_new_peer`: enlarge the 32-slot per-peer outbound queue (not a constructor
+    - `_handle_new_peer`: one open per peer at a time (two at once registered it twice and
+      leaked a sender task), enlarge the 32-slot per-peer outbound queue (not a constructor
       argument in 0.8.1), and do not open a gossip stream to a peer that lacks gossipsub (a
       relay that does not gossip): it is remembered once (protocol/peers/peer_protocols.py), not retried.
     - With an allowlist, a peer not on it is disconnected when pubsub first sees it (either
@@ -92,6 +93,7 @@ class GuardedPubsub(Pubsub):
         self._me = self.my_id.to_bytes()  # asked of every message: computed once
         self.close_timeout = close_timeout
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+        self._opening: dict[ID, trio.Event] = {}  # peers whose stream is being opened: one open each
 
     async def _refuse(self, peer_id: ID, reason: str, stream: Any = None) -> None:
         self.gate.count(reason)
@@ -190,12 +192,24 @@ class GuardedPubsub(Pubsub):
             return
         if self.gate.lacks(peer_id, self.protocols[0]):
             return
+        # One open per peer at a time: libp2p checks `peers` before its awaits and then
+        # overwrites `peers` and `peer_queues`, so two overlapping opens (a connection's notifee,
+        # the dead-peer retry, protocol/reach/pubsub_streams.py) registered the peer twice, and the
+        # first sender task waited for ever on a queue nobody held
+        # (tests/hardening/test_attack9_double_registration.py). A second open waits for the
+        # first, then finds the peer registered, or opens itself.
+        while (opening := self._opening.get(peer_id)) is not None:
+            await opening.wait()
+        done = self._opening[peer_id] = trio.Event()
         try:
             await super()._handle_new_peer(peer_id)
         except StreamFailure as error:
             if not self.gate.refused(peer_id, self.protocols[0], error):
                 raise
             return
+        finally:
+            del self._opening[peer_id]
+            done.set()
         queue = self.peer_queues.get(peer_id)
         if queue is not None:
             queue._queue.max_size = max(queue._queue.max_size, OUTBOUND_QUEUE_SLOTS)

@@ -20,13 +20,12 @@ whenever it likes. Measured on 2 loopback nodes (this setup): reopen alone leave
 sender tasks once the link ends; reopen + one notifee open at once leaves 1; two notifee opens
 at once (no reopen at all) leave 1 too.
 
-XFAIL(strict) on fc3736e: what a fix must make true (h-atk9's proposed patch: one open per peer
-at a time, in GuardedPubsub._handle_new_peer).
+It failed (strict xfail) on fc3736e; h-atk9's proposed patch (one open per peer at a time, in
+GuardedPubsub._handle_new_peer) makes it pass.
 """
 
 from __future__ import annotations
 
-import pytest
 import trio
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from multiaddr import Multiaddr
@@ -53,7 +52,6 @@ def live_senders(pubsub, peer) -> int:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="h-atk9: overlapping pubsub opens register a peer twice; one sender leaks")
 async def test_a_reopen_beside_the_librarys_own_open_leaves_no_sender_once_the_link_ends(monkeypatch):
     monkeypatch.setattr(pubsub_streams, "MIN_LINK_SECONDS", 0.0)
     with trio.fail_after(40):
