@@ -113,3 +113,40 @@ async def test_the_loop_holds_no_blacklisted_peer_and_waits_after_a_failed_try(m
             assert b_id in pubsub.peers and a.counters.get("pubsub_streams_reopened") == 1
             assert streams.deaf() == [] and len(streams._tries) == 0  # nothing kept once it opened
             nursery.cancel_scope.cancel()
+
+
+async def test_an_open_stuck_past_its_time_bound_has_its_link_cut_and_the_pass_goes_on(monkeypatch):
+    """h-atk9's finding 2: the library resets a failed stream in a shielded scope, and a peer that
+    stops reading holds that reset for as long as the link lasts; our time bound cannot cancel it.
+    Here the open is held the same way (shielded, for ever), on a real link: the link is cut
+    STUCK_SECONDS after the bound, and the pass returns."""
+    monkeypatch.setattr(pubsub_streams, "MIN_LINK_SECONDS", 0.0)
+    monkeypatch.setattr(pubsub_streams, "OPEN_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(pubsub_streams, "STUCK_SECONDS", 1.0)
+    monkeypatch.setattr(pubsub_streams, "CHECK_SECONDS", 3600.0)  # the test makes the pass
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            b = await start_node(nursery)
+            a = await start_node(nursery, peers=[b.addr])
+            b_id, pubsub = b.service.my_id, a.service.pubsub
+            await pubsub.wait_for_peer(b_id, timeout=10)
+            stuck = trio.Event()
+
+            async def held_for_ever(peer, timeout=15.0):
+                with trio.CancelScope(shield=True):
+                    stuck.set()
+                    while a.service.host.get_network().get_connections(peer):
+                        await trio.sleep(0.05)  # what a reset waiting on a dead write does until the link goes
+
+            pubsub.add_to_blacklist(b_id)  # our stream down, the link up
+            while b_id in pubsub.peers:
+                await trio.sleep(0.05)
+            pubsub.remove_from_blacklist(b_id)
+            monkeypatch.setattr(pubsub, "ensure_peer_stream", held_for_ever)
+            streams = pubsub_streams.PubsubStreams(a.service.host, pubsub, a.service.gate)
+            started = trio.current_time()
+            assert await streams.reopen() == 0
+            assert stuck.is_set() and trio.current_time() - started < 1.0 + 1.0 + 5.0
+            assert a.counters.get("pubsub_streams_stuck_cut") == 1
+            assert not a.service.host.get_network().get_connections(b_id)  # the link was cut
+            nursery.cancel_scope.cancel()
