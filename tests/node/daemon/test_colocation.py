@@ -94,7 +94,8 @@ async def test_only_a_group_the_node_asked_for_earns_its_author_standing():
             a = await start_node(nursery, exchange="fetch")
             fetching = await start_node(nursery, peers=[a.addr], exchange="fetch")
             gossiping = await start_node(nursery, peers=[a.addr], exchange="gossip")
-            await wait_until(lambda: a.service.peer_id in fetching.service.connected_peers(), 10)
+            for node in (fetching, gossiping):  # a place is known only for a connected author
+                await wait_until(lambda node=node: a.service.peer_id in node.service.connected_peers(), 10)
             exchanges = {}
             for node in (fetching, gossiping):
                 exchanges[node] = GossipExchange(
