@@ -15,6 +15,24 @@ def shared_models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")
 
 
+@pytest.fixture(scope="session")
+def screen_policy(tmp_path_factory):
+    """The tiny policy warm-started for 150 steps on basic_arithmetic, so that the screen's bar,
+    drawn from its own completions, refuses injected text. One warm start for the session: the
+    screen's tests (tests/training/test_typicality.py, tests/screen_attacks/) only measure with
+    it and never train it."""
+    import torch
+
+    from sapo.training.learning.warmstart import WarmStartSettings, warm_start
+    from sapo.training.models.policy import load_policy
+    from sapo.training.problems.tasks import default_task_specs
+
+    torch.set_num_threads(1)
+    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path_factory.mktemp("models"))
+    warm_start(policy, default_task_specs(["basic_arithmetic"]), WarmStartSettings(steps=150))
+    return policy
+
+
 @pytest.fixture
 def nodes():
     """Processes a test starts (tests.support.processes.NodeProcess or alike); killed afterwards."""

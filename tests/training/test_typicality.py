@@ -8,14 +8,11 @@ from __future__ import annotations
 import statistics
 
 import pytest
-import torch
 
 from sapo.sampling.screen import ScreenReference, screen, winning, worst_stretch
 from sapo.sampling.trust import TrustSettings
 from sapo.training.completions.generation import generate_groups
 from sapo.training.learning.typicality import answer_span, excess_surprise
-from sapo.training.learning.warmstart import WarmStartSettings, warm_start
-from sapo.training.models.policy import load_policy
 from sapo.training.problems.rewards import score_group
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs
@@ -24,13 +21,10 @@ NOW = 3600.0  # when the tests of a node's round weigh its authors: an hour afte
 
 
 @pytest.fixture(scope="module")
-def policy_and_groups(tmp_path_factory):
-    torch.set_num_threads(1)
-    tasks = default_task_specs(["basic_arithmetic"])
-    policy = load_policy("tiny", device="cpu", seed=0, models_dir=tmp_path_factory.mktemp("models"))
-    warm_start(policy, tasks, WarmStartSettings(steps=150))
-    problems = TaskSampler(tasks, dataset_seed=5, rng_seed=5).sample(6)
-    return policy, generate_groups(policy, problems, num_generations=8, max_new_tokens=32, seed=1).groups
+def policy_and_groups(screen_policy):
+    problems = TaskSampler(default_task_specs(["basic_arithmetic"]), dataset_seed=5, rng_seed=5).sample(6)
+    groups = generate_groups(screen_policy, problems, num_generations=8, max_new_tokens=32, seed=1).groups
+    return screen_policy, groups
 
 
 def rewritten(group: QuestionGroup, text) -> QuestionGroup:
