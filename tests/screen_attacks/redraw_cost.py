@@ -29,7 +29,7 @@ from sapo.training.learning.warmstart import WarmStartSettings, warm_start
 from sapo.training.models.policy import load_policy
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs
-from tests.screen_attacks.rounds import group, heavy, node_holding, one_round
+from tests.support.screen_rounds import group, heavy, node_holding, one_round
 
 
 def tokens(policy, groups: list[QuestionGroup], limit: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sapo.training.completions.generation import GenerationResult
 from sapo.training.problems.rewards import score_group
-from tests.screen_attacks.rounds import NOW
+from tests.support.screen_rounds import NOW
 
 
 def test_an_all_right_poisoned_group_is_screened_when_the_node_augments(policy_and_problems, tmp_path):

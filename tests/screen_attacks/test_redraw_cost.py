@@ -21,7 +21,7 @@ from sapo.training.completions.generation import GenerationResult
 from sapo.training.learning.typicality import excess_surprise
 from sapo.training.problems.rewards import score_group
 from sapo.training.problems.rollouts import QuestionGroup
-from tests.screen_attacks.rounds import NOW, heavy, node_holding
+from tests.support.screen_rounds import NOW, heavy, node_holding
 
 LIMIT = 32  # the node's max_new_tokens (node_holding's)
 J, G = 4, 8  # node_holding's external and the default generations

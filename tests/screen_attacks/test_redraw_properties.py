@@ -20,7 +20,7 @@ from sapo.sampling.screen import winning
 from sapo.sampling.standing import SCREEN_WEIGHT
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import Problem
-from tests.screen_attacks.rounds import group, node_holding, one_round, texts
+from tests.support.screen_rounds import group, node_holding, one_round, texts
 
 
 def inbox_of(problems: list[Problem]) -> list[QuestionGroup]:

@@ -150,32 +150,12 @@ def test_a_refused_draw_is_drawn_again_so_the_round_fills_its_j_slots(policy_and
     """Issue #42 (must-show 5's J clause): a group the screen refuses is replaced by another draw
     from the inbox in the same round, which is screened in its turn and taken out of the inbox;
     an inbox of nothing but poisoned groups costs at most 1 + SCREEN_REDRAWS screenings of J."""
-    from sapo.node.core.node import SCREEN_REDRAWS, Node
-    from sapo.node.core.settings import load_settings
+    from sapo.node.core.node import SCREEN_REDRAWS
     from sapo.node.core.state import RandomStreams
-    from sapo.sampling.standing import Provenance
     from sapo.training.completions.generation import GenerationResult
+    from tests.support.screen_rounds import node_holding
 
     policy, groups = policy_and_groups
-
-    def node_holding(inbox_groups, j, data_dir):
-        settings = load_settings(
-            {
-                "model": "tiny",
-                "tasks": ["basic_arithmetic"],
-                "data_dir": str(data_dir),
-                "max_new_tokens": 32,
-                "local": 2,
-                "external": j,
-                "balance": "fixed",
-            }
-        )
-        node = Node(settings, peer_id="me", policy=policy)
-        for k, author in enumerate(sorted({g.origin for g in inbox_groups})):
-            node.inbox.standing.credit(author, 0.0, Provenance(place=f"203.{k}.0.0/16"))
-        for group in inbox_groups:
-            node.inbox.add(group, NOW)
-        return node
 
     def clean(n, author):
         return rewritten(groups[n], lambda p: f"<answer>{p.answer}</answer>").model_copy(update={"origin": author})
@@ -193,7 +173,7 @@ def test_a_refused_draw_is_drawn_again_so_the_round_fills_its_j_slots(policy_and
     ]
     filled, redrawn = [], 0
     for seed in range(12):
-        node = node_holding(inbox, 2, tmp_path / f"mixed-{seed}")
+        node = node_holding(policy, inbox, tmp_path / f"mixed-{seed}", j=2)
         state = node.start_state().model_copy(update={"streams": RandomStreams.from_seed(seed)})
         plan = node.plan(state)
         selection = node.mix(plan, state, NOW)
@@ -211,7 +191,7 @@ def test_a_refused_draw_is_drawn_again_so_the_round_fills_its_j_slots(policy_and
     assert sum(filled) >= 23, filled  # without redraws a round that drew mallory trains on fewer
 
     # nothing but poisoned groups: the screen runs at most 1 + SCREEN_REDRAWS times, then gives up
-    node = node_holding([poisoned(n % 4, f"mallory-{n}") for n in range(12)], 2, tmp_path / "poisoned")
+    node = node_holding(policy, [poisoned(n % 4, f"mallory-{n}") for n in range(12)], tmp_path / "poisoned", j=2)
     state = node.start_state()
     plan = node.plan(state)
     selection = node.mix(plan, state, NOW)
