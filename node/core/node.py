@@ -50,9 +50,6 @@ AUGMENT_SEED_OFFSET = 500_000_003
 # most this many times: an author the screen refuses costs the node a screening, not a J slot
 # (issue #42: a fallen attacker that keeps a newcomer's share of the draw emptied 1 slot in 18),
 # and a node whose inbox holds nothing but refused groups screens at most 3 J groups a round.
-# A round draws again only while its screening has measured fewer tokens than 3 J groups of
-# this node's own G could hold: a peer's group may carry 64 long winners, and its refusal must
-# not buy the same again twice.
 SCREEN_REDRAWS = 2
 
 
@@ -275,9 +272,9 @@ class Node:
         winning completions set, this round's included; each screened group's author loses
         standing in proportion to the completions the screen dropped. For the groups it refused,
         the round draws again from the inbox as of `now` (taking them out of it, as the round
-        took the first draw) and screens those, at most SCREEN_REDRAWS times and only while the
-        round has measured fewer tokens than (1 + SCREEN_REDRAWS) J groups of its own size could
-        hold. It measures at most G winners of a group (its own G; the rest are dropped), and a
+        took the first draw) and screens those, at most SCREEN_REDRAWS times. It measures at most
+        G winners of a group (its own G; the rest are dropped), so a round's screening is at most
+        (1 + SCREEN_REDRAWS) J groups of its own size, and a
         node that adds its own completions to peers' groups judges every completion with a
         reward (sampling/screen.py's `judged`). Runs the policy: call it where torch may run."""
         if self.trust.screen != "typicality" or not selection.external:
@@ -288,13 +285,11 @@ class Node:
         drawn, reference = selection.external, state.screen
         kept: list[QuestionGroup] = []
         refused: list[QuestionGroup] = []
-        dropped = redrawn = measured = 0
-        budget = (1 + SCREEN_REDRAWS) * plan.external * self.training.generations * limit
+        dropped = redrawn = 0
         augmented = self.use.augment_external > 0  # our own completions will join each group
         most = self.training.generations  # winners measured a group: what our own group holds
         for redraws_left in range(SCREEN_REDRAWS, -1, -1):
             excess = excess_surprise(self.policy, winning(drawn, augmented, most), limit)
-            measured += sum(len(row) for rows in excess for row in rows)
             verdict = screen(drawn, excess, own, reference, self.trust, augmented, most)
             own = []  # this round's own completions join the reference once
             for group, share in zip(drawn, verdict.dropped_shares, strict=True):
@@ -302,7 +297,7 @@ class Node:
                     self.inbox.standing.screened(group.origin, share)
             kept, refused = kept + verdict.kept, refused + verdict.refused
             dropped, reference = dropped + verdict.dropped, verdict.reference
-            if not verdict.refused or not redraws_left or measured >= budget:
+            if not verdict.refused or not redraws_left:
                 break
             selection, drawn = self.redraw(selection, len(verdict.refused), now)
             if not drawn:

@@ -4,8 +4,8 @@ codec's limit) of up to 16 KB within 256 KiB; made of 63 right answers with text
 passes the intake (the answers are right) and the screen forwarded 63 rows of max_new_tokens
 each, where an honest node's group of G = 8 has about 4 short winners. An inbox of such groups,
 each refused, made the screen forward 3 J of them a round (1 + SCREEN_REDRAWS), not J. Now the
-screen measures at most the node's own G winners of a group (the rest never train) and the
-round's redraws stop once it has measured 3 J groups' worth of tokens.
+screen measures at most the node's own G winners of a group (the rest never train), so a
+round's screening, redraws included, is at most 3 J groups' worth of tokens.
 
     nice -n 5 .venv/bin/python -m tests.screen_attacks.redraw_cost   # the same, at max_new_tokens 256, timed
 """
