@@ -78,18 +78,29 @@ def test_a_link_stalled_as_it_came_is_deaf_for_good_without_the_loop_and_heard_w
     assert on["counters"] == {"pubsub_streams_reopened": 1}, results
 
 
-async def test_the_loop_holds_no_blacklisted_peer_and_waits_after_a_failed_try(monkeypatch):
+def passes_by_hand(monkeypatch) -> None:
+    """Every linked peer due at once, and no pass but those the test makes."""
     monkeypatch.setattr(pubsub_streams, "MIN_LINK_SECONDS", 0.0)
+    monkeypatch.setattr(pubsub_streams, "CHECK_SECONDS", 3600.0)
+
+
+async def linked_pair(nursery):
+    """Two real nodes, a dialled b, once a's pubsub has b's stream."""
+    b = await start_node(nursery)
+    a = await start_node(nursery, peers=[b.addr])
+    await a.service.pubsub.wait_for_peer(b.service.my_id, timeout=10)
+    return a, b
+
+
+async def test_the_loop_holds_no_blacklisted_peer_and_waits_after_a_failed_try(monkeypatch):
+    passes_by_hand(monkeypatch)
     monkeypatch.setattr(pubsub_streams, "FIRST_WAIT_SECONDS", 1.0)
-    monkeypatch.setattr(pubsub_streams, "CHECK_SECONDS", 3600.0)  # the test makes each pass
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            b = await start_node(nursery)
-            a = await start_node(nursery, peers=[b.addr])
+            a, b = await linked_pair(nursery)
             b_id, pubsub = b.service.my_id, a.service.pubsub
             streams = pubsub_streams.PubsubStreams(a.service.host, pubsub, a.service.gate)  # its passes, one by one
             protocol = streams.protocol
-            await pubsub.wait_for_peer(b_id, timeout=10)
             while b_id not in a.service.host._identified_peers:  # identify lists gossip for b
                 await trio.sleep(0.05)
 
@@ -120,16 +131,13 @@ async def test_an_open_stuck_past_its_time_bound_has_its_link_cut_and_the_pass_g
     stops reading holds that reset for as long as the link lasts; our time bound cannot cancel it.
     Here the open is held the same way (shielded, for ever), on a real link: the link is cut
     STUCK_SECONDS after the bound, and the pass returns."""
-    monkeypatch.setattr(pubsub_streams, "MIN_LINK_SECONDS", 0.0)
+    passes_by_hand(monkeypatch)
     monkeypatch.setattr(pubsub_streams, "OPEN_TIMEOUT_SECONDS", 1.0)
     monkeypatch.setattr(pubsub_streams, "STUCK_SECONDS", 1.0)
-    monkeypatch.setattr(pubsub_streams, "CHECK_SECONDS", 3600.0)  # the test makes the pass
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            b = await start_node(nursery)
-            a = await start_node(nursery, peers=[b.addr])
+            a, b = await linked_pair(nursery)
             b_id, pubsub = b.service.my_id, a.service.pubsub
-            await pubsub.wait_for_peer(b_id, timeout=10)
             stuck = trio.Event()
 
             async def held_for_ever(peer, timeout=15.0):
