@@ -8,12 +8,18 @@ handful of connections, not hundreds (the same limiter, the same handler).
 """
 
 import multiaddr
+import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.io.exceptions import IOException
+from libp2p.io.trio import TrioTCPStream
+from libp2p.io.utils import read_exactly
+from libp2p.network.connection.exceptions import RawConnError
+from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from sapo.protocol.toolkit.hosts import network_group, new_noise_host
-from sapo.protocol.toolkit.inbound import ROOM_SHARE, InboundRoom, YoungLink
+from sapo.protocol.toolkit.inbound import ROOM_SHARE, HandshakeConnection, InboundRoom, YoungLink
 
 SLOTS = 3
 LOOPBACK = multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")
@@ -180,3 +186,47 @@ async def test_between_places_holding_as_many_the_latest_arrival_makes_room_not_
     links.remove(links[-2])  # stranger8 is gone
     await room.arrived("stranger-again")
     assert closed == ["stranger8", "stranger7"]
+
+
+class CountedReads(TrioTCPStream):
+    reads = 0
+
+    async def read(self, n=None):
+        self.reads += 1
+        return await super().read(n)
+
+
+async def ended_in_handshake(connection_type, *, local_close: bool) -> tuple[type[BaseException], int]:
+    """Read 4 bytes, the way 0.8.1's handshake does (`read_exactly`), from a connection that is
+    closed first, by the far end or by the node itself: what is raised, and how many reads it took."""
+    ours, theirs = trio.socket.socketpair()
+    stream = CountedReads(trio.SocketStream(ours))
+    raw = connection_type(stream, False)
+    if local_close:
+        await raw.close()
+    else:
+        theirs.close()
+    with pytest.raises(IOException) as raised:
+        await read_exactly(raw, 4)
+    theirs.close()
+    await raw.close()
+    return raised.type, stream.reads
+
+
+async def test_a_connection_that_ends_in_its_handshake_costs_one_read_not_a_hundred():
+    """0.8.1 reads an ended stream as b"" and `read_exactly` tries 100 more times: an evicted (or
+    opened-and-closed) handshake cost the node 101 reads, and under load it held its slot for
+    seconds (test_attack5_stalled_handshakes failed in CI with all 250 slots held)."""
+    for local_close in (False, True):
+        assert (await ended_in_handshake(RawConnection, local_close=local_close))[1] == 101  # the library's cost
+        raised, reads = await ended_in_handshake(HandshakeConnection, local_close=local_close)
+        assert (raised, reads) == (RawConnError, 1)
+
+
+async def test_after_its_handshake_a_connection_reads_an_ended_stream_as_the_library_does():
+    ours, theirs = trio.socket.socketpair()
+    raw = HandshakeConnection(TrioTCPStream(trio.SocketStream(ours)), False)
+    raw.handshaking = False
+    theirs.close()
+    assert await raw.read(4) == b""  # yamux and the secure session see the end as they did
+    await raw.close()
