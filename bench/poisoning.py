@@ -156,6 +156,8 @@ def node_settings(args: argparse.Namespace, index: int) -> NodeSettings:
     }
     if args.defences == "off":
         flags |= {"screen": "off", "standing": "off"}
+    if args.balance is not None:
+        flags["balance"] = args.balance
     return load_settings(flags)
 
 
@@ -209,6 +211,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--defences", choices=["on", "off"], default="on", help="off: --screen off --standing off")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument(
+        "--balance",
+        choices=["adaptive", "fixed"],
+        help="the honest nodes' I/J balance (default: the node's); fixed plans the same J under attack and without",
+    )
     parser.add_argument("--task", help="the honest nodes' task (default: the attack's, ATTACK_TASKS)")
     parser.add_argument(
         "--verifier",
