@@ -316,7 +316,12 @@ async def flood_node(address: str, data: Path, node_ps, seconds: float, rate: fl
         measured["seconds"] = trio.current_time() - t0
         await trio.sleep(3)  # let the intake drain
         # Open connections only. The node's own log times the ban and the disconnect: this
-        # process, flooding flat out, notices a closed connection seconds late.
+        # process, flooding flat out, notices a closed connection seconds late (on a loaded
+        # machine more than the 3 s above: the test suite saw it still open once), so it is given
+        # up to 10 s more to see it closed; a flooder the node let back in stays connected.
+        with trio.move_on_after(10):
+            while flooder.connected_peers():
+                await trio.sleep(0.2)
         measured["still_connected"] = bool(flooder.connected_peers())
         nursery.cancel_scope.cancel()
     return measured
