@@ -274,9 +274,9 @@ class Node:
         the round draws again from the inbox as of `now` (taking them out of it, as the round
         took the first draw) and screens those, at most SCREEN_REDRAWS times. It measures at most
         G winners of a group (its own G; the rest are dropped), so a round's screening is at most
-        (1 + SCREEN_REDRAWS) J groups of its own size, and a
-        node that adds its own completions to peers' groups judges every completion with a
-        reward (sampling/screen.py's `judged`). Runs the policy: call it where torch may run."""
+        (1 + SCREEN_REDRAWS) J groups of its own size. A node that adds its own completions to
+        peers' groups judges every completion with a reward (sampling/screen.py's `judged`). Runs
+        the policy: call it where torch may run."""
         if self.trust.screen != "typicality" or not selection.external:
             return Screening(selection, selection.external)
         started = time.perf_counter()

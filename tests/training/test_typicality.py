@@ -16,8 +16,7 @@ from sapo.training.learning.typicality import answer_span, excess_surprise
 from sapo.training.problems.rewards import score_group
 from sapo.training.problems.rollouts import QuestionGroup
 from sapo.training.problems.tasks import TaskSampler, default_task_specs
-
-NOW = 3600.0  # when the tests of a node's round weigh its authors: an hour after their first groups
+from tests.support.screen_rounds import NOW  # an hour after every author's first group
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +152,7 @@ def test_a_refused_draw_is_drawn_again_so_the_round_fills_its_j_slots(policy_and
     from sapo.node.core.node import SCREEN_REDRAWS
     from sapo.node.core.state import RandomStreams
     from sapo.training.completions.generation import GenerationResult
-    from tests.support.screen_rounds import node_holding
+    from tests.support.screen_rounds import node_holding, one_round
 
     policy, groups = policy_and_groups
 
@@ -192,11 +191,7 @@ def test_a_refused_draw_is_drawn_again_so_the_round_fills_its_j_slots(policy_and
 
     # nothing but poisoned groups: the screen runs at most 1 + SCREEN_REDRAWS times, then gives up
     node = node_holding(policy, [poisoned(n % 4, f"mallory-{n}") for n in range(12)], tmp_path / "poisoned", j=2)
-    state = node.start_state()
-    plan = node.plan(state)
-    selection = node.mix(plan, state, NOW)
-    node.inbox.take(selection.external)
-    screening = node.screen(plan, generation, selection, state, NOW)
+    screening = one_round(node, node.start_state(), generation.groups)
     assert screening.kept == [] and len(screening.refused) == 2 * (1 + SCREEN_REDRAWS) == screening.redrawn + 2
     assert len(node.inbox) == 12 - 2 * (1 + SCREEN_REDRAWS)
 
